@@ -1,0 +1,8 @@
+"""The six Ditto networks as pure torch modules, and `load(name, path)` for published checkpoints."""
+
+from __future__ import annotations
+
+from .registry import NETWORK_NAMES, SPECS, NetSpec, build, spec
+from .loading import load, read_state_dict
+
+__all__ = ["NETWORK_NAMES", "SPECS", "NetSpec", "build", "spec", "load", "read_state_dict"]

@@ -1,0 +1,121 @@
+"""Read a published checkpoint file, check it against the network it claims to be, build and load it."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..errors import CheckpointError
+from .registry import SPECS, build, module_of, spec
+
+# tensors whose presence identifies each network's file (used to say "this looks like X")
+_SIGNATURES = {
+    "appearance_extractor": "resblocks_3d.3dr0.conv1.weight",
+    "motion_extractor": "detector.fc_exp.weight",
+    "warp_network": "dense_motion_network.mask.weight",
+    "decoder": "G_middle_0.conv_0.weight_orig",
+    "stitch_network": "mlp.0.weight",
+    "lmdm": "seqTransDecoder.stack.0.self_attn.in_proj_weight",
+}
+
+
+def _guess_network(sd: dict) -> str | None:
+    for name, key in _SIGNATURES.items():
+        if key in sd:
+            return name
+    return None
+
+
+def unwrap(obj: object, wrapping: str, path: Path, title: str) -> dict[str, torch.Tensor]:
+    """The state dict inside a loaded checkpoint object, per the file's wrapping."""
+    if wrapping.startswith("dict:"):
+        inner_key = wrapping.split(":", 1)[1]
+        if isinstance(obj, dict) and inner_key in obj and isinstance(obj[inner_key], dict):
+            obj = obj[inner_key]
+        elif isinstance(obj, dict) and any(isinstance(v, torch.Tensor) for v in obj.values()):
+            pass  # a bare state dict is accepted too
+        else:
+            raise CheckpointError(
+                f"{path}: not a {title} checkpoint (expected a dict with key {inner_key!r}); "
+                "use the file from the Ditto release or `ditto-fast checkpoints init-random`")
+    if not isinstance(obj, dict) or not obj:
+        raise CheckpointError(f"{path}: holds no state dict for the {title}; re-download the file")
+    sd = {}
+    for k, v in obj.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        sd[k[len("module."):] if k.startswith("module.") else k] = v
+    if not sd:
+        raise CheckpointError(f"{path}: holds no tensors for the {title}; re-download the file")
+    return sd
+
+
+def read_state_dict(name: str, path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Load a checkpoint file (weights_only) and return its unwrapped state dict, with clear errors."""
+    s = spec(name)
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: {s.title} checkpoint not found; pass --checkpoints DIR "
+                              "or run `ditto-fast checkpoints init-random DIR`")
+    if p.is_dir():
+        raise CheckpointError(f"{p}: is a directory, expected the {s.title} checkpoint file {s.filename}")
+    if p.stat().st_size == 0:
+        raise CheckpointError(f"{p}: empty file, expected the {s.title} checkpoint; re-download it")
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
+            OSError, AttributeError, KeyError, IndexError) as e:
+        raise CheckpointError(f"{p}: cannot read the {s.title} checkpoint (truncated or corrupt: "
+                              f"{str(e).splitlines()[0][:160]}); re-download it") from None
+    return unwrap(obj, s.wrapping, p, s.title)
+
+
+def _mismatches(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> list[str]:
+    out = []
+    for k, v in expected.items():
+        if k not in got:
+            out.append(f"missing {k}")
+        elif tuple(got[k].shape) != tuple(v.shape):
+            out.append(f"{k} has shape {list(got[k].shape)}, expected {list(v.shape)}")
+    out += [f"unexpected {k}" for k in got if k not in expected]
+    return out
+
+
+def check_state_dict(name: str, sd: dict[str, torch.Tensor], path: str | os.PathLike = "<memory>") -> nn.Module:
+    """Build network `name` with widths read from `sd`, verify every key and shape; return the module."""
+    s = spec(name)
+    guess = _guess_network(sd)
+    if guess is not None and guess != name:
+        raise CheckpointError(f"{path}: this is a {SPECS[guess].title} checkpoint, not the {s.title}; "
+                              f"give {s.filename} for the {s.title}")
+    try:
+        widths = module_of(name).widths_from_state_dict(sd)
+        net = build(name, widths)
+    except (KeyError, IndexError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: not a {s.title} checkpoint (cannot read its widths: {e}); "
+                              f"give {s.filename} from the Ditto release") from None
+    bad = _mismatches(net.state_dict(), sd)
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise CheckpointError(f"{path}: does not match the {s.title}: {shown}; "
+                              f"give {s.filename} from the Ditto release")
+    net.load_state_dict(sd, strict=True)
+    return net
+
+
+def load(name: str, path: str | os.PathLike, device: str | torch.device = "cpu",
+         dtype: torch.dtype = torch.float32, fuse: bool = True) -> nn.Module:
+    """Network `name` from checkpoint `path`, in eval mode, on `device` in `dtype`, folded for inference."""
+    net = check_state_dict(name, read_state_dict(name, path), path)
+    net.eval()
+    if fuse and hasattr(net, "fuse_for_inference"):
+        net.fuse_for_inference()
+    net.to(device=device, dtype=dtype)
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net

@@ -1,0 +1,21 @@
+"""Builds the Cython putback kernel; everything else is declared in pyproject.toml."""
+
+from pathlib import Path
+
+from setuptools import setup
+
+ext_modules = []
+pyx = Path(__file__).parent / "ditto_fast" / "render" / "_blend.pyx"
+if pyx.exists():
+    import numpy as np
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    ext_modules = cythonize(
+        [Extension("ditto_fast.render._blend", [str(pyx.relative_to(Path(__file__).parent))],
+                   include_dirs=[np.get_include()], extra_compile_args=["-O3"])],
+        compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+        quiet=True,
+    )
+
+setup(ext_modules=ext_modules)

@@ -1,0 +1,80 @@
+"""Shared fixtures: the parity files in ../shared, tiny random checkpoints, synthetic media."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DITTO_FAST_SHARED", REPO.parent / "shared"))
+PARITY = SHARED / "parity"
+
+
+def _need_parity() -> None:
+    if not (PARITY / "layout.json").exists():
+        pytest.skip(f"parity files not found at {PARITY} (set DITTO_FAST_SHARED or place ../shared beside the repo)")
+
+
+@pytest.fixture(scope="session")
+def parity_layout() -> dict:
+    _need_parity()
+    return json.loads((PARITY / "layout.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def parity_vectors() -> dict:
+    _need_parity()
+    with np.load(PARITY / "vectors_seed0.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="session")
+def logic_vectors() -> dict:
+    _need_parity()
+    with np.load(PARITY / "logic_seed0.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="session")
+def fill_state_dict():
+    _need_parity()
+    spec = importlib.util.spec_from_file_location("parity_fill", PARITY / "fill.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.fill_state_dict
+
+
+@pytest.fixture(scope="session")
+def parity_checkpoint(tmp_path_factory, parity_layout, fill_state_dict):
+    """parity_checkpoint(name) -> path of a .pth in the published wrapping with fill.py weights (seed 0)."""
+    root = tmp_path_factory.mktemp("parity_ckpt")
+    made: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name not in made:
+            entry = parity_layout[name]
+            sd = fill_state_dict(entry["keys"], seed=0)
+            wrapping = entry["checkpoint_wrapping"]
+            obj = {wrapping.split(":", 1)[1]: sd} if wrapping.startswith("dict:") else sd
+            path = root / f"{name}.pth"
+            torch.save(obj, path)
+            made[name] = path
+        return made[name]
+
+    return make
+
+
+def assert_close_to_ref(got: np.ndarray, ref: np.ndarray, what: str, rel: float = 2e-3) -> None:
+    """The parity tolerance: max|got-ref| <= rel * max(1, max|ref|)."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    err = float(np.abs(got - ref).max())
+    tol = rel * max(1.0, float(np.abs(ref).max()))
+    assert err <= tol, f"{what}: max abs error {err:.3g} > tolerance {tol:.3g}"
