@@ -78,3 +78,28 @@ def assert_close_to_ref(got: np.ndarray, ref: np.ndarray, what: str, rel: float 
     err = float(np.abs(got - ref).max())
     tol = rel * max(1.0, float(np.abs(ref).max()))
     assert err <= tol, f"{what}: max abs error {err:.3g} > tolerance {tol:.3g}"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> Path:
+    """A checkpoint root with tiny random weights for all six networks and HuBERT (written once)."""
+    from ditto_fast.checkpoints import write_random
+
+    root = tmp_path_factory.mktemp("ckpt_tiny")
+    write_random(root, tiny=True, seed=0)
+    return root
+
+
+@pytest.fixture()
+def ditto_home(tmp_path, monkeypatch) -> Path:
+    """An empty avatar store for one test ($DITTO_FAST_HOME)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DITTO_FAST_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def speech_wav() -> Path:
+    """~10 s of English speech, 16 kHz mono, committed in tests/data."""
+    return REPO / "tests" / "data" / "speech_en_16k.wav"

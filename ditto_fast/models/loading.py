@@ -31,6 +31,18 @@ def _guess_network(sd: dict) -> str | None:
     return None
 
 
+META_KEY = "ditto_fast"   # random checkpoints record {"random_weights": True, ...} here
+
+
+def file_metadata(obj: object) -> dict:
+    """ditto-fast metadata stored in a checkpoint object (empty for published weights)."""
+    if isinstance(obj, dict) and isinstance(obj.get(META_KEY), dict):
+        return dict(obj[META_KEY])
+    root = getattr(obj, "_metadata", None) or {}
+    entry = root.get("", {}) if isinstance(root, dict) else {}
+    return dict(entry.get(META_KEY, {})) if isinstance(entry.get(META_KEY), dict) else {}
+
+
 def unwrap(obj: object, wrapping: str, path: Path, title: str) -> dict[str, torch.Tensor]:
     """The state dict inside a loaded checkpoint object, per the file's wrapping."""
     if wrapping.startswith("dict:"):
@@ -57,6 +69,11 @@ def unwrap(obj: object, wrapping: str, path: Path, title: str) -> dict[str, torc
 
 def read_state_dict(name: str, path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Load a checkpoint file (weights_only) and return its unwrapped state dict, with clear errors."""
+    return read_checkpoint(name, path)[0]
+
+
+def read_checkpoint(name: str, path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """(state dict, ditto-fast metadata) of a checkpoint file, loaded weights_only with clear errors."""
     s = spec(name)
     p = Path(path)
     if not p.exists():
@@ -72,7 +89,7 @@ def read_state_dict(name: str, path: str | os.PathLike) -> dict[str, torch.Tenso
             OSError, AttributeError, KeyError, IndexError) as e:
         raise CheckpointError(f"{p}: cannot read the {s.title} checkpoint (truncated or corrupt: "
                               f"{str(e).splitlines()[0][:160]}); re-download it") from None
-    return unwrap(obj, s.wrapping, p, s.title)
+    return unwrap(obj, s.wrapping, p, s.title), file_metadata(obj)
 
 
 def _mismatches(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> list[str]:
@@ -111,8 +128,10 @@ def check_state_dict(name: str, sd: dict[str, torch.Tensor], path: str | os.Path
 def load(name: str, path: str | os.PathLike, device: str | torch.device = "cpu",
          dtype: torch.dtype = torch.float32, fuse: bool = True) -> nn.Module:
     """Network `name` from checkpoint `path`, in eval mode, on `device` in `dtype`, folded for inference."""
-    net = check_state_dict(name, read_state_dict(name, path), path)
+    sd, meta = read_checkpoint(name, path)
+    net = check_state_dict(name, sd, path)
     net.eval()
+    net.ditto_meta = meta          # e.g. {"random_weights": True} for init-random files
     if fuse and hasattr(net, "fuse_for_inference"):
         net.fuse_for_inference()
     net.to(device=device, dtype=dtype)

@@ -1,0 +1,169 @@
+"""Decode any audio file to 16 kHz mono float32, the way Ditto's librosa.load(path, sr=16000) does.
+
+One path for every format: the imageio-ffmpeg binary decodes the file at its own sample rate
+and channel count to 32-bit float PCM on a pipe; here the channels are averaged (librosa's
+to_mono) and the signal is resampled to 16 kHz with soxr at "HQ" quality (librosa's default
+``res_type="soxr_hq"``). Resampling streams chunk by chunk (bit-identical to soxr's one-shot
+call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import soxr
+
+from ditto_fast.errors import InputError
+
+SAMPLE_RATE = 16000
+SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
+_READ_BYTES = 1 << 20
+
+
+def frame_count(num_samples_16k: int) -> int:
+    """Number of 25 fps video frames covering num_samples_16k samples: ceil(n / 640)."""
+    if num_samples_16k < 0:
+        raise ValueError(f"negative sample count {num_samples_16k}")
+    return -(-int(num_samples_16k) // SAMPLES_PER_FRAME)
+
+
+def _check_path(path: Path) -> None:
+    if not path.exists():
+        raise InputError(f"{path}: audio file not found; check the path")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; give an audio file (wav, mp3, flac, m4a, ...)")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: file is empty (0 bytes); give a non-empty audio file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{path}: file is not readable; check its permissions")
+
+
+def _ffmpeg_failure(path: Path, stderr: str) -> InputError:
+    text = stderr.strip()
+    low = text.lower()
+    if "matches no streams" in low or "does not contain any stream" in low:
+        return InputError(f"{path}: has no audio stream; give a file that contains audio")
+    if "invalid data" in low or "could not find codec" in low or "unknown" in low or "decoder" in low:
+        return InputError(f"{path}: cannot be decoded as audio (corrupt file or unsupported codec); "
+                          "convert it to WAV or MP3")
+    last = text.splitlines()[-1] if text else "ffmpeg failed"
+    return InputError(f"{path}: cannot be decoded as audio ({last}); convert it to WAV or MP3")
+
+
+def _read_exact(stream, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def _read_wav_header(stream) -> tuple[int, int]:
+    """Parse the RIFF/WAVE header ffmpeg writes on the pipe up to the data chunk -> (rate, channels)."""
+    head = _read_exact(stream, 12)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        raise ValueError("no WAV header")
+    rate = channels = 0
+    while True:
+        chunk = _read_exact(stream, 8)
+        if len(chunk) < 8:
+            raise ValueError("WAV header ended before the data chunk")
+        cid, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+        if cid == b"data":
+            break
+        body = _read_exact(stream, size + (size & 1))
+        if cid == b"fmt ":
+            channels, rate = struct.unpack("<HI", body[2:8])
+            bits = struct.unpack("<H", body[14:16])[0]
+            if bits != 32:
+                raise ValueError(f"unexpected {bits}-bit PCM from ffmpeg")
+    if rate <= 0 or channels <= 0:
+        raise ValueError("WAV header without a format chunk")
+    return rate, channels
+
+
+def load_audio(path: str | os.PathLike) -> np.ndarray:
+    """Decode an audio file (any format ffmpeg reads, any rate/channels) to 16 kHz mono float32 [n]."""
+    path = Path(path)
+    _check_path(path)
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-v", "error",
+           "-i", str(path), "-map", "0:a:0", "-vn", "-sn", "-dn",
+           "-c:a", "pcm_f32le", "-f", "wav", "-"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parts: list[np.ndarray] = []
+    try:
+        try:
+            rate, channels = _read_wav_header(proc.stdout)
+        except ValueError:
+            rate = channels = 0
+        if rate:
+            resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+            frame_bytes = 4 * channels
+            rest = b""
+            n_in = 0
+            while True:
+                data = proc.stdout.read(_READ_BYTES)
+                last = not data
+                data = rest + data
+                usable = len(data) - len(data) % frame_bytes
+                rest = data[usable:]
+                block = np.frombuffer(data[:usable], dtype="<f4").reshape(-1, channels)  # [t, C]
+                mono = block.mean(axis=1, dtype=np.float32) if channels > 1 else block[:, 0]
+                n_in += mono.shape[0]
+                out = resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
+                if out.size:
+                    parts.append(out)
+                if last:
+                    break
+        stderr = proc.stderr.read().decode("utf-8", "replace")
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+        rc = proc.wait()
+    if rc != 0 or not rate:
+        raise _ffmpeg_failure(path, stderr)
+    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [n] float32 at 16 kHz
+    if rate != SAMPLE_RATE:
+        # librosa.resample fixes the length to ceil(n_in * 16000 / rate): trim or zero-pad the tail
+        n_out = -(-n_in * SAMPLE_RATE // rate)
+        audio = audio[:n_out] if audio.size >= n_out else np.pad(audio, (0, n_out - audio.size))
+    if audio.size == 0:
+        raise InputError(f"{path}: contains no audio samples; give a file with sound in it")
+    if not np.isfinite(audio).all():
+        raise InputError(f"{path}: contains NaN or infinite samples; re-export the audio as normal PCM")
+    if audio.size < SAMPLES_PER_FRAME:
+        ms = 1000.0 * audio.size / SAMPLE_RATE
+        raise InputError(f"{path}: audio is too short ({ms:.1f} ms); give at least 40 ms (one video frame)")
+    return audio
+
+
+def audio_duration(path: str | os.PathLike) -> float:
+    """Duration in seconds as ffmpeg reports it from the container (no full decode)."""
+    path = Path(path)
+    _check_path(path)
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-i", str(path)],
+                         stdin=subprocess.DEVNULL, capture_output=True)
+    text = res.stderr.decode("utf-8", "replace")
+    if not re.search(r"Stream #\S+.*: Audio:", text):
+        raise _ffmpeg_failure(path, text if "Invalid data" in text else "matches no streams")
+    m = re.search(r"Duration:\s*(\d+):(\d+):(\d+(?:\.\d+)?)", text)
+    if not m:
+        raise InputError(f"{path}: duration unknown; convert it to WAV")
+    h, mi, s = m.groups()
+    return int(h) * 3600 + int(mi) * 60 + float(s)
+
+
+def audio_frames(audio_16k: np.ndarray) -> int:
+    """Number of 25 fps frames for a decoded 16 kHz signal."""
+    return frame_count(int(audio_16k.shape[0]))
+
+
+__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "audio_duration", "audio_frames", "frame_count", "load_audio"]

@@ -1,0 +1,165 @@
+"""HuBERT audio features at 25 fps, windowed exactly as Ditto's streaming HuBERT, run in batches.
+
+Ditto (core/atomic_components/wav2feat.py, chunksize (3, 5, 2)) pads the 16 kHz signal with
+2000 zeros in front and 6480 behind, and for i = 0, 5, 10, ... while i < N takes the window of
+6480 samples starting at int(i * 0.04 * 16000). The encoder's last hidden state of a window has
+20 frames at 50 Hz; frames [-14:-4] are kept and averaged in consecutive pairs, giving 5 frames
+at 25 fps. Windows are concatenated and cut to N = ceil(samples / 640) rows. Windows enter the
+model as raw samples (no normalisation).
+
+The start int(i * 0.04 * 16000) is kept as Ditto writes it, float rounding included (for some i
+it is i * 640 - 1), so features match Ditto's sample for sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ditto_fast.audio.decode import frame_count
+from ditto_fast.errors import CheckpointError
+
+WINDOW = 6480          # samples per window: int((3 + 5 + 2) * 0.04 * 16000) + 80
+PAD_FRONT = 2000       # WINDOW - int((5 + 2) * 0.04 * 16000)
+PAD_BACK = WINDOW
+FRAMES_PER_WINDOW = 5  # 25 fps frames each window contributes
+KEEP_START, KEEP_END = -14, -4  # 50 Hz frames kept from the window's 20
+
+
+def window_starts(num_frames: int) -> np.ndarray:
+    """Start offsets (in the padded signal) of Ditto's windows for num_frames output frames."""
+    return np.array([int(i * 0.04 * 16000) for i in range(0, num_frames, FRAMES_PER_WINDOW)], dtype=np.int64)
+
+
+def pad_signal(audio_16k: np.ndarray) -> np.ndarray:
+    """Zero-pad a 16 kHz signal as Ditto does: 2000 samples in front, 6480 behind. [n] -> [n + 8480]"""
+    out = np.zeros(PAD_FRONT + audio_16k.shape[0] + PAD_BACK, dtype=np.float32)
+    out[PAD_FRONT:PAD_FRONT + audio_16k.shape[0]] = audio_16k
+    return out
+
+
+def _check_dir(model_dir: Path) -> dict:
+    if not model_dir.exists():
+        raise CheckpointError(f"{model_dir}: HuBERT model directory not found; "
+                              "give the hubert-large-ls960-ft directory or run `ditto-fast checkpoints init-random`")
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: is a file; give the HuBERT model directory (config.json + weights)")
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{model_dir}: no config.json; give a transformers HuBERT directory "
+                              "(facebook/hubert-large-ls960-ft layout)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{cfg_path}: unreadable config ({exc.__class__.__name__}); "
+                              "re-download the HuBERT directory") from None
+    if not isinstance(cfg, dict) or cfg.get("model_type") != "hubert":
+        kind = cfg.get("model_type") if isinstance(cfg, dict) else None
+        raise CheckpointError(f"{cfg_path}: model_type is {kind!r}, not 'hubert'; "
+                              "give the facebook/hubert-large-ls960-ft directory")
+    if not any((model_dir / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")):
+        raise CheckpointError(f"{model_dir}: no model.safetensors or pytorch_model.bin; "
+                              "re-download the HuBERT weights")
+    return cfg
+
+
+def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Load a local transformers HuBERT directory (HubertModel or HubertForCTC) as the encoder, eval mode."""
+    from transformers import HubertModel
+    from transformers.utils import logging as hf_logging
+
+    model_dir = Path(model_dir)
+    _check_dir(model_dir)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the dropped CTC head is expected; report problems ourselves
+    try:
+        model, info = HubertModel.from_pretrained(model_dir, local_files_only=True,
+                                                  output_loading_info=True, torch_dtype=torch.float32)
+    except Exception as exc:  # corrupt/truncated weights, shape mismatch, bad config values
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise CheckpointError(f"{model_dir}: HuBERT weights cannot be loaded ({msg[:160]}); "
+                              "re-download the HuBERT directory") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = [k for k in info.get("missing_keys", []) if k != "masked_spec_embed"]
+    if missing or info.get("mismatched_keys"):
+        what = missing[:3] or [k[0] if isinstance(k, tuple) else k for k in info["mismatched_keys"][:3]]
+        raise CheckpointError(f"{model_dir}: HuBERT weights are incomplete (missing e.g. {', '.join(what)}); "
+                              "re-download the HuBERT directory")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+class HubertFeatures:
+    """16 kHz mono float32 audio -> HuBERT features [N, hidden] at 25 fps, Ditto's windowing, batched."""
+
+    def __init__(self, model_dir: str | os.PathLike, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, batch_size: int | None = None):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.batch_size = int(batch_size or (64 if self.device.type == "cuda" else 16))
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = load_hubert_encoder(model_dir, self.device, dtype)
+        self.hidden_size = int(self.model.config.hidden_size)
+
+    @classmethod
+    def from_module(cls, model: torch.nn.Module, batch_size: int = 16) -> "HubertFeatures":
+        """Wrap an already built HubertModel (tests, benchmarks)."""
+        self = cls.__new__(cls)
+        param = next(model.parameters())
+        self.device, self.dtype, self.batch_size = param.device, param.dtype, int(batch_size)
+        self.model = model.eval()
+        self.hidden_size = int(model.config.hidden_size)
+        return self
+
+    @torch.inference_mode()
+    def _encode(self, windows: np.ndarray) -> np.ndarray:
+        """Run windows [B, 6480] through the encoder -> 25 fps features [B, 5, hidden] float32."""
+        x = torch.from_numpy(windows).to(device=self.device, dtype=self.dtype)  # [B, 6480]
+        hidden = self.model(x).last_hidden_state  # [B, 20, hidden]
+        if hidden.shape[1] != 20:
+            raise CheckpointError(f"HuBERT gives {hidden.shape[1]} frames per {WINDOW}-sample window, "
+                                  "expected 20; the conv kernel/stride pattern must be hubert's")
+        kept = hidden[:, KEEP_START:KEEP_END].float()  # [B, 10, hidden]
+        feats = kept.reshape(kept.shape[0], FRAMES_PER_WINDOW, 2, -1).mean(dim=2)  # [B, 5, hidden]
+        return feats.cpu().numpy()
+
+    def features(self, audio_16k: np.ndarray, batch_size: int | None = None) -> np.ndarray:
+        """Features for a whole signal [n] -> [ceil(n / 640), hidden], windows run batch_size at a time."""
+        audio = np.asarray(audio_16k, dtype=np.float32)
+        if audio.ndim != 1:
+            raise ValueError(f"expected mono audio [n], got shape {audio.shape}")
+        bs = int(batch_size or self.batch_size)
+        n_frames = frame_count(audio.shape[0])
+        out = np.empty((n_frames, self.hidden_size), dtype=np.float32)  # [N, hidden]
+        if n_frames == 0:
+            return out
+        padded = pad_signal(audio)  # [n + 8480]
+        starts = window_starts(n_frames)
+        offsets = np.arange(WINDOW, dtype=np.int64)
+        for b0 in range(0, len(starts), bs):
+            idx = starts[b0:b0 + bs, None] + offsets  # [B, 6480] indices into the padded signal
+            feats = self._encode(padded[idx])  # [B, 5, hidden]
+            row0 = b0 * FRAMES_PER_WINDOW
+            rows = min(n_frames - row0, feats.shape[0] * FRAMES_PER_WINDOW)
+            out[row0:row0 + rows] = feats.reshape(-1, self.hidden_size)[:rows]
+        return out
+
+    def features_one_by_one(self, audio_16k: np.ndarray) -> np.ndarray:
+        """Reference path: Ditto's loop, one window per model call, concatenated and cut to N."""
+        audio = np.asarray(audio_16k, dtype=np.float32)
+        n_frames = frame_count(audio.shape[0])
+        padded = pad_signal(audio)
+        chunks = [self._encode(padded[None, s:s + WINDOW])[0] for s in window_starts(n_frames)]
+        if not chunks:
+            return np.empty((0, self.hidden_size), dtype=np.float32)
+        return np.concatenate(chunks, axis=0)[:n_frames]
+
+    def __call__(self, audio_16k: np.ndarray) -> np.ndarray:
+        """[n] float32 16 kHz mono -> [ceil(n / 640), hidden] float32."""
+        return self.features(audio_16k)

@@ -1,0 +1,92 @@
+"""Restricted unpickling: numpy arrays and plain containers, nothing else.
+
+`load(file)` / `loads(data)` read a pickle whose only globals may be the few numpy
+reconstructors that rebuild arrays, dtypes and scalars (numpy 1.x ``numpy.core`` and 2.x
+``numpy._core`` spellings) and ``builtins.complex``; dicts, lists, tuples, sets, str, bytes,
+int, float, bool and None need no globals at all. Any other global (``os.system``,
+``builtins.eval``, ``collections.OrderedDict``, ...) is refused *before* it is looked up, so a
+malicious pickle cannot run code. Object-dtype arrays are refused after loading too, so no
+Python object can hide inside an array. Every refusal or decoding failure raises AvatarError.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import IO, Any
+
+import numpy as np
+
+from ditto_fast.errors import AvatarError
+
+# (module, name) pairs a cache pickle may reference.
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("builtins", "complex"),
+    }
+)
+
+DEFAULT_HINT = "re-register the avatar with `ditto-fast register SOURCE --name NAME --force`"
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler whose find_class admits only ALLOWED_GLOBALS."""
+
+    def __init__(self, file: IO[bytes], what: str, hint: str) -> None:
+        super().__init__(file)
+        self._what = what
+        self._hint = hint
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in ALLOWED_GLOBALS:
+            raise AvatarError(
+                f"{self._what} contains a disallowed object {module}.{name}; {self._hint}"
+            )
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise AvatarError(f"{self._what} contains a persistent reference; {self._hint}")
+
+
+def _refuse_object_arrays(obj: Any, what: str, hint: str) -> None:
+    """Raise AvatarError if any array in obj (walked recursively) has an object dtype."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, np.ndarray):
+            if item.dtype.hasobject:
+                raise AvatarError(
+                    f"{what} contains a disallowed object array (dtype {item.dtype}); {hint}"
+                )
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+
+
+def load(file: IO[bytes], what: str = "avatar.pkl", hint: str = DEFAULT_HINT) -> Any:
+    """Unpickle from a binary file, admitting only numpy arrays and plain containers."""
+    try:
+        obj = _RestrictedUnpickler(file, what, hint).load()
+    except AvatarError:
+        raise
+    except Exception as exc:  # any decoding failure means the file is damaged
+        raise AvatarError(
+            f"{what} is damaged ({type(exc).__name__}: {exc}); {hint}"
+        ) from exc
+    _refuse_object_arrays(obj, what, hint)
+    return obj
+
+
+def loads(data: bytes, what: str = "avatar.pkl", hint: str = DEFAULT_HINT) -> Any:
+    """Unpickle from bytes, admitting only numpy arrays and plain containers."""
+    return load(io.BytesIO(data), what, hint)

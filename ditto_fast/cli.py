@@ -1,0 +1,214 @@
+"""Click entry point: register, render, avatars, checkpoints, doctor. Maps error classes to exit codes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import DittoError
+
+DEVICE = click.Choice(["auto", "cpu", "cuda"])
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM so cleanup runs as for Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised via subprocess tests
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: run the CLI, turn known failures into one stderr line and an exit code."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cli.main(args=argv, prog_name="ditto-fast", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("ditto-fast: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except DittoError as e:
+        click.echo(f"ditto-fast: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("ditto-fast: interrupted", err=True)
+        sys.exit(130)
+    except Terminated:
+        click.echo("ditto-fast: terminated", err=True)
+        sys.exit(143)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ditto-fast")
+def cli() -> None:
+    """ditto-fast: lip-synced talking-anchor videos from a registered avatar and a speech file."""
+
+
+# ----------------------------------------------------------------------------- register
+@cli.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--name", help="Avatar name [A-Za-z0-9_-]{1,64}; default: the file stem.")
+@click.option("--max-size", type=click.IntRange(64, 8192), default=1920, show_default=True,
+              help="Long side of the frames kept (larger sources are resized).")
+@click.option("--max-frames", type=click.IntRange(1), default=None, help="Use at most N frames.")
+@click.option("--force", is_flag=True, help="Replace an existing avatar of that name.")
+@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint directory (default $DITTO_FAST_CHECKPOINTS or ./checkpoints).")
+@click.option("--device", type=DEVICE, default="auto", show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--landmarks", type=click.Choice(["mediapipe", "ditto"]), default="mediapipe", show_default=True,
+              help="'ditto' uses the release's ONNX landmark models when present (needs onnxruntime).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, landmarks, quiet):
+    """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
+    from .avatar.register import register_avatar
+
+    avatar_dir = register_avatar(source, name=name, max_size=max_size, max_frames=max_frames, force=force,
+                                 checkpoints=checkpoints_dir, device=device, batch_size=batch_size,
+                                 landmarks=landmarks, quiet=quiet)
+    click.echo(str(avatar_dir))
+
+
+# ----------------------------------------------------------------------------- render
+@cli.command()
+@click.option("--avatar", required=True, help="Registered avatar name (see `ditto-fast avatars`).")
+@click.option("--audio", "audio_path", required=True, type=click.Path(path_type=Path), help="Speech file.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Output MP4 (default <avatar>_<audio stem>.mp4 in the current directory).")
+@click.option("--steps", type=click.IntRange(1, 1000), default=25, show_default=True, help="DDIM steps.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--emotion", default="neutral", show_default=True,
+              help="angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, "
+                   "or a per-frame schedule file (JSON).")
+@click.option("--controls", type=click.Path(path_type=Path), default=None, help="Per-frame control file (JSON).")
+@click.option("--device", type=DEVICE, default="auto", show_default=True)
+@click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto", show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Frames per warp+decode micro-batch.")
+@click.option("--crf", type=click.IntRange(0, 51), default=18, show_default=True)
+@click.option("--preset", default="veryfast", show_default=True,
+              type=click.Choice(["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"]))
+@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
+@click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
+def render(avatar, audio_path, output, steps, seed, emotion, controls, device, precision, batch_size, crf,
+           preset, checkpoints_dir, profile, quiet):
+    """Render AUDIO spoken by AVATAR into an MP4 (written to a temporary name, renamed when complete)."""
+    from .pipeline import RenderOptions, render_video
+
+    opts = RenderOptions(avatar=avatar, audio=audio_path, output=output, steps=steps, seed=seed,
+                         emotion=emotion, controls=controls, device=device, precision=precision,
+                         batch_size=batch_size, crf=crf, preset=preset, checkpoints=checkpoints_dir,
+                         profile=profile, quiet=quiet)
+    result = render_video(opts)
+    if not quiet:
+        click.echo(result.table, err=True)
+    click.echo(str(result.output))
+
+
+# ----------------------------------------------------------------------------- avatars
+@cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def avatars(ctx, as_json):
+    """List registered avatars (subcommands: show, rm)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .avatar.cache import list_avatars, store_root
+
+    rows = list_avatars()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if not rows:
+        click.echo(f"no avatars in {store_root() / 'avatars'}; create one with `ditto-fast register SOURCE`")
+        return
+    click.echo(f"{'name':<20} {'frames':>6} {'size':>10} {'disk':>9}  {'created':<20} checkpoints")
+    for r in rows:
+        if r.get("error"):
+            click.echo(f"{r['name']:<20} damaged: {r['error']}")
+            continue
+        mb = r.get("size_bytes", 0) / 2**20
+        flag = " (random weights)" if r.get("random_weights") else ""
+        click.echo(f"{r['name']:<20} {r['frames']:>6} {r['resolution']:>10} {mb:>7.1f}MB  "
+                   f"{str(r.get('created', ''))[:19]:<20} {r.get('checkpoints', '')}{flag}")
+
+
+@avatars.command("show")
+@click.argument("name")
+@click.option("--verify", is_flag=True, help="Check the full checksums of the cached files.")
+def avatars_show(name, verify):
+    """Show one avatar's details."""
+    from .avatar.cache import avatar_info
+
+    click.echo(json.dumps(avatar_info(name, verify=verify), indent=2, default=str))
+
+
+@avatars.command("rm")
+@click.argument("name")
+def avatars_rm(name):
+    """Remove an avatar from the store."""
+    from .avatar.cache import remove_avatar
+
+    remove_avatar(name)
+    click.echo(f"removed {name}")
+
+
+# ----------------------------------------------------------------------------- checkpoints
+@cli.group()
+def checkpoints():
+    """Inspect checkpoints or write random ones in the published layout."""
+
+
+@checkpoints.command("init-random")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--tiny", is_flag=True, help="Tiny widths of the same architectures (fast CPU tests).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def checkpoints_init_random(directory, tiny, seed):
+    """Write random weights for all six networks and HuBERT into DIRECTORY (outputs are labelled random)."""
+    from .checkpoints import write_random
+
+    cs = write_random(directory, tiny=tiny, seed=seed)
+    click.echo(f"wrote {'tiny ' if tiny else ''}random checkpoints (seed {seed}) to {cs.root}")
+
+
+@checkpoints.command("info")
+@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
+def checkpoints_info(checkpoints_dir):
+    """Load every network once and print its file, fingerprint and size."""
+    from .checkpoints import find_checkpoints
+    from .models import load
+
+    cs = find_checkpoints(checkpoints_dir)
+    fps = cs.fingerprints()
+    for name, path in cs.files.items():
+        net = load(name, path)
+        n = sum(p.numel() for p in net.parameters())
+        click.echo(f"{name:<22} {fps[name]}  {n / 1e6:8.2f}M params  {path}")
+    click.echo(f"{'hubert':<22} {fps['hubert']}  {cs.hubert_dir}")
+    if cs.random_weights:
+        click.echo("these are RANDOM weights (ditto-fast checkpoints init-random): outputs are noise")
+
+
+# ----------------------------------------------------------------------------- doctor
+@cli.command()
+@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
+def doctor(checkpoints_dir):
+    """Check ffmpeg, torch device, mediapipe models, checkpoints and the avatar store, one line each."""
+    from .doctor import run_checks
+
+    ok = True
+    for check in run_checks(checkpoints_dir):
+        ok &= check.ok
+        click.echo(f"[{'ok' if check.ok else 'FAIL'}] {check.name:<12} {check.detail}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

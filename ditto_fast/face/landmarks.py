@@ -1,0 +1,202 @@
+"""Mediapipe face-mesh landmarks (478 points with iris) on every frame: detect first, track after.
+
+The mesh run on a whole 1080p frame misses medium and small faces, so the mesh only ever sees a
+square crop around the face, about twice the face's size and resized to 256-512 px, and its points
+are mapped back to frame pixels. The face is found with mediapipe's full-range detector run on the
+whole frame and on overlapping tiles (small faces are too few pixels once a 1080p frame is shrunk to
+the detector's 192x192 input); after that each frame's crop comes from the previous frame's
+landmarks, and the detector runs again only when the mesh loses the face. Every step is
+deterministic: the mesh runs in static-image mode, so a frame's result depends only on the frame and
+on the previous landmarks.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import cv2
+import numpy as np
+
+from ..errors import NoFaceError
+from .crop import face_size
+
+CROP_FACTOR = 2.0          # mesh crop side / face size
+MESH_MIN_PX, MESH_MAX_PX = 256, 512   # the mesh crop is resized into this range
+TILE_OVERLAP = 0.35        # fraction of a detector tile shared with its neighbour
+TILE_PER_FACE = 10         # finest detector tile side / smallest face
+
+
+class MultipleFacesWarning(UserWarning):
+    """More than one face was found; the largest is used."""
+
+
+def _square_crop(frame: np.ndarray, cx: float, cy: float, side: float) -> tuple[np.ndarray, float, float, float]:
+    """(crop [R, R, 3], x0, y0, px per crop px): a square around (cx, cy), black outside the frame."""
+    h, w = frame.shape[:2]
+    c = max(int(round(side)), 16)
+    x0, y0 = int(round(cx - c / 2)), int(round(cy - c / 2))
+    out = np.zeros((c, c, 3), dtype=np.uint8)
+    ax, ay, bx, by = max(x0, 0), max(y0, 0), min(x0 + c, w), min(y0 + c, h)
+    if bx > ax and by > ay:
+        out[ay - y0:by - y0, ax - x0:bx - x0] = frame[ay:by, ax:bx]
+    r = int(min(max(c, MESH_MIN_PX), MESH_MAX_PX))
+    if r != c:
+        out = cv2.resize(out, (r, r), interpolation=cv2.INTER_AREA if r < c else cv2.INTER_LINEAR)
+    return out, float(x0), float(y0), c / r
+
+
+def _tiles(h: int, w: int, finest: int) -> list[tuple[int, int, int, int]]:
+    """Detector windows (x0, y0, x1, y1): the whole frame, then overlapping tiles halving down to `finest`."""
+    windows = [(0, 0, w, h)]
+    side = max(h, w)
+    while side > finest:
+        side = max(finest, side // 2)
+        tw, th = min(side, w), min(side, h)
+        for y0 in _starts(h, th):
+            for x0 in _starts(w, tw):
+                windows.append((x0, y0, x0 + tw, y0 + th))
+    return windows
+
+
+def _starts(length: int, tile: int) -> list[int]:
+    """Evenly spread tile starts covering [0, length) with at least TILE_OVERLAP overlap."""
+    if tile >= length:
+        return [0]
+    n = int(np.ceil((length - tile) / (tile * (1 - TILE_OVERLAP)))) + 1
+    return [int(round(v)) for v in np.linspace(0, length - tile, n)]
+
+
+def _merge_boxes(boxes: list[np.ndarray]) -> list[np.ndarray]:
+    """Boxes (x0, y0, x1, y1) largest first, dropping any mostly inside a larger one kept already."""
+    boxes = sorted(boxes, key=lambda b: -(b[2] - b[0]) * (b[3] - b[1]))
+    kept: list[np.ndarray] = []
+    for b in boxes:
+        area = (b[2] - b[0]) * (b[3] - b[1])
+        inside = False
+        for k in kept:
+            iw = min(b[2], k[2]) - max(b[0], k[0])
+            ih = min(b[3], k[3]) - max(b[1], k[1])
+            if iw > 0 and ih > 0 and iw * ih > 0.4 * area:
+                inside = True
+                break
+        if not inside:
+            kept.append(b)
+    return kept
+
+
+class FaceTracker:
+    """Landmarks [478, 3] float32 in frame pixels (x, y, and z scaled like x) for consecutive frames."""
+
+    def __init__(self, min_face_px: int = 64, source: str | None = None) -> None:
+        import mediapipe as mp  # heavy import, only when a tracker is made
+
+        self.min_face_px = int(min_face_px)
+        self.source = source
+        self.multiple_faces_frames: list[int] = []
+        self._detector = mp.solutions.face_detection.FaceDetection(model_selection=1, min_detection_confidence=0.5)
+        self._mesh = mp.solutions.face_mesh.FaceMesh(
+            static_image_mode=True, max_num_faces=1, refine_landmarks=True, min_detection_confidence=0.5,
+        )
+        self._last: np.ndarray | None = None  # previous frame's landmarks [478, 3]
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the mediapipe graphs."""
+        for graph in (self._detector, self._mesh):
+            if graph is not None:
+                graph.close()
+        self._detector = self._mesh = None
+
+    def __enter__(self) -> "FaceTracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def reset(self) -> None:
+        """Forget the previous frame: the next call detects afresh."""
+        self._last = None
+
+    # -- per frame ----------------------------------------------------------------------------
+    def __call__(self, frame_rgb: np.ndarray, index: int) -> np.ndarray:
+        """Landmarks [478, 3] float32 in frame pixels for frame `index` (RGB uint8 [H, W, 3])."""
+        if self._mesh is None:
+            raise RuntimeError("FaceTracker is closed")
+        frame = np.ascontiguousarray(frame_rgb)
+        if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
+            raise ValueError(f"frame must be uint8 [H, W, 3], got {frame.dtype} {frame.shape}")
+        lmk = None
+        if self._last is not None:
+            lmk = self._mesh_around_landmarks(frame, self._last)
+        if lmk is None:
+            lmk = self._detect(frame, index)
+        size = face_size(lmk)
+        if size < self.min_face_px:
+            self._last = None
+            raise NoFaceError(
+                f"{self._where()}frame {index}: the face is only {size:.0f} px across, below the "
+                f"{self.min_face_px} px minimum; use a source where the face is larger"
+            )
+        self._last = lmk
+        return lmk
+
+    def _where(self) -> str:
+        return f"{self.source}: " if self.source else ""
+
+    def _mesh_in(self, frame: np.ndarray, cx: float, cy: float, side: float) -> np.ndarray | None:
+        """Mesh on a square crop around (cx, cy); landmarks [478, 3] in frame pixels or None."""
+        crop, x0, y0, k = _square_crop(frame, cx, cy, side)
+        res = self._mesh.process(crop)
+        if not res.multi_face_landmarks:
+            return None
+        r = crop.shape[0]
+        pts = np.array([(p.x, p.y, p.z) for p in res.multi_face_landmarks[0].landmark], dtype=np.float64)
+        pts *= r * k                      # normalised crop units -> frame pixels (z like x)
+        pts[:, 0] += x0
+        pts[:, 1] += y0
+        return pts.astype(np.float32)     # [478, 3]
+
+    def _mesh_around_landmarks(self, frame: np.ndarray, lmk: np.ndarray) -> np.ndarray | None:
+        lo, hi = lmk[:, :2].min(0), lmk[:, :2].max(0)
+        c = (lo + hi) / 2
+        return self._mesh_in(frame, float(c[0]), float(c[1]), CROP_FACTOR * float((hi - lo).max()))
+
+    def _detect_boxes(self, frame: np.ndarray) -> list[np.ndarray]:
+        """Face boxes (x0, y0, x1, y1) in frame pixels, largest first, from the whole frame and tiles."""
+        h, w = frame.shape[:2]
+        boxes: list[np.ndarray] = []
+        for x0, y0, x1, y1 in _tiles(h, w, TILE_PER_FACE * self.min_face_px):
+            tile = np.ascontiguousarray(frame[y0:y1, x0:x1])
+            res = self._detector.process(tile)
+            tw, th = x1 - x0, y1 - y0
+            for det in res.detections or []:
+                rb = det.location_data.relative_bounding_box
+                b = np.array([rb.xmin * tw, rb.ymin * th, (rb.xmin + rb.width) * tw, (rb.ymin + rb.height) * th])
+                # a face cut by an inner tile edge is whole in a neighbouring tile or the coarser level
+                m = 2.0
+                if (x0 > 0 and b[0] < m) or (y0 > 0 and b[1] < m) or \
+                        (x1 < w and b[2] > tw - m) or (y1 < h and b[3] > th - m):
+                    continue
+                boxes.append(b + np.array([x0, y0, x0, y0]))
+        return _merge_boxes(boxes)
+
+    def _detect(self, frame: np.ndarray, index: int) -> np.ndarray:
+        """Landmarks of the largest detected face on which the mesh succeeds; NoFaceError if none."""
+        boxes = self._detect_boxes(frame)
+        if len(boxes) > 1:
+            self.multiple_faces_frames.append(index)
+            widths = ", ".join(f"{b[2] - b[0]:.0f}" for b in boxes)
+            warnings.warn(
+                f"{self._where()}frame {index}: {len(boxes)} faces found (widths {widths} px); using the largest",
+                MultipleFacesWarning, stacklevel=3,
+            )
+        for b in boxes:
+            cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
+            lmk = self._mesh_in(frame, cx, cy, CROP_FACTOR * max(b[2] - b[0], b[3] - b[1]))
+            if lmk is not None:
+                return lmk
+        self._last = None
+        raise NoFaceError(
+            f"{self._where()}no face found in frame {index}; every frame needs a clearly visible face "
+            f"at least {self.min_face_px} px across"
+        )

@@ -1,0 +1,230 @@
+"""Building blocks shared by the LivePortrait-style networks: conv+norm blocks, spectral-norm conv,
+coordinate grids, keypoint gaussians, and the folding helpers used by ``fuse_for_inference``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def param_dtype(module: nn.Module) -> torch.dtype:
+    """The floating dtype of a module's first parameter (its compute dtype)."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def count_indexed(sd: dict[str, torch.Tensor], prefix: str, suffix: str) -> int:
+    """How many consecutive `prefix{i}suffix` keys exist in `sd`, counting from i = 0."""
+    n = 0
+    while f"{prefix}{n}{suffix}" in sd:
+        n += 1
+    return n
+
+
+def make_coordinate_grid(d: int, h: int, w: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Identity sampling grid in [-1, 1], last axis ordered (x, y, z) as grid_sample expects."""
+    # [D, H, W, 3], float32
+    def axis(n: int) -> torch.Tensor:
+        return 2.0 * (torch.arange(n, dtype=torch.float32, device=device) / (n - 1)) - 1.0
+
+    z, y, x = torch.meshgrid(axis(d), axis(h), axis(w), indexing="ij")
+    return torch.stack([x, y, z], dim=-1)
+
+
+def keypoint_gaussians(kp: torch.Tensor, grid: torch.Tensor, variance: float) -> torch.Tensor:
+    """exp(-|grid - kp|^2 / (2 variance)) for every keypoint, float32."""
+    # kp [B, K, 3], grid [D, H, W, 3] -> [B, K, D, H, W]
+    diff = grid[None, None] - kp.float()[:, :, None, None, None, :]
+    return torch.exp(-0.5 * diff.square().sum(-1) / variance)
+
+
+# ----------------------------------------------------------------------------- folding
+
+
+@torch.no_grad()
+def fold_batchnorm(conv: nn.Module, bn: nn.Module) -> None:
+    """Fold an eval-mode BatchNorm that directly follows `conv` into the conv's weight and bias."""
+    if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
+        return  # already folded
+    scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    w = conv.weight.double() * scale.reshape(-1, *([1] * (conv.weight.dim() - 1)))
+    b = conv.bias.double() if conv.bias is not None else torch.zeros_like(scale)
+    b = (b - bn.running_mean.double()) * scale + bn.bias.double()
+    conv.weight.copy_(w.to(conv.weight.dtype))
+    if conv.bias is None:
+        conv.bias = nn.Parameter(b.to(conv.weight.dtype))
+    else:
+        conv.bias.copy_(b.to(conv.bias.dtype))
+
+
+class Affine(nn.Module):
+    """Per-channel y = x * scale + shift: an eval BatchNorm that cannot be folded into a conv."""
+
+    def __init__(self, bn: nn.modules.batchnorm._BatchNorm):
+        super().__init__()
+        with torch.no_grad():
+            scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+            shift = bn.bias.double() - bn.running_mean.double() * scale
+        self.scale = nn.Parameter(scale.float(), requires_grad=False)
+        self.shift = nn.Parameter(shift.float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return torch.addcmul(self.shift.reshape(shape), x, self.scale.reshape(shape))
+
+
+# ----------------------------------------------------------------------------- spectral norm
+
+
+class SNConv2d(nn.Module):
+    """Conv2d with spectral norm as stored by torch's spectral_norm (weight_orig, weight_u, weight_v).
+
+    The weight is weight_orig / (u . (W v)) with the stored u, v (eval semantics, no power iteration).
+    """
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, padding: int = 0, bias: bool = True):
+        super().__init__()
+        self.padding = padding
+        self.weight_orig = nn.Parameter(torch.empty(cout, cin, kernel_size, kernel_size))
+        self.bias = nn.Parameter(torch.zeros(cout)) if bias else None
+        nn.init.kaiming_uniform_(self.weight_orig, a=5 ** 0.5)
+        w = self.weight_orig.detach().reshape(cout, -1)
+        u = F.normalize(torch.randn(cout), dim=0, eps=1e-12)
+        v = F.normalize(w.t() @ u, dim=0, eps=1e-12)
+        self.register_buffer("weight_u", F.normalize(w @ v, dim=0, eps=1e-12))
+        self.register_buffer("weight_v", v)
+
+    def normalized_weight(self) -> torch.Tensor:
+        """weight_orig divided by its stored spectral-norm estimate."""
+        w = self.weight_orig
+        sigma = torch.dot(self.weight_u.float(), w.reshape(w.shape[0], -1).float() @ self.weight_v.float())
+        return (w.float() / sigma).to(w.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.normalized_weight(), self.bias, padding=self.padding)
+
+    @torch.no_grad()
+    def to_conv(self) -> nn.Conv2d:
+        """A plain Conv2d with the normalized weight folded in."""
+        w = self.normalized_weight()
+        conv = nn.Conv2d(w.shape[1], w.shape[0], w.shape[2], padding=self.padding, bias=self.bias is not None)
+        conv = conv.to(device=w.device, dtype=w.dtype)
+        conv.weight.copy_(w)
+        if self.bias is not None:
+            conv.bias.copy_(self.bias)
+        return conv
+
+
+def fold_spectral_norms(module: nn.Module) -> None:
+    """Replace every SNConv2d below `module` by a plain Conv2d with its normalized weight."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, SNConv2d):
+            setattr(module, name, child.to_conv())
+        else:
+            fold_spectral_norms(child)
+
+
+# ----------------------------------------------------------------------------- conv blocks
+
+
+class SameBlock2d(nn.Module):
+    """conv -> BatchNorm -> ReLU (or LeakyReLU 0.01), same resolution."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int = 3, padding: int = 1, lrelu: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel_size, padding=padding)
+        self.norm = nn.BatchNorm2d(cout, affine=True)
+        self.lrelu = lrelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.conv(x))
+        return F.leaky_relu(x, 0.01) if self.lrelu else F.relu(x)
+
+    def fuse(self) -> None:
+        fold_batchnorm(self.conv, self.norm)
+        self.norm = nn.Identity()
+
+
+class DownBlock2d(nn.Module):
+    """conv -> BatchNorm -> ReLU -> 2x2 average pool."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int = 3, padding: int = 1):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel_size, padding=padding)
+        self.norm = nn.BatchNorm2d(cout, affine=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(F.relu(self.norm(self.conv(x))), 2)
+
+    def fuse(self) -> None:
+        fold_batchnorm(self.conv, self.norm)
+        self.norm = nn.Identity()
+
+
+class DownBlock3d(nn.Module):
+    """conv3d -> BatchNorm3d -> ReLU -> (1, 2, 2) average pool."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int = 3):
+        super().__init__()
+        self.conv = nn.Conv3d(cin, cout, kernel_size, padding=kernel_size // 2)
+        self.norm = nn.BatchNorm3d(cout, affine=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool3d(F.relu(self.norm(self.conv(x))), (1, 2, 2))
+
+    def fuse(self) -> None:
+        fold_batchnorm(self.conv, self.norm)
+        self.norm = nn.Identity()
+
+
+class UpBlock3d(nn.Module):
+    """nearest (1, 2, 2) upsample -> conv3d -> BatchNorm3d -> ReLU."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int = 3):
+        super().__init__()
+        self.conv = nn.Conv3d(cin, cout, kernel_size, padding=kernel_size // 2)
+        self.norm = nn.BatchNorm3d(cout, affine=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")
+        return F.relu(self.norm(self.conv(x)))
+
+    def fuse(self) -> None:
+        fold_batchnorm(self.conv, self.norm)
+        self.norm = nn.Identity()
+
+
+class ResBlock3d(nn.Module):
+    """x + conv2(relu(bn2(conv1(relu(bn1(x)))))), same resolution."""
+
+    def __init__(self, channels: int, kernel_size: int = 3):
+        super().__init__()
+        self.conv1 = nn.Conv3d(channels, channels, kernel_size, padding=kernel_size // 2)
+        self.conv2 = nn.Conv3d(channels, channels, kernel_size, padding=kernel_size // 2)
+        self.norm1 = nn.BatchNorm3d(channels, affine=True)
+        self.norm2 = nn.BatchNorm3d(channels, affine=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv1(F.relu(self.norm1(x)))
+        out = self.conv2(F.relu(self.norm2(out)))
+        return out + x
+
+    def fuse(self) -> None:
+        # norm2 directly follows conv1: fold it. norm1 precedes a ReLU: keep it as a plain affine.
+        fold_batchnorm(self.conv1, self.norm2)
+        self.norm2 = nn.Identity()
+        if isinstance(self.norm1, nn.modules.batchnorm._BatchNorm):
+            self.norm1 = Affine(self.norm1)
+
+
+def fuse_blocks(module: nn.Module) -> None:
+    """Call fuse() on every block below `module` that has one, and fold spectral norms."""
+    for child in list(module.modules()):
+        if child is not module and hasattr(child, "fuse") and callable(child.fuse):
+            child.fuse()
+    fold_spectral_norms(module)

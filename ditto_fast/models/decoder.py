@@ -1,0 +1,116 @@
+"""SPADE decoder: the warped feature [B,256,64,64] -> the rendered face crop [B,3,512,512] in 0..1.
+
+Every residual block is modulated by SPADE norms whose scale and shift come from the decoder's own
+input feature (the "segmentation map"), resized to each block's resolution.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .blocks import SNConv2d, count_indexed, fuse_blocks, param_dtype
+
+TINY_WIDTHS = {"in_channels": 8, "out_channels": 8, "num_middle": 1, "spade_hidden": 8}
+
+_IN_EPS = 1e-5
+_LRELU = 0.2
+
+
+def instance_norm_f32(x: torch.Tensor) -> torch.Tensor:
+    """Per-sample, per-channel normalisation over H, W with float32 statistics; float32 out."""
+    x = x.float()
+    var, mean = torch.var_mean(x, dim=(2, 3), keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + _IN_EPS)
+
+
+class SPADE(nn.Module):
+    """instance_norm(x) * (1 + gamma(seg)) + beta(seg), gamma/beta from a small conv net on seg."""
+
+    def __init__(self, channels: int, label_channels: int, hidden: int = 128):
+        super().__init__()
+        self.mlp_shared = nn.Sequential(nn.Conv2d(label_channels, hidden, 3, padding=1), nn.ReLU())
+        self.mlp_gamma = nn.Conv2d(hidden, channels, 3, padding=1)
+        self.mlp_beta = nn.Conv2d(hidden, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        # x [B, C, H, W], seg [B, L, H, W] already at x's resolution
+        actv = self.mlp_shared(seg)
+        gamma = self.mlp_gamma(actv)
+        beta = self.mlp_beta(actv)
+        out = torch.addcmul(beta.float(), instance_norm_f32(x), 1.0 + gamma.float())
+        return out.to(x.dtype)
+
+
+class SPADEResBlock(nn.Module):
+    """Residual block: conv(lrelu(SPADE(x))) twice, plus a (learned, when widths differ) shortcut."""
+
+    def __init__(self, fin: int, fout: int, label_channels: int, hidden: int = 128):
+        super().__init__()
+        fmid = min(fin, fout)
+        self.learned_shortcut = fin != fout
+        self.conv_0 = SNConv2d(fin, fmid, 3, padding=1)
+        self.conv_1 = SNConv2d(fmid, fout, 3, padding=1)
+        self.norm_0 = SPADE(fin, label_channels, hidden)
+        self.norm_1 = SPADE(fmid, label_channels, hidden)
+        if self.learned_shortcut:
+            self.conv_s = SNConv2d(fin, fout, 1, bias=False)
+            self.norm_s = SPADE(fin, label_channels, hidden)
+
+    def forward(self, x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        shortcut = self.conv_s(self.norm_s(x, seg)) if self.learned_shortcut else x
+        dx = self.conv_0(F.leaky_relu(self.norm_0(x, seg), _LRELU))
+        dx = self.conv_1(F.leaky_relu(self.norm_1(dx, seg), _LRELU))
+        return shortcut + dx
+
+
+class SPADEDecoder(nn.Module):
+    """feature [B, in_channels, 64, 64] -> image [B, 3, 64*4*upscale, ...] in 0..1."""
+
+    def __init__(self, in_channels: int = 256, out_channels: int = 64, num_middle: int = 6,
+                 spade_hidden: int = 128, upscale: int = 2):
+        super().__init__()
+        hidden = 2 * in_channels
+        self.num_middle = num_middle
+        self.fc = nn.Conv2d(in_channels, hidden, 3, padding=1)
+        for i in range(num_middle):
+            self.add_module(f"G_middle_{i}", SPADEResBlock(hidden, hidden, in_channels, spade_hidden))
+        self.up_0 = SPADEResBlock(hidden, in_channels, in_channels, spade_hidden)
+        self.up_1 = SPADEResBlock(in_channels, out_channels, in_channels, spade_hidden)
+        if upscale > 1:
+            self.conv_img = nn.Sequential(nn.Conv2d(out_channels, 3 * upscale * upscale, 3, padding=1),
+                                          nn.PixelShuffle(upscale))
+        else:
+            self.conv_img = nn.Conv2d(out_channels, 3, 3, padding=1)
+
+    def forward(self, feature: torch.Tensor) -> torch.Tensor:
+        seg = feature.to(param_dtype(self)).contiguous(memory_format=torch.channels_last)  # [B, 256, 64, 64]
+        x = self.fc(seg)  # [B, 512, 64, 64]
+        for i in range(self.num_middle):
+            x = getattr(self, f"G_middle_{i}")(x, seg)
+        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        x = self.up_0(x, F.interpolate(seg, size=x.shape[2:], mode="nearest"))  # [B, 256, 128, 128]
+        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        x = self.up_1(x, F.interpolate(seg, size=x.shape[2:], mode="nearest"))  # [B, 64, 256, 256]
+        x = self.conv_img(F.leaky_relu(x, _LRELU))
+        return torch.sigmoid(x.float()).to(x.dtype).contiguous()  # [B, 3, 512, 512]
+
+    @torch.no_grad()
+    def fuse_for_inference(self) -> None:
+        """Replace the spectral-norm convs by plain convs with the normalised weights."""
+        fuse_blocks(self)
+
+
+def widths_from_state_dict(sd: dict[str, torch.Tensor]) -> dict:
+    """Every width and count of the decoder from its checkpoint tensors."""
+    fc = sd["fc.weight"]
+    img = sd["conv_img.0.weight"] if "conv_img.0.weight" in sd else sd["conv_img.weight"]
+    upscale = round((img.shape[0] / 3) ** 0.5)
+    return {
+        "in_channels": fc.shape[1],
+        "out_channels": sd["up_1.conv_1.weight_orig"].shape[0],
+        "num_middle": count_indexed(sd, "G_middle_", ".conv_0.weight_orig"),
+        "spade_hidden": sd["up_0.norm_0.mlp_shared.0.weight"].shape[0],
+        "upscale": upscale,
+    }

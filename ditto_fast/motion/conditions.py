@@ -1,0 +1,93 @@
+"""Per-frame LMDM conditions: audio features (+) emotion (+) eye_open (+) eye_ball (+) shape code."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError, UsageError
+
+EMOTIONS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise", "contempt")
+PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
+PART_ORDER = ("emotion", "eye_open", "eye_ball", "sc")
+
+
+def condition_parts(cond_dim: int, audio_dim: int) -> tuple[str, ...]:
+    """Which optional parts a checkpoint's condition width calls for (all, when ambiguous, the larger set)."""
+    extra = cond_dim - audio_dim
+    best: tuple[str, ...] | None = None
+    for r in range(len(PART_ORDER), -1, -1):
+        for combo in itertools.combinations(PART_ORDER, r):
+            if sum(PART_DIMS[p] for p in combo) == extra and best is None:
+                best = combo
+    if best is None:
+        raise UsageError(f"the LMDM expects a condition width of {cond_dim}, which no combination of "
+                         f"HuBERT ({audio_dim}) + emotion/eye/shape parts gives; check the checkpoints")
+    return best
+
+
+def emotion_vector(label: str) -> np.ndarray:
+    """softmax over 8 logits: 8 at the chosen classes ('happy' or 'happy+surprise'), 0 elsewhere -> [8]."""
+    names = [p.strip().lower() for p in label.split("+") if p.strip()]
+    bad = [n for n in names if n not in EMOTIONS]
+    if not names or bad:
+        raise UsageError(f"unknown emotion {label!r}; use one of {', '.join(EMOTIONS)} or a mix like happy+surprise")
+    logits = np.zeros(8, np.float64)
+    logits[[EMOTIONS.index(n) for n in names]] = 8.0
+    e = np.exp(logits - logits.max())
+    return (e / e.sum()).astype(np.float32)
+
+
+def _parse_range(spec: str, n: int, path: Path) -> range:
+    try:
+        a, _, b = spec.partition("-")
+        start = int(a)
+        stop = (int(b) + 1) if b else (n if _ else start + 1)
+    except ValueError:
+        raise InputError(f"{path}: bad frame range {spec!r}; use 'A-B', 'A-' or 'A'") from None
+    if start < 0 or start >= n or stop > n or stop <= start:
+        raise InputError(f"{path}: frame range {spec!r} is outside the {n} frames of this audio")
+    return range(start, stop)
+
+
+def emotion_schedule(emotion: str, n: int) -> np.ndarray:
+    """[n,8] per-frame emotion: one label for all frames, or a JSON schedule file
+    {"default": "neutral", "frames": {"0-49": "happy", "120-": "sad"}}."""
+    p = Path(emotion)
+    if not (emotion.endswith(".json") or p.is_file()):
+        return np.repeat(emotion_vector(emotion)[None], n, axis=0)
+    if not p.is_file():
+        raise InputError(f"{p}: emotion schedule file not found")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: not valid JSON ({e}); fix the emotion schedule") from None
+    unknown = set(data) - {"default", "frames"} if isinstance(data, dict) else {"<not an object>"}
+    if unknown:
+        raise InputError(f"{p}: unknown key(s) {sorted(unknown)}; an emotion schedule has 'default' and 'frames'")
+    out = np.repeat(emotion_vector(data.get("default", "neutral"))[None], n, axis=0)
+    for spec, label in (data.get("frames") or {}).items():
+        out[_parse_range(str(spec), n, p)] = emotion_vector(label)
+    return out
+
+
+def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
+    """Index of the source frame for each output frame, looping 0..n-1,n-1..0,0.. (ping-pong)."""
+    if n_src <= 1:
+        return np.zeros(n_out, np.int64)
+    i = np.arange(n_out) % (2 * n_src)
+    return np.where(i < n_src, i, 2 * n_src - 1 - i)
+
+
+def build_conditions(audio_feat: np.ndarray, parts: tuple[str, ...], emotion: np.ndarray,
+                     eye_open: np.ndarray, eye_ball: np.ndarray, sc: np.ndarray) -> np.ndarray:
+    """[N, C] float32 conditions; eye features [n_src, .] are mirror-looped over the output frames."""
+    n = audio_feat.shape[0]
+    idx = mirror_indices(n, eye_open.shape[0])
+    pieces = {"emotion": emotion, "eye_open": eye_open[idx], "eye_ball": eye_ball[idx],
+              "sc": np.broadcast_to(sc.reshape(1, -1), (n, sc.size))}
+    cols = [audio_feat.astype(np.float32, copy=False)] + [pieces[p].astype(np.float32) for p in parts]
+    return np.concatenate(cols, axis=1)  # [N, C]

@@ -1,0 +1,67 @@
+#!/usr/bin/env python
+"""ditto-fast benchmarks. Each subcommand prints a table and writes JSON (default bench_out/<name>.json).
+
+    python scripts/benchmark.py networks [--quick]
+    python scripts/benchmark.py register [--quick]
+    python scripts/benchmark.py motion   [--quick]
+    python scripts/benchmark.py render   [--quick]
+    python scripts/benchmark.py all      [--quick]
+
+Figures are measured in one run on whatever machine this is; compare ratios within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+# subcommand -> modules whose run(out_json, quick) it calls, in order
+SUITES = {
+    "networks": ["bench_networks"],
+    "register": ["bench_register", "bench_avatar_load"],
+    "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
+    "render": ["bench_putback", "bench_render"],
+}
+
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor(),
+            "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", choices=[*SUITES, "all"])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller inputs")
+    ap.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for JSON results")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    results = {"machine": machine(), "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    for suite in suites:
+        for mod_name in SUITES[suite]:
+            print(f"\n== {suite}: {mod_name}", flush=True)
+            mod = importlib.import_module(mod_name)
+            results[mod_name] = mod.run(str(args.out / f"{mod_name}.json"), quick=args.quick)
+    path = args.out / f"{args.suite}.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

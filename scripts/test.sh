@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Set up .venv if needed, then run the test suite. Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "$0")/setup_env.sh"
+exec "$REPO/.venv/bin/python" -m pytest "$@"

@@ -1,0 +1,113 @@
+"""Synthetic anchor footage for tests and the demo: skimage's astronaut (a real face) on a studio-like
+canvas, moved by a known similarity motion, optionally written as an H.264 MP4.
+
+The astronaut picture is 512x512 with a face about ASTRONAUT_FACE_PX across (brows to chin, temple
+to temple, as ditto_fast.face.crop.face_size measures it); `Motion.scale` resizes the picture, so a
+face of F px needs scale F / ASTRONAUT_FACE_PX (see `Motion.for_face`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+ASTRONAUT_FACE_PX = 91.0     # face size in the 512x512 astronaut picture (measured with face_size)
+
+
+def astronaut() -> np.ndarray:
+    """skimage's astronaut picture, RGB uint8 [512, 512, 3]."""
+    from skimage.data import astronaut as _astronaut
+
+    return np.ascontiguousarray(_astronaut())
+
+
+@dataclass(frozen=True)
+class Motion:
+    """Where the astronaut picture lands in frame i: a similarity about the picture's centre.
+
+    At frame i the picture's centre is at `center + velocity * i`, it is turned by
+    `angle_deg + spin_deg * i` (positive = clockwise on screen) and resized by `scale * (1 + zoom * i)`.
+    """
+
+    center: tuple[float, float] = (960.0, 500.0)   # frame pixels
+    scale: float = 1.0
+    angle_deg: float = 0.0
+    velocity: tuple[float, float] = (0.0, 0.0)     # px per frame
+    spin_deg: float = 0.0                          # degrees per frame
+    zoom: float = 0.0                              # relative scale change per frame
+
+    @staticmethod
+    def for_face(face_px: float, **kw) -> "Motion":
+        """A Motion whose face is face_px across at frame 0."""
+        return Motion(scale=face_px / ASTRONAUT_FACE_PX, **kw)
+
+    def pose(self, i: int) -> tuple[float, float, float, float]:
+        """(cx, cy, scale, angle in radians) of the picture at frame i."""
+        return (self.center[0] + self.velocity[0] * i, self.center[1] + self.velocity[1] * i,
+                self.scale * (1.0 + self.zoom * i), np.deg2rad(self.angle_deg + self.spin_deg * i))
+
+    def matrix(self, i: int) -> np.ndarray:
+        """3x3 map from astronaut-picture pixels to frame pixels at frame i."""
+        cx, cy, s, a = self.pose(i)
+        c, n = np.cos(a) * s, np.sin(a) * s
+        half = 256.0
+        return np.array([[c, -n, cx - (c - n) * half], [n, c, cy - (n + c) * half], [0.0, 0.0, 1.0]])
+
+
+def background(size: tuple[int, int] = (1920, 1080)) -> np.ndarray:
+    """A soft blue-grey studio gradient, RGB uint8 [H, W, 3] for size (W, H)."""
+    w, h = size
+    y = np.linspace(0.0, 1.0, h, dtype=np.float32)[:, None]
+    x = np.linspace(0.0, 1.0, w, dtype=np.float32)[None, :]
+    base = np.stack([60 + 40 * x + 0 * y, 70 + 30 * y + 0 * x, 100 + 40 * (1 - y) + 0 * x], -1)
+    return np.clip(base, 0, 255).astype(np.uint8)
+
+
+def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple[int, int] = (1920, 1080),
+                     noise: float = 0.0, seed: int = 0, extra: tuple[Motion, ...] = ()) -> np.ndarray:
+    """Frame `frame_index` [H, W, 3] uint8: the astronaut placed by `motion` (and by each of `extra`,
+    for more faces) on the studio background, plus Gaussian sensor noise of std `noise` (0-255 units)
+    drawn from a generator seeded by (seed, frame_index)."""
+    w, h = size
+    frame = background(size)
+    pic = astronaut()
+    for m in (motion or Motion(),) + tuple(extra):
+        M = m.matrix(frame_index)
+        warped = cv2.warpAffine(pic, M[:2], (w, h), flags=cv2.INTER_LINEAR)
+        mask = cv2.warpAffine(np.full(pic.shape[:2], 255, np.uint8), M[:2], (w, h), flags=cv2.INTER_LINEAR)
+        a = (mask.astype(np.float32) / 255.0)[..., None]
+        frame = (warped * a + frame * (1.0 - a) + 0.5).astype(np.uint8)
+    if noise > 0:
+        rng = np.random.default_rng([seed, frame_index])
+        frame = np.clip(frame + rng.normal(0.0, noise, frame.shape), 0, 255).astype(np.uint8)
+    return frame
+
+
+def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: tuple[int, int] = (1920, 1080),
+                       face_px: float | None = None, motion: Motion | None = None, noise: float = 0.0,
+                       seed: int = 0) -> Path:
+    """Write an H.264 MP4 of `n_frames` astronaut frames (see astronaut_canvas) and return its path.
+
+    `face_px` sets the face size at frame 0 (it overrides motion.scale); the default motion is a
+    gentle drift (0.5 px/frame right, 0.05 degree/frame) centred in the frame.
+    """
+    import imageio_ffmpeg
+
+    w, h = size
+    if motion is None:
+        motion = Motion(center=(w / 2, h * 0.45), velocity=(0.5, 0.0), spin_deg=0.05)
+    if face_px is not None:
+        motion = replace(motion, scale=face_px / ASTRONAUT_FACE_PX)
+    path = Path(path)
+    writer = imageio_ffmpeg.write_frames(str(path), (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
+                                         quality=None, output_params=["-crf", "18"], macro_block_size=2)
+    writer.send(None)
+    try:
+        for i in range(n_frames):
+            writer.send(astronaut_canvas(i, motion, size, noise=noise, seed=seed))
+    finally:
+        writer.close()
+    return path

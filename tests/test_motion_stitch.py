@@ -1,0 +1,178 @@
+"""Motion stitch: Ditto's image/video logic vectors, each control's effect, the control file parser."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_close_to_ref
+from ditto_fast import models
+from ditto_fast.errors import InputError
+from ditto_fast.motion.controls import BLINK_PROFILE, Controls, load_controls, parse_controls
+from ditto_fast.motion.keypoints import motion_to_info, transform_keypoints
+from ditto_fast.motion.stitch import EYE_KP, LIP_KP, MotionStitch
+
+N = 12
+
+
+@pytest.fixture(scope="module")
+def stitch_net(parity_checkpoint):
+    return models.load("stitch_network", parity_checkpoint("stitch_network"))
+
+
+@pytest.fixture(scope="module")
+def source(logic_vectors):
+    return {k.split(".", 1)[1]: v for k, v in logic_vectors.items() if k.startswith("source_info.")}
+
+
+@pytest.fixture(scope="module")
+def motions(logic_vectors):
+    return [motion_to_info(m) for m in logic_vectors["convert.in.motion"]]
+
+
+def run(net, src, motions, **opts):
+    ms = MotionStitch(net, **opts)
+    xs, xd = zip(*(ms(src, m) for m in motions))
+    return np.concatenate(xs), np.concatenate(xd)   # [N, 21, 3] each
+
+
+@pytest.mark.parametrize("mode", ["image", "video"])
+def test_stitch_vectors(stitch_net, source, motions, logic_vectors, mode):
+    x_s, x_d = run(stitch_net, source, motions, is_image=mode == "image")
+    assert x_s.shape == x_d.shape == (N, 21, 3)
+    assert_close_to_ref(x_s, logic_vectors[f"stitch.{mode}.out.x_s"], f"stitch {mode} x_s")
+    assert_close_to_ref(x_d, logic_vectors[f"stitch.{mode}.out.x_d"], f"stitch {mode} x_d")
+    np.testing.assert_allclose(x_d, logic_vectors[f"stitch.{mode}.out.x_d"], atol=1e-5)
+
+
+@pytest.mark.parametrize("is_image", [True, False])
+def test_first_frame_is_the_source(stitch_net, source, motions, is_image):
+    # Relative driving: the first driving frame maps onto the source itself.
+    x_s, x_d = run(stitch_net, source, motions[:2], is_image=is_image, stitching=False)
+    np.testing.assert_allclose(x_d[0], x_s[0], atol=1e-6)
+    assert np.abs(x_d[1] - x_s[1]).max() > 1e-4
+
+
+def test_video_drives_only_lips(stitch_net, source, motions):
+    x_s, x_d = run(stitch_net, source, motions, is_image=False, stitching=False)
+    moved = np.abs(x_d - x_s).max(axis=(0, 2))                  # [21]
+    others = [k for k in range(21) if k not in LIP_KP]
+    assert moved[list(LIP_KP)].min() > 1e-4 and moved[others].max() < 1e-6
+
+
+def _controls(**kw):
+    default = {k: kw.pop(k) for k in list(kw) if k in ("pitch", "yaw", "roll", "pose_scale", "exp_scale", "exp_offset")}
+    return Controls(n_frames=N, default=default, **kw)
+
+
+def test_pose_offset(stitch_net, source, motions):
+    # Video avatar (pose from the source, no gaze fix): yaw +10 is exactly the source turned by 10 degrees.
+    _, x_d = run(stitch_net, source, motions[:1], is_image=False, stitching=False, controls=_controls(yaw=10, pitch=-4))
+    turned = dict(source, yaw=float(_deg(source["yaw"]) + 10) * np.ones(1), pitch=float(_deg(source["pitch"]) - 4) * np.ones(1))
+    np.testing.assert_allclose(x_d, transform_keypoints(turned), atol=1e-5)
+
+
+def _deg(logits):
+    from ditto_fast.motion.keypoints import bins_to_degrees
+    return bins_to_degrees(logits)[0]
+
+
+def test_pose_scale_zero_freezes_head(stitch_net, source, motions):
+    still = [dict(m, pitch=motions[0]["pitch"], yaw=motions[0]["yaw"], roll=motions[0]["roll"]) for m in motions]
+    _, want = run(stitch_net, source, still, is_image=True, stitching=False)
+    _, got = run(stitch_net, source, motions, is_image=True, stitching=False, controls=_controls(pose_scale=0))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    _, free = run(stitch_net, source, motions, is_image=True, stitching=False)
+    assert np.abs(free - want).max() > 1e-3
+
+
+def test_exp_scale_and_offset(stitch_net, source, motions):
+    x_s, one = run(stitch_net, source, motions, is_image=False, stitching=False)
+    _, two = run(stitch_net, source, motions, is_image=False, stitching=False, controls=_controls(exp_scale=2))
+    np.testing.assert_allclose(two - x_s, 2 * (one - x_s), atol=1e-5)   # lips move twice as far
+    offset = np.zeros(63, dtype=np.float32)
+    offset[3 * 6 + 1] = 0.05                                             # keypoint 6, y
+    x_s, got = run(stitch_net, source, motions[:1], is_image=False, stitching=False, controls=_controls(exp_offset=offset))
+    delta = got - x_s
+    assert delta[0, 6, 1] == pytest.approx(0.05 * float(source["scale"][0, 0]), abs=1e-6)
+    delta[0, 6, 1] = 0
+    assert np.abs(delta).max() < 1e-6
+
+
+@pytest.mark.parametrize("is_image", [True, False])
+def test_fade_reaches_source(stitch_net, source, motions, is_image):
+    c = Controls(n_frames=N, default={"yaw": 8}, fade_in=4, fade_out=4)
+    assert [c.fade_alpha(i) for i in (0, 2, 4, 7, 9, 11)] == [0, 0.5, 1, 1, 0.5, 0]
+    x_s, x_d = run(stitch_net, source, motions, is_image=is_image, stitching=False, controls=c)
+    for i in (0, N - 1):
+        np.testing.assert_allclose(x_d[i], x_s[i], atol=1e-6)
+    assert np.abs(x_d[5] - x_s[5]).max() > 1e-3
+    # With the stitching network, the faded ends are the network's output for (x_s, x_s).
+    x_s, x_d = run(stitch_net, source, motions, is_image=is_image, controls=c)
+    with torch.no_grad():
+        ref = stitch_net(torch.from_numpy(x_s[[0]]), torch.from_numpy(x_s[[0]])).numpy()
+    np.testing.assert_allclose(x_d[[0]], ref, atol=1e-5)
+
+
+def _eye_spread(x):
+    eye = np.array(EYE_KP)
+    xs = x[eye]
+    centre = x[:, 0].mean()
+    return sum(xs[side, 1].std() for side in (xs[:, 0] < centre, xs[:, 0] >= centre) if side.any())
+
+
+def test_blink_closes_eyes(stitch_net, source, motions):
+    # Head pose 0 so the keypoints' y is the face's vertical axis.
+    level = dict(source, pitch=np.zeros(1), yaw=np.zeros(1), roll=np.zeros(1))
+    _, open_ = run(stitch_net, level, motions, is_image=False, stitching=False)
+    _, blink = run(stitch_net, level, motions, is_image=False, stitching=False, controls=Controls(n_frames=N, blinks=(3,)))
+    closed = 3 + BLINK_PROFILE.index(1.0)
+    assert _eye_spread(blink[closed]) < 1e-6 < _eye_spread(open_[closed])
+    assert _eye_spread(open_[4]) > _eye_spread(blink[4]) > 0                 # half closed
+    for i in (0, 1, 2, 3 + len(BLINK_PROFILE)):
+        np.testing.assert_array_equal(blink[i], open_[i])
+    others = [k for k in range(21) if k not in EYE_KP]
+    np.testing.assert_array_equal(blink[:, others], open_[:, others])
+
+
+def test_control_file(tmp_path):
+    p = tmp_path / "ctl.json"
+    p.write_text(json.dumps({"default": {"yaw": 2}, "frames": {"3-5": {"yaw": 5, "exp_scale": 1.5}, "7": {"pitch": -1}},
+                             "fade_in": 2, "fade_out": 3, "blinks": [6]}))
+    c = load_controls(p, n_frames=N)
+    assert c.at(0).yaw == 2 and c.at(0).fade == 0
+    f4 = c.at(4)
+    assert (f4.yaw, f4.exp_scale, f4.fade, f4.eye_closure) == (5, 1.5, 1, 0)
+    assert c.at(7).pitch == -1 and c.at(7).yaw == 2 and c.at(7).eye_closure == BLINK_PROFILE[1]
+    assert c.at(N - 1).fade == 0
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"fade": 3}, "fade"),
+    ({"default": {"yawn": 1}}, "default.yawn"),
+    ({"frames": {"5-40": {"yaw": 1}}}, "frames.5-40"),
+    ({"frames": {"-1": {"yaw": 1}}}, "frames.-1"),
+    ({"frames": {"3": {"yaw": "left"}}}, "frames.3.yaw"),
+    ({"frames": {"3": {"exp_offset": [0, 1]}}}, "frames.3.exp_offset"),
+    ({"blinks": [4, 12]}, "blinks"),
+    ({"fade_in": 13}, "fade_in"),
+    ({"fade_out": -1}, "fade_out"),
+])
+def test_control_file_errors(tmp_path, data, key):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(InputError) as e:
+        load_controls(p, n_frames=N)
+    msg = str(e.value)
+    assert str(p) in msg and f"'{key}'" in msg and "\n" not in msg
+
+
+def test_control_file_unreadable(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        load_controls(tmp_path / "missing.json", N)
+    (tmp_path / "x.json").write_text("{yaw: 1")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_controls(tmp_path / "x.json", N)
+    with pytest.raises(InputError, match="JSON object"):
+        parse_controls([1, 2], N, "list.json")
