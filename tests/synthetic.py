@@ -74,15 +74,24 @@ def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple
     w, h = size
     frame = background(size)
     pic = astronaut()
+    corners = np.array([[0, 0, 1], [512, 0, 1], [0, 512, 1], [512, 512, 1]], dtype=np.float64).T
     for m in (motion or Motion(),) + tuple(extra):
         M = m.matrix(frame_index)
-        warped = cv2.warpAffine(pic, M[:2], (w, h), flags=cv2.INTER_LINEAR)
-        mask = cv2.warpAffine(np.full(pic.shape[:2], 255, np.uint8), M[:2], (w, h), flags=cv2.INTER_LINEAR)
+        xy = (M @ corners)[:2]                                   # the picture's corners in the frame
+        x0, y0 = np.maximum(np.floor(xy.min(1)).astype(int) - 1, 0)
+        x1, y1 = np.minimum(np.ceil(xy.max(1)).astype(int) + 2, (w, h))
+        if x1 <= x0 or y1 <= y0:
+            continue
+        T = M[:2] - np.array([[0, 0, x0], [0, 0, y0]])           # render only that rectangle
+        warped = cv2.warpAffine(pic, T, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR)
+        mask = cv2.warpAffine(np.full(pic.shape[:2], 255, np.uint8), T, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR)
         a = (mask.astype(np.float32) / 255.0)[..., None]
-        frame = (warped * a + frame * (1.0 - a) + 0.5).astype(np.uint8)
+        region = frame[y0:y1, x0:x1]
+        frame[y0:y1, x0:x1] = (warped * a + region * (1.0 - a) + 0.5).astype(np.uint8)
     if noise > 0:
         rng = np.random.default_rng([seed, frame_index])
-        frame = np.clip(frame + rng.normal(0.0, noise, frame.shape), 0, 255).astype(np.uint8)
+        noisy = frame + rng.standard_normal(frame.shape, dtype=np.float32) * np.float32(noise)
+        frame = np.clip(noisy, 0, 255).astype(np.uint8)
     return frame
 
 

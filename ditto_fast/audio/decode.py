@@ -48,7 +48,7 @@ def _ffmpeg_failure(path: Path, stderr: str) -> InputError:
     text = stderr.strip()
     low = text.lower()
     if "matches no streams" in low or "does not contain any stream" in low:
-        return InputError(f"{path}: has no audio stream; give a file that contains audio")
+        return InputError(f"{path}: has no audio stream (not an audio file?); give a file that contains audio")
     if "invalid data" in low or "could not find codec" in low or "unknown" in low or "decoder" in low:
         return InputError(f"{path}: cannot be decoded as audio (corrupt file or unsupported codec); "
                           "convert it to WAV or MP3")

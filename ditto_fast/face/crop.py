@@ -87,24 +87,35 @@ def crop_params(lmk: np.ndarray, scale: float = SCALE, vx: float = VX, vy: float
 
 
 def smooth_params(params: np.ndarray, window: int = 13) -> np.ndarray:
-    """Centred moving average of crop parameters over time [N, 4] -> [N, 4] (window shrinks at the ends).
+    """Crop parameters smoothed over time [N, 4] -> [N, 4]: a centred moving average of `window` frames.
 
-    The window stays symmetric near the ends, so steady motion is followed without lag or bias.
-    Angles are unwrapped first, so a roll crossing +-pi averages correctly.
+    Near the ends, where the window is cut short, each value is the straight-line fit over the frames
+    the window still holds (in the interior that fit is exactly the centred mean), so steady motion is
+    followed without lag or bias while a static face stays still up to the last frame. Angles are
+    unwrapped first, so a roll crossing +-pi averages correctly.
     """
     p = np.asarray(params, dtype=np.float64).copy()  # [N, 4]
     if p.ndim != 2 or p.shape[1] != 4:
         raise ValueError(f"crop parameters must be [N, 4], got {p.shape}")
     n = p.shape[0]
     half = max(int(window), 1) // 2
-    if n == 0 or half == 0:
+    if n < 2 or half == 0:
         return p
     p[:, 3] = np.unwrap(p[:, 3])
-    csum = np.concatenate([np.zeros((1, 4)), np.cumsum(p, axis=0)])  # [N+1, 4]
+    j = np.arange(n, dtype=np.float64)
+    c0 = np.concatenate([np.zeros((1, 4)), np.cumsum(p, axis=0)])                 # sums of p
+    c1 = np.concatenate([np.zeros((1, 4)), np.cumsum(p * j[:, None], axis=0)])    # sums of j * p
     i = np.arange(n)
-    r = np.minimum(half, np.minimum(i, n - 1 - i))                      # symmetric radius per frame
-    out = (csum[i + r + 1] - csum[i - r]) / (2 * r + 1)[:, None]
-    out[:, 3] = np.angle(np.exp(1j * out[:, 3]))                       # back into (-pi, pi]
+    a, b = np.maximum(i - half, 0), np.minimum(i + half, n - 1)                     # window [a, b]
+    d0, d1 = (a - i).astype(np.float64), (b - i).astype(np.float64)                # offsets from i
+    s0 = d1 - d0 + 1
+    s1 = (d1 * (d1 + 1) - (d0 - 1) * d0) / 2                                      # sum of offsets
+    s2 = (d1 * (d1 + 1) * (2 * d1 + 1) - (d0 - 1) * d0 * (2 * d0 - 1)) / 6        # sum of squares
+    t0 = c0[b + 1] - c0[a]
+    t1 = c1[b + 1] - c1[a] - i[:, None] * t0                                       # sum of offset * p
+    det = (s0 * s2 - s1 * s1)[:, None]
+    out = (s2[:, None] * t0 - s1[:, None] * t1) / det                              # line's value at i
+    out[:, 3] = np.angle(np.exp(1j * out[:, 3]))                                   # back into (-pi, pi]
     return out
 
 

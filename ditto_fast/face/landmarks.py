@@ -84,6 +84,13 @@ def _merge_boxes(boxes: list[np.ndarray]) -> list[np.ndarray]:
     return kept
 
 
+def _no_face(message: str, index: int) -> NoFaceError:
+    """NoFaceError carrying the frame index as `.frame_index`."""
+    err = NoFaceError(message)
+    err.frame_index = index
+    return err
+
+
 class FaceTracker:
     """Landmarks [478, 3] float32 in frame pixels (x, y, and z scaled like x) for consecutive frames."""
 
@@ -133,9 +140,9 @@ class FaceTracker:
         size = face_size(lmk)
         if size < self.min_face_px:
             self._last = None
-            raise NoFaceError(
+            raise _no_face(
                 f"{self._where()}frame {index}: the face is only {size:.0f} px across, below the "
-                f"{self.min_face_px} px minimum; use a source where the face is larger"
+                f"{self.min_face_px} px minimum; use a source where the face is larger", index,
             )
         self._last = lmk
         return lmk
@@ -196,7 +203,7 @@ class FaceTracker:
             if lmk is not None:
                 return lmk
         self._last = None
-        raise NoFaceError(
+        raise _no_face(
             f"{self._where()}no face found in frame {index}; every frame needs a clearly visible face "
-            f"at least {self.min_face_px} px across"
+            f"at least {self.min_face_px} px across", index,
         )

@@ -1,0 +1,185 @@
+"""Stream RGB frames into an H.264 MP4 (with the speech muxed in) that appears at its path only when complete."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+import imageio_ffmpeg
+import numpy as np
+
+from ditto_fast.errors import DittoError, InputError
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Raise InputError unless a file can be created at `path`; call it before any heavy work."""
+    out = Path(path)
+    if out.is_dir():
+        raise InputError(f"{out}: is a directory; give a file name such as {out / 'out.mp4'}")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.exists():
+        raise InputError(f"{out}: directory {parent} does not exist; create it or choose another output path")
+    if not parent.is_dir():
+        raise InputError(f"{out}: {parent} is not a directory; choose another output path")
+    try:  # a real probe also catches read-only file systems and root-squashed mounts
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write in {parent} ({exc.strerror}); choose another output path") from None
+    return out
+
+
+def _spawn(cmd: list[str], stderr_file) -> subprocess.Popen:
+    """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us."""
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
+                            start_new_session=True)
+
+
+class VideoWriter:
+    """H.264 yuv420p MP4 writer fed one RGB frame at a time, audio muxed by the same ffmpeg process.
+
+    Output duration: the video has exactly the frames written; the audio is padded with silence or
+    trimmed to that length (the caller picks N = ceil(samples_16k / 640) frames for 25 fps).
+    The file is written to a hidden temporary name beside `out_path` and renamed into place by
+    `close()`; `abort()` (also called when an exception leaves the `with` block) removes it.
+    """
+
+    def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: float = 25,
+                 audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
+                 *, keyint: int | None = None, audio_bitrate: str = "160k"):
+        self.out_path = check_output_path(out_path)
+        width, height = int(size[0]), int(size[1])
+        if width <= 0 or height <= 0 or width % 2 or height % 2:
+            raise ValueError(f"frame size must be positive and even for yuv420p, got {width}x{height}")
+        if audio_path is not None and not Path(audio_path).is_file():
+            raise InputError(f"{audio_path}: audio file not found; pass an existing WAV/MP3/... file")
+        self.size = (width, height)
+        self.fps = fps
+        self.frames_written = 0
+        parent = self.out_path.parent if str(self.out_path.parent) else Path(".")
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.out_path.name}.part", suffix=".mp4", dir=parent)
+        os.close(fd)
+        self._tmp_path = Path(tmp)
+        self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
+        self._done = False
+
+        cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y",
+               "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-framerate", str(fps),
+               "-i", "pipe:0"]
+        if audio_path is not None:
+            cmd += ["-i", str(audio_path)]
+        cmd += ["-map", "0:v:0"]
+        if audio_path is not None:
+            cmd += ["-map", "1:a:0"]
+        cmd += ["-vf", "scale=out_color_matrix=bt709:out_range=tv,format=yuv420p,"
+                       "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv",
+                "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p",
+                "-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709",
+                "-color_range", "tv"]
+        if keyint is not None:
+            cmd += ["-g", str(keyint), "-keyint_min", str(keyint), "-sc_threshold", "0"]
+        if audio_path is not None:
+            # pad the audio with silence, then stop at the end of the video
+            cmd += ["-c:a", "aac", "-b:a", audio_bitrate, "-ar", "48000", "-af", "apad", "-shortest"]
+        cmd += ["-movflags", "+faststart", "-f", "mp4", str(self._tmp_path)]
+        try:
+            self._proc = _spawn(cmd, self._stderr)
+        except OSError as exc:
+            self._cleanup_files()
+            raise DittoError(f"writing {self.out_path} failed: cannot start ffmpeg ({exc}); "
+                             f"reinstall imageio-ffmpeg") from None
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, frame_rgb: np.ndarray) -> None:
+        """Append one frame, uint8 [H, W, 3] RGB at the writer's size."""
+        if self._done:
+            raise ValueError("write() on a closed VideoWriter")
+        w, h = self.size
+        if frame_rgb.dtype != np.uint8 or frame_rgb.shape != (h, w, 3):
+            raise ValueError(f"frame must be uint8 [{h},{w},3], got {frame_rgb.dtype} {frame_rgb.shape}")
+        try:
+            self._proc.stdin.write(memoryview(np.ascontiguousarray(frame_rgb)).cast("B"))
+        except (BrokenPipeError, OSError, ValueError):
+            self._fail()
+        self.frames_written += 1
+
+    def close(self) -> Path:
+        """Finish the file and move it to out_path; returns out_path."""
+        if self._done:
+            return self.out_path
+        try:
+            self._proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        rc = self._proc.wait()
+        if rc != 0 or self.frames_written == 0:
+            self._fail("no frames were written" if rc == 0 else None)
+        try:
+            os.replace(self._tmp_path, self.out_path)
+        except OSError as exc:
+            self.abort()
+            raise DittoError(f"writing {self.out_path} failed: {exc.strerror}; "
+                             f"check the directory still exists and is writable") from None
+        self._done = True
+        self._stderr.close()
+        return self.out_path
+
+    def abort(self) -> None:
+        """Kill ffmpeg and remove the temporary file; out_path is left as it was."""
+        if self._done:
+            return
+        self._done = True
+        if self._proc.poll() is None:
+            self._proc.kill()
+        try:
+            self._proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        self._proc.wait()
+        self._cleanup_files()
+
+    def _last_stderr_line(self) -> str:
+        try:
+            self._stderr.seek(0)
+            lines = [ln.strip() for ln in self._stderr.read().decode("utf-8", "replace").splitlines()]
+        except (OSError, ValueError):
+            return ""
+        lines = [ln for ln in lines if ln]
+        return lines[-1] if lines else ""
+
+    def _fail(self, reason: str | None = None) -> None:
+        """Abort and raise the error naming the output file and ffmpeg's last complaint."""
+        if self._proc.poll() is None:
+            try:
+                self._proc.wait(timeout=2)    # let ffmpeg finish printing why it stopped
+            except subprocess.TimeoutExpired:
+                pass
+        if reason is None:
+            reason = self._last_stderr_line() or f"ffmpeg exited with status {self._proc.poll()}"
+        self.abort()
+        raise DittoError(f"writing {self.out_path} failed: {reason} "
+                         f"(check free disk space and that the directory is writable)")
+
+    def _cleanup_files(self) -> None:
+        try:
+            self._tmp_path.unlink()
+        except FileNotFoundError:
+            pass
+        self._stderr.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_done", True) is False and hasattr(self, "_proc"):
+            self.abort()

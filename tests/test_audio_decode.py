@@ -1,0 +1,197 @@
+"""Audio decoding: every format to 16 kHz mono float32, same numbers as librosa.load, clear errors."""
+
+from __future__ import annotations
+
+import math
+import struct
+import subprocess
+from pathlib import Path
+
+import imageio_ffmpeg
+import librosa
+import numpy as np
+import pytest
+import soundfile as sf
+
+from ditto_fast.audio.decode import audio_duration, frame_count, load_audio
+from ditto_fast.errors import InputError
+
+FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def sine(freq: float, rate: int, seconds: float, channels: int = 1, amp: float = 0.5) -> np.ndarray:
+    t = np.arange(int(round(rate * seconds))) / rate
+    x = (amp * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+    return np.stack([x] * channels, axis=1) if channels > 1 else x
+
+
+def ffmpeg_sine(path: Path, rate: int, channels: int, seconds: float, *codec: str) -> Path:
+    """A 440 Hz sine of amplitude 0.5 in every channel, encoded by ffmpeg with codec."""
+    src = path.with_suffix(".src.wav")
+    sf.write(src, sine(440, rate, seconds, channels), rate, subtype="FLOAT")
+    subprocess.run([FFMPEG, "-v", "error", "-y", "-i", str(src), *codec, str(path)], check=True)
+    return path
+
+
+def peak_hz(x: np.ndarray, rate: int = 16000) -> float:
+    spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return float(np.argmax(spec) * rate / len(x))
+
+
+def expected_len(n: int, rate: int) -> int:
+    return math.ceil(n * 16000 / rate)
+
+
+@pytest.mark.parametrize("rate,channels,subtype", [
+    (16000, 1, "PCM_16"),
+    (44100, 2, "PCM_24"),
+    (22050, 1, "FLOAT"),
+    (8000, 1, "PCM_U8"),
+    (48000, 6, "PCM_16"),
+])
+def test_wav_variants(tmp_path, rate, channels, subtype):
+    x = sine(440, rate, 1.5, channels)
+    path = tmp_path / f"s_{rate}_{channels}_{subtype}.wav"
+    sf.write(path, x, rate, subtype=subtype)
+    a = load_audio(path)
+    assert a.dtype == np.float32 and a.ndim == 1
+    assert a.shape[0] == expected_len(x.shape[0], rate)
+    assert abs(peak_hz(a) - 440) < 2
+    tol = 0.02 if subtype == "PCM_U8" else 2e-3
+    core = slice(800, -800)  # resampler edges aside, the sine keeps its amplitude
+    assert abs(np.abs(a[core]).max() - 0.5) < 0.5 * tol + 5e-3
+    ref, _ = librosa.load(path, sr=16000)  # what Ditto's inference.py does
+    assert ref.shape == a.shape
+    np.testing.assert_allclose(a, ref, atol=1e-5)
+
+
+def test_wav_16k_mono_is_bit_exact(tmp_path):
+    x = (np.random.default_rng(1).standard_normal(16000 * 2) * 3000).astype(np.int16)
+    path = tmp_path / "pcm16.wav"
+    sf.write(path, x, 16000, subtype="PCM_16")
+    np.testing.assert_array_equal(load_audio(path), x.astype(np.float32) / 32768)
+
+
+def test_stereo_is_channel_mean(tmp_path):
+    rate = 16000
+    left, right = sine(440, rate, 1.0), sine(1000, rate, 1.0, amp=0.25)
+    path = tmp_path / "lr.wav"
+    sf.write(path, np.stack([left, right], 1), rate, subtype="FLOAT")
+    np.testing.assert_allclose(load_audio(path), (left + right) / 2, atol=1e-7)
+
+
+@pytest.mark.parametrize("ext,rate,channels,codec", [
+    ("mp3", 44100, 2, ("-c:a", "libmp3lame", "-b:a", "128k")),
+    ("flac", 48000, 1, ("-c:a", "flac")),
+    ("m4a", 44100, 2, ("-c:a", "aac", "-b:a", "128k")),
+    ("ogg", 24000, 1, ("-c:a", "libvorbis")),
+])
+def test_compressed_formats(tmp_path, ext, rate, channels, codec):
+    path = ffmpeg_sine(tmp_path / f"s.{ext}", rate, channels, 2.0, *codec)
+    a = load_audio(path)
+    assert a.dtype == np.float32 and a.ndim == 1
+    assert abs(a.shape[0] - 32000) <= 8, a.shape
+    assert abs(peak_hz(a) - 440) < 2
+    assert abs(np.abs(a[2000:-2000]).max() - 0.5) < 0.03
+
+
+def test_silence_is_fine(tmp_path):
+    path = tmp_path / "silence.wav"
+    sf.write(path, np.zeros(16000, np.float32), 44100)
+    a = load_audio(path)
+    assert a.shape[0] == expected_len(16000, 44100) and not a.any()
+
+
+def test_one_frame_is_enough(tmp_path):
+    path = tmp_path / "one.wav"
+    sf.write(path, sine(440, 16000, 0.04), 16000)
+    assert load_audio(path).shape == (640,)
+
+
+def test_frame_count():
+    assert [frame_count(n) for n in (0, 1, 639, 640, 641, 1280, 16000, 16001)] == [0, 1, 1, 1, 2, 2, 25, 26]
+    for n in range(0, 200000, 641):
+        assert frame_count(n) == math.ceil(n / 640)
+
+
+def test_audio_duration(tmp_path):
+    path = tmp_path / "d.wav"
+    sf.write(path, np.zeros(44100 * 3, np.float32), 44100)
+    assert abs(audio_duration(path) - 3.0) < 0.02
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _wav_bytes(tag: int, data: bytes) -> bytes:
+    fmt = struct.pack("<HHIIHH", tag, 1, 16000, 32000, 2, 16)
+    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt
+            + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def _bad(tmp_path: Path, kind: str) -> Path:
+    p = tmp_path / f"bad_{kind}.wav"
+    if kind == "missing":
+        return tmp_path / "nope.wav"
+    if kind == "directory":
+        (tmp_path / "adir").mkdir()
+        return tmp_path / "adir"
+    if kind == "empty":
+        p.write_bytes(b"")
+    elif kind == "corrupt":
+        p.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    elif kind == "text":
+        p = tmp_path / "notes.txt"
+        p.write_text("this is not audio\n" * 50)
+    elif kind == "codec":
+        p.write_bytes(_wav_bytes(0x9999, b"\x01\x02" * 4000))
+    elif kind == "no_audio_stream":
+        p = tmp_path / "image.png"
+        subprocess.run([FFMPEG, "-v", "error", "-y", "-f", "lavfi", "-i", "color=c=red:s=32x32",
+                        "-frames:v", "1", str(p)], check=True)
+    elif kind == "video_only":
+        p = tmp_path / "video.mp4"
+        subprocess.run([FFMPEG, "-v", "error", "-y", "-f", "lavfi", "-i", "color=c=red:s=32x32",
+                        "-t", "0.5", "-c:v", "mpeg4", str(p)], check=True)
+    elif kind == "zero_samples":
+        sf.write(p, np.zeros(0, np.float32), 16000)
+    elif kind == "too_short":
+        sf.write(p, sine(440, 16000, 0.03), 16000)  # 480 samples < 640
+    elif kind == "too_short_resampled":
+        sf.write(p, sine(440, 44100, 0.035), 44100)  # 1544 samples -> 561 at 16 kHz
+    elif kind == "nan":
+        x = sine(440, 16000, 0.5)
+        x[100] = np.nan
+        sf.write(p, x, 16000, subtype="FLOAT")
+    elif kind == "inf":
+        x = sine(440, 16000, 0.5)
+        x[-3] = -np.inf
+        sf.write(p, x, 16000, subtype="FLOAT")
+    else:
+        raise AssertionError(kind)
+    return p
+
+
+@pytest.mark.parametrize("kind,words", [
+    ("missing", "not found"),
+    ("directory", "directory"),
+    ("empty", "empty"),
+    ("corrupt", "cannot be decoded"),
+    ("text", "no audio stream"),  # ffmpeg reads text as a (video) tty stream
+    ("codec", "cannot be decoded"),
+    ("no_audio_stream", "no audio stream"),
+    ("video_only", "no audio stream"),
+    ("zero_samples", "no audio samples"),
+    ("too_short", "too short"),
+    ("too_short_resampled", "too short"),
+    ("nan", "NaN"),
+    ("inf", "NaN or infinite"),
+])
+def test_bad_input(tmp_path, kind, words):
+    path = _bad(tmp_path, kind)
+    with pytest.raises(InputError) as info:
+        load_audio(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert str(path) in msg
+    assert words in msg

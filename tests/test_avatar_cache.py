@@ -1,0 +1,592 @@
+"""Avatar cache: write/read round trip, atomic install, every refusal path, list/show/rm."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ditto_fast.avatar import cache, safe_pickle
+from ditto_fast.avatar.cache import AvatarWriter, load_avatar
+from ditto_fast.errors import AvatarError, InputError, UsageError
+
+FP = {"appearance_extractor": "a1b2c3d4e5f60718", "motion_extractor": "0918f7e6d5c4b3a2"}
+TAIL = (4, 4, 64, 64)
+
+
+def make_meta(n: int, rng: np.random.Generator, is_image: bool = False, fingerprints=None) -> dict:
+    """Synthetic registration output for n frames."""
+    return {
+        "source": {"path": "/data/anchor clip.mp4", "sha256": "ab" * 32, "fps": 25.0,
+                   "size": (np.int64(640), 360), "n_frames": n},
+        "fingerprints": dict(fingerprints or FP),
+        "crop": {"scale": 2.3, "vx": 0.0, "vy": -0.125, "dsize": 512, "flag_do_rot": True},
+        "x_s_info": {
+            "pitch": rng.standard_normal((n, 66)), "yaw": rng.standard_normal((n, 66)),
+            "roll": rng.standard_normal((n, 66)), "t": rng.standard_normal((n, 3)),
+            "exp": rng.standard_normal((n, 21, 3)), "scale": rng.standard_normal((n, 1)),
+            "kp": rng.standard_normal((n, 63)),
+        },
+        "M_c2o": rng.standard_normal((n, 3, 3)),
+        "eye_open": rng.random((n, 2)),
+        "eye_ball": rng.random((n, 6)),
+        "sc": rng.standard_normal(63),
+        "is_image": is_image,
+        "random_weights": True,
+    }
+
+
+def write_avatar(root: Path, name: str = "ruby", n: int = 5, tail=TAIL, is_image: bool = False,
+                 force: bool = False, seed: int = 0, fingerprints=None, allocate: int | None = None):
+    """Write a synthetic avatar; return (dir, meta, f_s array written)."""
+    rng = np.random.default_rng(seed)
+    meta = make_meta(n, rng, is_image, fingerprints)
+    f_s_data = rng.standard_normal((n, *tail)).astype(np.float16)
+    with AvatarWriter(name, force=force, root=root) as w:
+        f_s = w.open_f_s(allocate or n, tail)
+        for i in range(0, n, 2):  # in batches, as registration does
+            f_s[i : i + 2] = f_s_data[i : i + 2]
+        w.plate_path(is_image).write_bytes(rng.bytes(3000) + name.encode())
+        d = w.finish(meta)
+    return d, meta, f_s_data
+
+
+def store_entries(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "avatars").iterdir())
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+# ----------------------------------------------------------------------------- names, root
+@pytest.mark.parametrize("name", ["ruby", "Ruby_2", "a-b", "x" * 64, "0"])
+def test_valid_names(name):
+    assert cache.validate_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "x" * 65, "a b", "../evil", "a/b", ".tmp-x", "rübÿ", "a.b"])
+def test_invalid_names(name):
+    with pytest.raises(UsageError, match="invalid avatar name"):
+        cache.validate_name(name)
+
+
+def test_store_root_reads_env_each_call(monkeypatch, tmp_path):
+    monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path / "a"))
+    assert cache.store_root() == tmp_path / "a"
+    monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path / "b"))
+    assert cache.store_root() == tmp_path / "b"
+    monkeypatch.delenv("DITTO_FAST_HOME")
+    assert cache.store_root() == Path.home() / ".cache" / "ditto-fast"
+
+
+# ----------------------------------------------------------------------------- round trip
+def test_round_trip(tmp_path):
+    d, meta, f_s_data = write_avatar(tmp_path, n=5)
+    assert d == tmp_path / "avatars" / "ruby"
+    assert sorted(p.name for p in d.iterdir()) == ["avatar.pkl", "f_s.npy", "plate.mp4"]
+    assert store_entries(tmp_path) == ["ruby"]  # no temporaries left
+
+    av = load_avatar("ruby", expected_fingerprints=FP, root=tmp_path)
+    assert av.name == "ruby" and av.dir == d and av.n_frames == 5
+    assert av.is_image is False and av.fps == 25.0 and av.size == (640, 360)
+    assert av.fingerprints == FP and av.random_weights is True
+    assert av.plate_path == d / "plate.mp4"
+    for k in ("pitch", "yaw", "roll", "t", "scale", "kp"):
+        a = av.x_s_info[k]
+        assert a.dtype == np.float32
+        np.testing.assert_array_equal(a, meta["x_s_info"][k].astype(np.float32))
+    assert av.x_s_info["exp"].shape == (5, 63)
+    np.testing.assert_array_equal(av.x_s_info["exp"], meta["x_s_info"]["exp"].reshape(5, 63).astype(np.float32))
+    assert av.M_c2o.dtype == np.float64 and av.M_c2o.shape == (5, 3, 3)
+    np.testing.assert_array_equal(av.M_c2o, meta["M_c2o"])
+    np.testing.assert_array_equal(av.eye_open, meta["eye_open"].astype(np.float32))
+    np.testing.assert_array_equal(av.eye_ball, meta["eye_ball"].astype(np.float32))
+    np.testing.assert_array_equal(av.sc, meta["sc"].astype(np.float32))
+    assert av.meta["crop"] == meta["crop"]
+    assert av.meta["source"]["path"] == "/data/anchor clip.mp4"
+    assert av.meta["format_version"] == cache.FORMAT_VERSION
+
+    # f_s is memory-mapped, read-only, exact
+    assert isinstance(av.f_s, np.memmap)
+    assert av.f_s.dtype == np.float16 and av.f_s.shape == (5, *TAIL)
+    assert not av.f_s.flags.writeable and not av.f_s.flags.owndata
+    np.testing.assert_array_equal(np.asarray(av.f_s), f_s_data)
+
+    info = av.frame_info(3)
+    assert set(info) == set(cache.X_S_INFO_SHAPES)
+    assert info["pitch"].shape == (1, 66) and info["kp"].shape == (1, 63) and info["scale"].shape == (1, 1)
+    np.testing.assert_array_equal(info["t"][0], av.x_s_info["t"][3])
+    with pytest.raises(IndexError):
+        av.frame_info(5)
+
+
+def test_load_by_directory_and_full_verify(tmp_path):
+    d, _, _ = write_avatar(tmp_path, name="dirload", n=3)
+    av = load_avatar(d, verify="full")
+    assert av.name == "dirload" and av.n_frames == 3
+    assert load_avatar(str(d), verify="light").n_frames == 3
+    with pytest.raises(ValueError):
+        load_avatar(d, verify="sometimes")
+
+
+def test_image_avatar_and_full_shape(tmp_path):
+    """A 1-frame image avatar with the full [32,16,64,64] feature shape."""
+    d, _, f_s_data = write_avatar(tmp_path, name="still", n=1, tail=cache.F_S_TAIL_FULL, is_image=True)
+    av = load_avatar("still", root=tmp_path)
+    assert av.is_image and av.plate_path.name == "plate.png"
+    assert av.f_s.shape == (1, 32, 16, 64, 64)
+    assert (d / "f_s.npy").stat().st_size > 1 * 32 * 16 * 64 * 64 * 2
+    np.testing.assert_array_equal(av.f_s[0], f_s_data[0])
+
+
+def test_f_s_trimmed_to_meta_frames(tmp_path):
+    """open_f_s() may over-allocate (unknown frame count); finish() trims to N."""
+    d, _, f_s_data = write_avatar(tmp_path, n=5, allocate=9)
+    av = load_avatar(d, verify="full")
+    assert av.f_s.shape == (5, *TAIL)
+    np.testing.assert_array_equal(np.asarray(av.f_s), f_s_data)
+    assert np.load(d / "f_s.npy").shape == (5, *TAIL)
+
+
+def test_finish_rejects_bad_meta(tmp_path):
+    rng = np.random.default_rng(1)
+    meta = make_meta(4, rng)
+    meta["eye_ball"] = np.zeros((4, 5))
+    with pytest.raises(ValueError, match="eye_ball"):
+        with AvatarWriter("bad", root=tmp_path) as w:
+            w.open_f_s(4, TAIL)
+            w.plate_path(False).write_bytes(b"x")
+            w.finish(meta)
+    meta = make_meta(4, rng)
+    meta["crop"] = {"fn": print}
+    with pytest.raises(TypeError, match="cannot be cached"):
+        with AvatarWriter("bad", root=tmp_path) as w:
+            w.open_f_s(4, TAIL)
+            w.plate_path(False).write_bytes(b"x")
+            w.finish(meta)
+    with pytest.raises(ValueError, match="plate"):  # plate never written
+        with AvatarWriter("bad", root=tmp_path) as w:
+            w.open_f_s(4, TAIL)
+            w.finish(make_meta(4, rng))
+    with pytest.raises(ValueError, match="frames"):  # more frames than f_s holds
+        with AvatarWriter("bad", root=tmp_path) as w:
+            w.open_f_s(3, TAIL)
+            w.plate_path(False).write_bytes(b"x")
+            w.finish(make_meta(4, rng))
+    with pytest.raises(RuntimeError, match="without finish"):
+        with AvatarWriter("bad", root=tmp_path) as w:
+            w.open_f_s(3, TAIL)
+    assert store_entries(tmp_path) == []
+
+
+def test_pickle_holds_only_arrays_and_plain_containers(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    raw = (d / "avatar.pkl").read_bytes()
+    env = safe_pickle.loads(raw)
+    assert env["kind"] == cache.ENVELOPE_KIND and env["format_version"] == cache.FORMAT_VERSION
+    body = safe_pickle.loads(env["body"])
+
+    def walk(o):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                walk(k)
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+        else:
+            assert o is None or isinstance(o, (str, bytes, int, float, bool, np.ndarray)), type(o)
+            if isinstance(o, np.ndarray):
+                assert type(o) is np.ndarray
+
+    walk(body)
+    assert set(body["checksums"]) == {"f_s.npy", "plate.mp4"}
+    assert body["checksums"]["f_s.npy"]["sha256"] == cache.file_sha256(d / "f_s.npy")
+
+
+# ----------------------------------------------------------------------------- safe pickle
+class _Evil:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_safe_pickle_refuses_malicious_without_executing(tmp_path):
+    marker = tmp_path / "pwned"
+    data = pickle.dumps({"x": np.zeros(3), "evil": _Evil(marker)}, protocol=5)
+    with pytest.raises(AvatarError, match=r"disallowed object (posix|os)\.system"):
+        safe_pickle.loads(data)
+    assert not marker.exists()
+    pickle.loads(data)  # the same bytes really do run the command when unrestricted
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("obj", [eval, getattr, __import__, Path("/x")])
+def test_safe_pickle_refuses_other_globals(obj):
+    with pytest.raises(AvatarError, match="disallowed object"):
+        safe_pickle.loads(pickle.dumps(obj, protocol=2))
+
+
+def test_safe_pickle_refuses_ordered_dict_and_object_arrays():
+    from collections import OrderedDict
+
+    with pytest.raises(AvatarError, match="collections.OrderedDict"):
+        safe_pickle.loads(pickle.dumps(OrderedDict(a=1)))
+    with pytest.raises(AvatarError, match="object array"):
+        safe_pickle.loads(pickle.dumps(np.array([1, "a"], dtype=object)))
+
+
+@pytest.mark.parametrize("protocol", [4, 5])  # cache files use 5
+def test_safe_pickle_accepts_arrays_and_containers(protocol):
+    obj = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "f": np.zeros((3, 2), order="F"),
+           "s": np.float32(1.5), "i": np.int64(3), "c": 1 + 2j, "set": {1, 2}, "fs": frozenset({3}),
+           "t": (1, "x", None, True, b"by"), "l": [1.0, [2]], "u8": np.zeros(4, np.uint8)}
+    out = safe_pickle.loads(pickle.dumps(obj, protocol=protocol))
+    assert out.keys() == obj.keys()
+    np.testing.assert_array_equal(out["a"], obj["a"])
+    np.testing.assert_array_equal(out["f"], obj["f"])
+    assert out["s"] == np.float32(1.5) and out["c"] == 1 + 2j and out["set"] == {1, 2}
+    assert out["t"] == obj["t"] and out["l"] == obj["l"]
+
+
+def test_safe_pickle_damaged_bytes():
+    data = pickle.dumps({"a": np.zeros(100)}, protocol=5)
+    with pytest.raises(AvatarError, match="damaged"):
+        safe_pickle.loads(data[: len(data) // 2])
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_missing_avatar_lists_existing(tmp_path):
+    write_avatar(tmp_path, name="ruby", n=2)
+    write_avatar(tmp_path, name="amber", n=2)
+    with pytest.raises(AvatarError, match=r"'nobody' not found .*existing: amber, ruby.*ditto-fast register") as e:
+        load_avatar("nobody", root=tmp_path)
+    assert "\n" not in str(e.value)
+    with pytest.raises(AvatarError, match="existing: none"):
+        load_avatar("nobody", root=tmp_path / "empty")
+
+
+def _rewrite_envelope(d: Path, **changes) -> None:
+    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
+    env.update(changes)
+    (d / "avatar.pkl").write_bytes(pickle.dumps(env, protocol=5))
+
+
+def test_other_format_version_refused(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    _rewrite_envelope(d, format_version=cache.FORMAT_VERSION + 1)
+    with pytest.raises(AvatarError, match=r"cache format 2, this ditto-fast reads format 1.*--force"):
+        load_avatar("ruby", root=tmp_path)
+
+
+def test_other_checkpoints_refused(tmp_path):
+    write_avatar(tmp_path, n=2)
+    other = dict(FP, motion_extractor="ffffffffffffffff")
+    with pytest.raises(AvatarError, match=r"other checkpoints \(motion_extractor\).*register '/data/anchor clip.mp4' "
+                                          r"--name ruby --force"):
+        load_avatar("ruby", expected_fingerprints=other, root=tmp_path)
+    with pytest.raises(AvatarError, match="other checkpoints"):
+        load_avatar("ruby", expected_fingerprints=dict(FP, warp_network="0000"), root=tmp_path)
+    load_avatar("ruby", expected_fingerprints={"appearance_extractor": FP["appearance_extractor"]}, root=tmp_path)
+    load_avatar("ruby", expected_fingerprints=None, root=tmp_path)
+
+
+def test_truncated_f_s_refused(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=3)
+    p = d / "f_s.npy"
+    with open(p, "r+b") as f:
+        f.truncate(p.stat().st_size - 4096)
+    for verify in ("light", "size", "full"):
+        with pytest.raises(AvatarError, match=r"damaged \(f_s.npy has \d+ bytes.*re-register"):
+            load_avatar("ruby", root=tmp_path, verify=verify)
+
+
+def test_f_s_shape_mismatch_refused(tmp_path):
+    """An f_s.npy with another frame count, even with a consistent size record, is refused."""
+    d, _, _ = write_avatar(tmp_path, n=3)
+    np.save(d / "f_s.npy", np.zeros((2, *TAIL), np.float16))
+    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
+    body = safe_pickle.loads(env["body"])
+    body["checksums"]["f_s.npy"] = cache._file_record(d / "f_s.npy")
+    raw = pickle.dumps(body, protocol=5)
+    import hashlib
+
+    _rewrite_envelope(d, body=raw, body_sha256=hashlib.sha256(raw).hexdigest())
+    with pytest.raises(AvatarError, match=r"f_s.npy is float16\[2, 4, 4, 64, 64\], expected float16\[3,"):
+        load_avatar("ruby", root=tmp_path)
+
+
+def test_modified_pickle_refused(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=3)
+    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
+    body = safe_pickle.loads(env["body"])
+    body["x_s_info"]["t"][0, 0] += 1.0  # a silent value change, still a valid pickle
+    _rewrite_envelope(d, body=pickle.dumps(body, protocol=5))
+    with pytest.raises(AvatarError, match=r"damaged \(avatar.pkl fails its checksum\)"):
+        load_avatar("ruby", root=tmp_path)
+    # byte-level damage
+    raw = bytearray((d / "avatar.pkl").read_bytes())
+    (d / "avatar.pkl").write_bytes(bytes(raw[: len(raw) // 3]))
+    with pytest.raises(AvatarError, match="damaged"):
+        load_avatar("ruby", root=tmp_path)
+    (d / "avatar.pkl").unlink()
+    with pytest.raises(AvatarError, match="avatar.pkl is missing"):
+        load_avatar("ruby", root=tmp_path)
+
+
+def test_malicious_pickle_refused_by_load_avatar(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    marker = tmp_path / "pwned"
+    (d / "avatar.pkl").write_bytes(pickle.dumps({"kind": cache.ENVELOPE_KIND, "x": _Evil(marker)}))
+    with pytest.raises(AvatarError, match=r"disallowed object .*system.*--name ruby --force"):
+        load_avatar("ruby", root=tmp_path)
+    assert not marker.exists()
+    # also inside a correctly checksummed body
+    import hashlib
+
+    raw = pickle.dumps({"n_frames": 2, "evil": _Evil(marker)}, protocol=5)
+    (d / "avatar.pkl").write_bytes(pickle.dumps(
+        {"kind": cache.ENVELOPE_KIND, "format_version": cache.FORMAT_VERSION,
+         "body_sha256": hashlib.sha256(raw).hexdigest(), "body": raw}, protocol=5))
+    with pytest.raises(AvatarError, match="disallowed object"):
+        load_avatar("ruby", root=tmp_path)
+    assert not marker.exists()
+
+
+def test_checksum_failure_same_size(tmp_path):
+    """A flipped byte between the sampled blocks: only verify='full' sees it; head damage the default sees."""
+    d, _, _ = write_avatar(tmp_path, n=2, tail=cache.F_S_TAIL_FULL)  # 8 MiB, larger than the sampled spans
+    p = d / "f_s.npy"
+    size = p.stat().st_size
+    off = 2 * size // (cache._QUICK_SAMPLES + 1) - 4096  # between sampled blocks 1 and 2
+    assert cache._QUICK_EDGE < off < size - cache._QUICK_EDGE
+    with open(p, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0xFF]))
+    load_avatar("ruby", root=tmp_path, verify="size")  # the documented trade-off of the quick check
+    with pytest.raises(AvatarError, match=r"damaged \(f_s.npy fails its checksum\).*re-register"):
+        load_avatar("ruby", root=tmp_path, verify="full")
+    with open(p, "r+b") as f:  # damage at the head is caught by the default quick check
+        f.seek(200)
+        f.write(b"\x01\x02\x03")
+    with pytest.raises(AvatarError, match="f_s.npy fails its checksum"):
+        load_avatar("ruby", root=tmp_path)
+
+
+def test_plate_checks(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    plate = d / "plate.mp4"
+    data = bytearray(plate.read_bytes())
+    data[10] ^= 0xFF
+    plate.write_bytes(bytes(data))
+    with pytest.raises(AvatarError, match="plate.mp4 fails its checksum"):
+        load_avatar("ruby", root=tmp_path)
+    plate.unlink()
+    with pytest.raises(AvatarError, match="plate.mp4 is missing"):
+        load_avatar("ruby", root=tmp_path, verify="light")
+
+
+# ----------------------------------------------------------------------------- atomic writing
+def test_existing_name_needs_force(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=2, seed=1)
+    before = snapshot(d)
+    with pytest.raises(AvatarError, match="avatar ruby exists in .*; use --force to replace it"):
+        write_avatar(tmp_path, n=3, seed=2)
+    assert snapshot(d) == before
+    assert store_entries(tmp_path) == ["ruby"]
+
+
+def test_concurrent_writer_loses_cleanly(tmp_path):
+    """Two writers without force: the second to finish is refused and leaves nothing behind."""
+    rng = np.random.default_rng(3)
+    with pytest.raises(AvatarError, match="exists"):
+        with AvatarWriter("ruby", root=tmp_path) as w:
+            w.open_f_s(2, TAIL)
+            w.plate_path(False).write_bytes(b"p")
+            write_avatar(tmp_path, n=2, seed=4)  # another process wins the race
+            w.finish(make_meta(2, rng))
+    assert store_entries(tmp_path) == ["ruby"]
+    assert load_avatar("ruby", root=tmp_path, verify="full").n_frames == 2
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
+def test_force_replaces(tmp_path, monkeypatch, exchange):
+    if not exchange:
+        monkeypatch.setattr(cache, "_exchange", lambda a, b: False)
+    write_avatar(tmp_path, n=2, seed=1)
+    d, _, f_s_new = write_avatar(tmp_path, n=4, seed=2, force=True)
+    av = load_avatar("ruby", root=tmp_path, verify="full")
+    assert av.n_frames == 4
+    np.testing.assert_array_equal(np.asarray(av.f_s), f_s_new)
+    assert store_entries(tmp_path) == ["ruby"]
+
+
+def test_exchange_really_swaps(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "x").write_text("a")
+    (b / "x").write_text("b")
+    if not cache._exchange(a, b):
+        pytest.skip("renameat2(RENAME_EXCHANGE) not supported on this filesystem")
+    assert (a / "x").read_text() == "b" and (b / "x").read_text() == "a"
+
+
+def test_rename_aside_rolls_back(tmp_path, monkeypatch):
+    """Without renameat2, a failure moving the new avatar in puts the old one back."""
+    d, _, _ = write_avatar(tmp_path, n=2, seed=1)
+    before = snapshot(d)
+    monkeypatch.setattr(cache, "_exchange", lambda a, b: False)
+    real_rename = os.rename
+    calls = []
+
+    def flaky_rename(src, dst):
+        calls.append((Path(src).name, Path(dst).name))
+        if Path(src).name.startswith(".tmp-ruby-") and Path(dst).name == "ruby" and len(calls) > 1:
+            raise KeyboardInterrupt  # killed between the two renames
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(cache.os, "rename", flaky_rename)
+    with pytest.raises(KeyboardInterrupt):
+        write_avatar(tmp_path, n=3, seed=2, force=True)
+    monkeypatch.setattr(cache.os, "rename", real_rename)
+    assert [c[1] for c in calls][1:] == [calls[1][1], "ruby", "ruby"]  # aside, new in (killed), old back
+    assert calls[1][0] == "ruby" and calls[1][1].startswith(".tmp-old-ruby-")
+    assert snapshot(d) == before
+    assert store_entries(tmp_path) == ["ruby"]
+
+
+@pytest.mark.parametrize("exc_type", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("force", [False, True])
+def test_exception_inside_writer_leaves_store_unchanged(tmp_path, exc_type, force):
+    d, _, _ = write_avatar(tmp_path, n=2, seed=1)
+    before = snapshot(d)
+    name = "ruby" if force else "newone"
+    rng = np.random.default_rng(5)
+    with pytest.raises(exc_type):
+        with AvatarWriter(name, force=force, root=tmp_path) as w:
+            assert w.tmp_dir.name.startswith(f".tmp-{name}-") and w.tmp_dir.parent == tmp_path / "avatars"
+            f_s = w.open_f_s(3, TAIL)
+            f_s[:2] = 1.0
+            w.plate_path(False).write_bytes(b"partial")
+            raise exc_type("interrupted")
+    assert store_entries(tmp_path) == ["ruby"]
+    assert snapshot(d) == before
+    load_avatar("ruby", root=tmp_path, verify="full")
+    with pytest.raises(AvatarError):
+        load_avatar("newone", root=tmp_path)
+
+    # an interrupt raised from inside finish() (e.g. while hashing) is just as clean
+    def interrupted(*a, **k):
+        raise exc_type("during finish")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cache, "file_sha256", interrupted)
+        with pytest.raises(exc_type):
+            write_avatar(tmp_path, name=name, n=3, seed=6, force=force)
+    assert store_entries(tmp_path) == ["ruby"]
+    assert snapshot(d) == before
+
+
+def test_unwritable_store_under_a_file(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    with pytest.raises(InputError, match=r"avatar store .*not_a_dir/avatars cannot be created.*DITTO_FAST_HOME"):
+        with AvatarWriter("ruby", root=blocker):
+            pass
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_store_chmod(tmp_path):
+    adir = tmp_path / "avatars"
+    adir.mkdir()
+    adir.chmod(0o555)
+    try:
+        with pytest.raises(InputError, match="not writable"):
+            with AvatarWriter("ruby", root=tmp_path):
+                pass
+    finally:
+        adir.chmod(0o755)
+
+
+# ----------------------------------------------------------------------------- stale temporaries
+def test_stale_tmp_cleaned_and_never_listed(tmp_path):
+    write_avatar(tmp_path, n=2)
+    adir = tmp_path / "avatars"
+    old, fresh, held = adir / ".tmp-ruby-old", adir / ".tmp-ruby-fresh", adir / ".tmp-x-held"
+    for p in (old, fresh, held):
+        p.mkdir()
+        (p / "f_s.npy").write_bytes(b"junk")
+    past = time.time() - 2 * cache.STALE_TMP_AGE_S
+    os.utime(old, (past, past))
+    os.utime(held, (past, past))
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a live writer still working on it
+    try:
+        rows = cache.list_avatars(tmp_path)
+    finally:
+        os.close(fd)
+    assert [r["name"] for r in rows] == ["ruby"]
+    assert not old.exists() and fresh.exists() and held.exists()
+    # the writer cleans too, once nobody holds it
+    write_avatar(tmp_path, name="other", n=2)
+    assert not held.exists() and fresh.exists()
+
+
+# ----------------------------------------------------------------------------- list / show / rm
+def test_list_show_rm(tmp_path, monkeypatch):
+    monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path))
+    assert cache.list_avatars() == []
+    write_avatar(tmp_path, name="ruby", n=3)
+    write_avatar(tmp_path, name="amber", n=1, is_image=True, fingerprints={"appearance_extractor": "x"})
+    d_bad, _, _ = write_avatar(tmp_path, name="broken", n=2)
+    (d_bad / "f_s.npy").write_bytes(b"short")
+    (tmp_path / "avatars" / ".doctor-abc").write_text("")  # other dot files are ignored
+
+    rows = cache.list_avatars()
+    assert [r["name"] for r in rows] == ["amber", "broken", "ruby"]
+    amber, broken, ruby = rows
+    assert "error" in broken and "f_s.npy" in broken["error"] and "frames" not in broken
+    assert ruby["frames"] == 3 and ruby["resolution"] == "640x360" and ruby["is_image"] is False
+    assert ruby["random_weights"] is True and len(ruby["checkpoints"]) == 12
+    assert ruby["checkpoints"] == cache.combined_fingerprint(FP) != amber["checkpoints"]
+    assert ruby["size_bytes"] == sum(p.stat().st_size for p in (tmp_path / "avatars" / "ruby").iterdir())
+    assert amber["is_image"] is True and amber["frames"] == 1
+    assert ruby["created"].startswith(str(time.gmtime().tm_year))
+
+    info = cache.avatar_info("ruby", verify=True)
+    assert info["verified"] == "full" and info["fps"] == 25.0 and info["fingerprints"] == FP
+    assert info["f_s_shape"] == [3, *TAIL] and info["plate"] == "plate.mp4"
+    assert cache.avatar_info("ruby", verify=False)["verified"] == "size"
+    with pytest.raises(AvatarError, match="damaged"):
+        cache.avatar_info("broken")
+
+    removed = cache.remove_avatar("ruby")
+    assert removed == tmp_path / "avatars" / "ruby" and not removed.exists()
+    assert [r["name"] for r in cache.list_avatars()] == ["amber", "broken"]
+    with pytest.raises(AvatarError, match=r"'ruby' not found .*existing: amber, broken"):
+        cache.remove_avatar("ruby")
+    with pytest.raises(UsageError):
+        cache.remove_avatar("../x")
+    assert not any(p.name.startswith(".tmp-") for p in (tmp_path / "avatars").iterdir())
+
+
+def test_load_time_small(tmp_path):
+    """Opening a 200-frame avatar (small feature tail) is far below the 0.3 s budget."""
+    write_avatar(tmp_path, name="long", n=200, tail=(2, 2, 64, 64))
+    load_avatar("long", root=tmp_path)  # warm
+    t0 = time.perf_counter()
+    av = load_avatar("long", root=tmp_path)
+    dt = time.perf_counter() - t0
+    assert av.n_frames == 200 and isinstance(av.f_s, np.memmap)
+    assert dt < 0.3, f"load took {dt:.3f} s"

@@ -1,0 +1,188 @@
+"""VideoWriter: H.264 + AAC in one ffmpeg process, atomic rename, abort/cleanup, output path checks."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import wave
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+
+from ditto_fast.errors import DittoError, InputError
+from ditto_fast.render import writer as writer_mod
+from ditto_fast.render.writer import VideoWriter, check_output_path
+
+FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
+W, H = 64, 48
+
+
+def write_sine_wav(path: Path, seconds: float, rate: int = 16000) -> Path:
+    """Mono 16-bit 440 Hz sine."""
+    t = np.arange(int(round(seconds * rate))) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return path
+
+
+def probe(path: Path) -> str:
+    """ffmpeg -i stderr (stream descriptions)."""
+    return subprocess.run([FFMPEG, "-hide_banner", "-i", str(path)], capture_output=True, text=True).stderr
+
+
+def audio_seconds(path: Path) -> float:
+    """Decoded length of the first audio stream."""
+    pcm = subprocess.run([FFMPEG, "-v", "error", "-i", str(path), "-map", "0:a:0", "-f", "s16le", "-ac", "1",
+                          "-ar", "48000", "-"], capture_output=True, check=True).stdout
+    return len(pcm) / 2 / 48000
+
+
+def frames(n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, (H, W, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def leftovers(directory: Path, keep: set[str]) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name not in keep)
+
+
+@pytest.mark.parametrize("audio_s", [2.0, 1.5])
+def test_writes_h264_with_aac_of_video_length(tmp_path, audio_s):
+    wav = write_sine_wav(tmp_path / "speech.wav", audio_s)
+    out = tmp_path / "out.mp4"
+    with VideoWriter(out, (W, H), fps=25, audio_path=wav) as vw:
+        for f in frames(50):
+            vw.write(f)
+    assert out.is_file()
+    n, secs = imageio_ffmpeg.count_frames_and_secs(str(out))
+    assert n == 50 and secs == pytest.approx(2.0, abs=0.04)
+    info = probe(out)
+    assert re.search(r"Video: h264 .*yuv420p", info), info
+    assert "Audio: aac" in info, info
+    # audio padded/trimmed to the video: 2.0 s within one frame
+    assert audio_seconds(out) == pytest.approx(2.0, abs=0.04)
+    # +faststart: the index precedes the media data
+    head = out.read_bytes()
+    assert head.find(b"moov") < head.find(b"mdat")
+    assert leftovers(tmp_path, {"speech.wav", "out.mp4"}) == []
+
+
+def test_no_audio_and_frame_content(tmp_path):
+    out = tmp_path / "plain.mp4"
+    flat = [np.full((H, W, 3), (30 + 40 * i, 200 - 30 * i, 90), np.uint8) for i in range(5)]
+    with VideoWriter(out, (W, H), crf=10) as vw:
+        for f in flat:
+            vw.write(f)
+    assert "Audio" not in probe(out)
+    gen = imageio_ffmpeg.read_frames(str(out))
+    next(gen)
+    got = [np.frombuffer(b, np.uint8).reshape(H, W, 3) for b in gen]
+    assert len(got) == 5
+    for g, f in zip(got, flat):
+        assert np.abs(g.astype(int) - f).mean() < 3
+
+
+def test_replaces_existing_output_only_on_success(tmp_path):
+    out = tmp_path / "out.mp4"
+    out.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with VideoWriter(out, (W, H)) as vw:
+            vw.write(frames(1)[0])
+            raise RuntimeError("render failed")
+    assert out.read_bytes() == b"old"
+    assert leftovers(tmp_path, {"out.mp4"}) == []
+    with VideoWriter(out, (W, H)) as vw:
+        vw.write(frames(1)[0])
+    assert out.read_bytes() != b"old"
+
+
+def test_abort_leaves_nothing(tmp_path):
+    vw = VideoWriter(tmp_path / "out.mp4", (W, H), audio_path=write_sine_wav(tmp_path / "a.wav", 1.0))
+    for f in frames(3):
+        vw.write(f)
+    proc = vw._proc
+    vw.abort()
+    assert proc.poll() is not None
+    assert leftovers(tmp_path, {"a.wav"}) == []
+    vw.abort()     # idempotent
+
+
+def test_keyboard_interrupt_aborts(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with VideoWriter(tmp_path / "out.mp4", (W, H)) as vw:
+            vw.write(frames(1)[0])
+            raise KeyboardInterrupt
+    assert vw._proc.poll() is not None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ffmpeg_killed_mid_write_is_a_clear_error(tmp_path):
+    out = tmp_path / "out.mp4"
+    vw = VideoWriter(out, (W, H))
+    vw.write(frames(1)[0])
+    vw._proc.kill()
+    vw._proc.wait()
+    with pytest.raises(DittoError, match=rf"writing {re.escape(str(out))} failed"):
+        for f in frames(20):
+            vw.write(f)
+        vw.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_full_is_a_clear_error(tmp_path, monkeypatch):
+    """Emulate a full disk: ffmpeg may only write 20 kB (RLIMIT_FSIZE -> EFBIG on write)."""
+    def limited(cmd, stderr_file):
+        def limit():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
+                                preexec_fn=limit)
+
+    monkeypatch.setattr(writer_mod, "_spawn", limited)
+    out = tmp_path / "out.mp4"
+    rng = np.random.default_rng(1)
+    with pytest.raises(DittoError) as err:
+        with VideoWriter(out, (128, 96), crf=0, preset="ultrafast") as vw:
+            for _ in range(60):
+                vw.write(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8))
+    msg = str(err.value)
+    assert msg.startswith(f"writing {out} failed: ") and "\n" not in msg
+    assert len(msg) > len(f"writing {out} failed: ") + 5
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_output_paths(tmp_path):
+    with pytest.raises(InputError, match="is a directory"):
+        check_output_path(tmp_path)
+    with pytest.raises(InputError, match="does not exist"):
+        check_output_path(tmp_path / "missing" / "out.mp4")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match="not a directory"):
+        check_output_path(tmp_path / "afile" / "out.mp4")
+    with pytest.raises(InputError, match="cannot write"):
+        check_output_path("/proc/out.mp4")          # not writable, even for root
+    with pytest.raises(InputError):
+        VideoWriter(tmp_path / "missing" / "out.mp4", (W, H))
+    assert check_output_path(tmp_path / "ok.mp4") == tmp_path / "ok.mp4"
+    assert sorted(os.listdir(tmp_path)) == ["afile"]
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(InputError, match="audio file not found"):
+        VideoWriter(tmp_path / "o.mp4", (W, H), audio_path=tmp_path / "nope.wav")
+    with pytest.raises(ValueError, match="even"):
+        VideoWriter(tmp_path / "o.mp4", (63, 48))
+    with VideoWriter(tmp_path / "o.mp4", (W, H)) as vw:
+        with pytest.raises(ValueError, match="frame must be"):
+            vw.write(np.zeros((H, W + 2, 3), np.uint8))
+        vw.write(frames(1)[0])
+    assert sorted(os.listdir(tmp_path)) == ["o.mp4"]
