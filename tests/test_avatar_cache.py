@@ -363,7 +363,7 @@ def test_malicious_pickle_refused_by_load_avatar(tmp_path):
 
 def test_checksum_failure_same_size(tmp_path):
     """A flipped byte between the sampled blocks: only verify='full' sees it; head damage the default sees."""
-    d, _, _ = write_avatar(tmp_path, n=2, tail=cache.F_S_TAIL_FULL)  # 8 MiB, larger than the sampled spans
+    d, _, _ = write_avatar(tmp_path, n=3, tail=cache.F_S_TAIL_FULL)  # 12 MiB, larger than the sampled spans
     p = d / "f_s.npy"
     size = p.stat().st_size
     off = 2 * size // (cache._QUICK_SAMPLES + 1) - 4096  # between sampled blocks 1 and 2

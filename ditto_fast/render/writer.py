@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -158,7 +159,8 @@ class VideoWriter:
         except (OSError, ValueError):
             return ""
         lines = [ln for ln in lines if ln]
-        return lines[-1] if lines else ""
+        # drop ffmpeg's "[out#0/mp4 @ 0x55...] " context prefix
+        return re.sub(r"^\[[^\]]*@ 0x[0-9a-fA-F]+\]\s*", "", lines[-1]) if lines else ""
 
     def _fail(self, reason: str | None = None) -> None:
         """Abort and raise the error naming the output file and ffmpeg's last complaint."""
