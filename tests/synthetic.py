@@ -9,6 +9,7 @@ face of F px needs scale F / ASTRONAUT_FACE_PX (see `Motion.for_face`).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import cv2
@@ -18,10 +19,15 @@ ASTRONAUT_FACE_PX = 91.0     # face size in the 512x512 astronaut picture (measu
 
 
 def astronaut() -> np.ndarray:
-    """skimage's astronaut picture, RGB uint8 [512, 512, 3]."""
-    from skimage.data import astronaut as _astronaut
+    """skimage's astronaut picture, RGB uint8 [512, 512, 3] (a fresh copy)."""
+    return _astronaut().copy()
 
-    return np.ascontiguousarray(_astronaut())
+
+@lru_cache(maxsize=1)
+def _astronaut() -> np.ndarray:
+    from skimage.data import astronaut as load
+
+    return np.ascontiguousarray(load())
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,12 @@ class Motion:
 
 
 def background(size: tuple[int, int] = (1920, 1080)) -> np.ndarray:
-    """A soft blue-grey studio gradient, RGB uint8 [H, W, 3] for size (W, H)."""
+    """A soft blue-grey studio gradient, RGB uint8 [H, W, 3] for size (W, H) (a fresh copy)."""
+    return _background(tuple(size)).copy()
+
+
+@lru_cache(maxsize=4)
+def _background(size: tuple[int, int]) -> np.ndarray:
     w, h = size
     y = np.linspace(0.0, 1.0, h, dtype=np.float32)[:, None]
     x = np.linspace(0.0, 1.0, w, dtype=np.float32)[None, :]
@@ -69,11 +80,16 @@ def background(size: tuple[int, int] = (1920, 1080)) -> np.ndarray:
 def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple[int, int] = (1920, 1080),
                      noise: float = 0.0, seed: int = 0, extra: tuple[Motion, ...] = ()) -> np.ndarray:
     """Frame `frame_index` [H, W, 3] uint8: the astronaut placed by `motion` (and by each of `extra`,
-    for more faces) on the studio background, plus Gaussian sensor noise of std `noise` (0-255 units)
-    drawn from a generator seeded by (seed, frame_index)."""
+    for more faces) on the studio background.
+
+    `noise` > 0 adds Gaussian sensor noise of that std (0-255 units) over each picture's rectangle
+    (where it moves landmarks; the plain background is left clean to save time), drawn from a
+    generator seeded by (seed, frame_index), so a static scene still jitters from frame to frame.
+    """
     w, h = size
     frame = background(size)
-    pic = astronaut()
+    pic = _astronaut()
+    rng = np.random.default_rng([seed, frame_index])
     corners = np.array([[0, 0, 1], [512, 0, 1], [0, 512, 1], [512, 512, 1]], dtype=np.float64).T
     for m in (motion or Motion(),) + tuple(extra):
         M = m.matrix(frame_index)
@@ -87,11 +103,10 @@ def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple
         mask = cv2.warpAffine(np.full(pic.shape[:2], 255, np.uint8), T, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR)
         a = (mask.astype(np.float32) / 255.0)[..., None]
         region = frame[y0:y1, x0:x1]
-        frame[y0:y1, x0:x1] = (warped * a + region * (1.0 - a) + 0.5).astype(np.uint8)
-    if noise > 0:
-        rng = np.random.default_rng([seed, frame_index])
-        noisy = frame + rng.standard_normal(frame.shape, dtype=np.float32) * np.float32(noise)
-        frame = np.clip(noisy, 0, 255).astype(np.uint8)
+        out = warped * a + region * (1.0 - a) + 0.5
+        if noise > 0:
+            out += rng.standard_normal(out.shape, dtype=np.float32) * np.float32(noise)
+        frame[y0:y1, x0:x1] = np.clip(out, 0, 255).astype(np.uint8)
     return frame
 
 

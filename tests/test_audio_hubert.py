@@ -16,6 +16,15 @@ from ditto_fast.audio.hubert_random import RANDOM_MARK, hubert_config_dict, writ
 from ditto_fast.errors import CheckpointError
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread; on a shared, busy CPU more threads spin and crawl."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_hubert_dir(tmp_path_factory):
     return write_random_hubert(tmp_path_factory.mktemp("hubert_tiny"), tiny=True, seed=0)
@@ -64,7 +73,7 @@ def test_batched_equals_ditto_loop(tiny_features, batch_size):
     audio = speech_like(16000 * 2 + 333, seed=5)
     ref = ditto_reference(tiny_features.model, audio)
     got = tiny_features.features(audio, batch_size=batch_size)
-    assert got.shape == ref.shape == (52, 32)
+    assert got.shape == ref.shape == (51, 32)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 

@@ -50,7 +50,10 @@ def write_avatar(root: Path, name: str = "ruby", n: int = 5, tail=TAIL, is_image
     with AvatarWriter(name, force=force, root=root) as w:
         f_s = w.open_f_s(allocate or n, tail)
         for i in range(0, n, 2):  # in batches, as registration does
-            f_s[i : i + 2] = f_s_data[i : i + 2]
+            if i % 4:
+                f_s[i : i + 2] = f_s_data[i : i + 2]  # straight into the memmap
+            else:
+                w.write_f_s(i, f_s_data[i : i + 2].astype(np.float32))
         w.plate_path(is_image).write_bytes(rng.bytes(3000) + name.encode())
         d = w.finish(meta)
     return d, meta, f_s_data
@@ -152,6 +155,20 @@ def test_f_s_trimmed_to_meta_frames(tmp_path):
     assert av.f_s.shape == (5, *TAIL)
     np.testing.assert_array_equal(np.asarray(av.f_s), f_s_data)
     assert np.load(d / "f_s.npy").shape == (5, *TAIL)
+
+
+def test_write_f_s_releases_pages_and_keeps_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "_RELEASE_BYTES", 1)  # unmap after every batch
+    released = []
+    real = AvatarWriter.release_f_s_pages
+    monkeypatch.setattr(AvatarWriter, "release_f_s_pages", lambda self: (released.append(1), real(self)))
+    d, _, f_s_data = write_avatar(tmp_path, n=7)
+    assert len(released) == 2  # batches at rows 0 and 4 went through write_f_s
+    np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), f_s_data)
+    with pytest.raises(IndexError):
+        with AvatarWriter("x", root=tmp_path) as w:
+            w.open_f_s(2, TAIL)
+            w.write_f_s(1, np.zeros((2, *TAIL), np.float16))
 
 
 def test_finish_rejects_bad_meta(tmp_path):

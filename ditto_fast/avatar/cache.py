@@ -16,7 +16,8 @@ Public API
 - ``validate_name(name) -> str``: ``[A-Za-z0-9_-]{1,64}`` or UsageError.
 - ``AvatarWriter(name, force=False, root=None)``: context manager writing one avatar into a
   temporary sibling ``<root>/avatars/.tmp-<name>-<random>``; ``tmp_dir``,
-  ``open_f_s(n_frames, shape_tail=(32, 16, 64, 64)) -> np.memmap``, ``plate_path(is_image)``,
+  ``open_f_s(n_frames, shape_tail=(32, 16, 64, 64)) -> np.memmap``, ``write_f_s(start, batch)``
+  (fill in batches with flat memory), ``plate_path(is_image)``,
   ``finish(meta)`` (see ``AvatarWriter.finish`` for the keys of ``meta``). The avatar appears
   under its name only when complete (rename; with ``force`` an atomic exchange where the OS
   supports it). Any exception in the with-block removes the temporary directory.
@@ -36,6 +37,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import mmap as mmap_mod
 import os
 import pickle
 import re
@@ -83,6 +85,7 @@ _QUICK_EDGE = 1 << 20  # bytes hashed at the head and the tail of a file
 _QUICK_BLOCK = 1 << 16  # bytes of each sampled block in between
 _QUICK_SAMPLES = 16
 _HASH_CHUNK = 1 << 22
+_RELEASE_BYTES = 64 << 20  # write_f_s() unmaps written pages after this many bytes
 
 
 # ----------------------------------------------------------------------------- paths and names
@@ -338,6 +341,7 @@ class AvatarWriter:
         self.tmp_dir: Path | None = None
         self._lock_fd: int | None = None
         self._f_s: np.memmap | None = None
+        self._unwritten = 0
         self._finished = False
 
     def __enter__(self) -> "AvatarWriter":
@@ -394,6 +398,33 @@ class AvatarWriter:
         )  # [N, C, D, 64, 64] float16, sparse until written
         return self._f_s
 
+    def write_f_s(self, start: int, batch: np.ndarray) -> None:
+        """Store f_s rows [start, start + B) and drop written pages from this process's memory.
+
+        batch: [B, C, D, 64, 64] (any float dtype; cast to float16). Assigning into the memmap
+        from open_f_s() directly also works, but the mapped pages then count in the process's RSS
+        until the kernel writes them back; this keeps registration memory flat in the frame count.
+        """
+        if self._f_s is None:
+            raise RuntimeError("write_f_s() before open_f_s()")
+        stop = start + len(batch)
+        if start < 0 or stop > self._f_s.shape[0]:
+            raise IndexError(f"rows {start}:{stop} out of range for {self._f_s.shape[0]} frames")
+        self._f_s[start:stop] = batch
+        self._unwritten += int(np.prod(batch.shape)) * F_S_DTYPE.itemsize
+        if self._unwritten >= _RELEASE_BYTES:
+            self.release_f_s_pages()
+
+    def release_f_s_pages(self) -> None:
+        """Flush the f_s memmap to the file and unmap its resident pages (the data stays in the file)."""
+        if self._f_s is None:
+            return
+        self._f_s.flush()
+        mm = getattr(self._f_s, "_mmap", None)
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap_mod, "MADV_DONTNEED"):
+            mm.madvise(mmap_mod.MADV_DONTNEED)
+        self._unwritten = 0
+
     def plate_path(self, is_image: bool) -> Path:
         """Where registration writes the background plate (plate.png for an image, else plate.mp4)."""
         return self._need_tmp() / (PLATE_IMAGE if is_image else PLATE_VIDEO)
@@ -402,7 +433,8 @@ class AvatarWriter:
         """Checksum, write avatar.pkl, fsync and rename into place; return the avatar directory.
 
         meta keys (numpy values are fine; N = number of frames):
-          source: {path, sha256, fps, size: (w, h), n_frames, ...}   fingerprints: {network: hash}
+          source: {path, sha256, fps (> 0; e.g. 25 for an image), size: (w, h), n_frames, ...}
+          fingerprints: {network: short hash} (e.g. CheckpointSet.avatar_fingerprints())
           crop: dict   x_s_info: {pitch, yaw, roll [N,66], t [N,3], exp [N,63], scale [N,1], kp [N,63]}
           M_c2o [N,3,3]   eye_open [N,2]   eye_ball [N,6]   sc [63]   is_image: bool
           random_weights: bool   extra: dict (optional, plain data)

@@ -61,9 +61,11 @@ def _axes(lmk: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     return ux, uy, float(np.arctan2(ux[1], ux[0]))
 
 
-def _face_box(lmk: np.ndarray, ux: np.ndarray, uy: np.ndarray) -> tuple[np.ndarray, float]:
+def _face_box(lmk: np.ndarray, ux: np.ndarray, uy: np.ndarray,
+              box_points: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """(box centre [2] in image coordinates, square side) of the face points in the rotated frame."""
-    pts = np.asarray(lmk, dtype=np.float64)[FACE_BOX_POINTS, :2]  # [K, 2]
+    idx = FACE_BOX_POINTS if box_points is None else box_points
+    pts = np.asarray(lmk, dtype=np.float64)[idx, :2]              # [K, 2]
     rot = np.stack([ux, uy])                                        # rows: face x, face y
     rpts = pts @ rot.T                                              # [K, 2] in the face frame
     lo, hi = rpts.min(0), rpts.max(0)
@@ -77,10 +79,14 @@ def face_size(lmk: np.ndarray) -> float:
     return _face_box(lmk, ux, uy)[1]
 
 
-def crop_params(lmk: np.ndarray, scale: float = SCALE, vx: float = VX, vy: float = VY) -> np.ndarray:
-    """(cx, cy, size, angle) [4] of the crop for landmarks [478, 2|3] in frame pixels."""
+def crop_params(lmk: np.ndarray, scale: float = SCALE, vx: float = VX, vy: float = VY,
+                box_points: np.ndarray | None = None) -> np.ndarray:
+    """(cx, cy, size, angle) [4] of the crop for landmarks [478, 2|3] in frame pixels.
+
+    `box_points` chooses the landmarks that bound the box (default FACE_BOX_POINTS, no forehead).
+    """
     ux, uy, angle = _axes(lmk)
-    centre, side = _face_box(lmk, ux, uy)
+    centre, side = _face_box(lmk, ux, uy, box_points)
     size = side * scale
     centre = centre + ux * (vx * size) + uy * (vy * size)
     return np.array([centre[0], centre[1], size, angle], dtype=np.float64)

@@ -92,7 +92,13 @@ def _no_face(message: str, index: int) -> NoFaceError:
 
 
 class FaceTracker:
-    """Landmarks [478, 3] float32 in frame pixels (x, y, and z scaled like x) for consecutive frames."""
+    """Landmarks [478, 3] float32 in frame pixels (x, y, and z scaled like x) for consecutive frames.
+
+    Call it on frames in order (`tracker(frame, index)`); `reset()` before an unrelated frame.
+    When detection finds several faces it takes the largest, issues a MultipleFacesWarning and
+    records the index in `multiple_faces_frames` (detection runs on the first frame and whenever
+    tracking loses the face). A missing or too small face raises NoFaceError with `.frame_index`.
+    """
 
     def __init__(self, min_face_px: int = 64, source: str | None = None) -> None:
         import mediapipe as mp  # heavy import, only when a tracker is made

@@ -84,38 +84,37 @@ def blend_roi(crop: np.ndarray, mask: np.ndarray, frame: np.ndarray, y0: int, x0
 
 
 class Putback:
-    """Paste a [dsize,dsize,3] crop into a frame via M_c2o, blending with a feathered mask inside the crop's bbox."""
+    """Paste a [dsize,dsize,3] crop into a frame via M_c2o, blending with a feathered mask inside the crop's bbox.
+
+    With the Cython kernel the mask is sampled per pixel inside the kernel (only its feathered band
+    is interpolated); without it the mask is warped with OpenCV and blended with numpy.
+    """
 
     def __init__(self, dsize: int = 512, use_kernel: bool = True):
         self.dsize = dsize
         self.use_kernel = use_kernel
         self.mask = feathered_mask(dsize)          # [dsize, dsize] float32
-        self._last_M: np.ndarray | None = None     # the warped mask is reused while M_c2o repeats (image avatars)
-        self._last_hw: tuple[int, int] | None = None
-        self._last_roi: tuple[tuple[int, int, int, int] | None, np.ndarray | None, np.ndarray | None] = (None, None, None)
+        ones = np.flatnonzero(self.mask[dsize // 2] == 1.0)
+        self._inner = (int(ones[0]), int(ones[-1]))     # mask[lo..hi, lo..hi] == 1
+        lo, hi = self._inner
+        assert np.all(self.mask[lo:hi + 1, lo:hi + 1] == 1.0)
+        # the warped mask is reused while M_c2o repeats (image avatars; numpy path only)
+        self._last_key: tuple | None = None
+        self._last_mask_roi: np.ndarray | None = None
 
-    def _roi_warp(self, M_c2o: np.ndarray, hw: tuple[int, int]):
-        """bbox, 2x3 matrix into the bbox, and the warped mask for it (cached for a repeated M_c2o)."""
-        if self._last_M is not None and self._last_hw == hw and np.array_equal(self._last_M, M_c2o):
-            return self._last_roi
-        bbox = crop_bbox(M_c2o, self.dsize, hw)
-        if bbox is None:
-            roi = (None, None, None)
-        else:
-            x0, y0, x1, y1 = bbox
-            M_roi = np.array(M_c2o[:2], dtype=np.float64)
-            M_roi[0, 2] -= x0
-            M_roi[1, 2] -= y0
-            mask_roi = cv2.warpAffine(self.mask, M_roi, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR,
-                                      borderMode=cv2.BORDER_CONSTANT, borderValue=0)   # [h, w] float32
-            roi = (bbox, M_roi, mask_roi)
-        self._last_M = np.array(M_c2o, copy=True)
-        self._last_hw = hw
-        self._last_roi = roi
-        return roi
+    def _warped_mask(self, M_roi: np.ndarray, roi_wh: tuple[int, int]) -> np.ndarray:
+        """The mask warped into the region, [h, w] float32 (cached for a repeated matrix)."""
+        key = (M_roi.tobytes(), roi_wh)
+        if key != self._last_key:
+            self._last_mask_roi = cv2.warpAffine(self.mask, M_roi, roi_wh, flags=cv2.INTER_LINEAR,
+                                                 borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+            self._last_key = key
+        return self._last_mask_roi
 
     def __call__(self, frame_bg: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
-        """frame_bg [H,W,3] uint8 (blended in place and returned; copied first if not writable C-contiguous), crop [dsize,dsize,3] uint8, M_c2o [3,3]."""
+        """frame_bg [H,W,3] uint8 (blended in place and returned; copied first if not writable C-contiguous),
+        crop [dsize,dsize,3] uint8, M_c2o [3,3] crop->frame."""
+        global _warned_fallback
         if frame_bg.dtype != np.uint8 or frame_bg.ndim != 3 or frame_bg.shape[2] != 3:
             raise ValueError(f"frame_bg must be uint8 [H,W,3], got {frame_bg.dtype} {frame_bg.shape}")
         if crop.dtype != np.uint8 or crop.shape != (self.dsize, self.dsize, 3):
@@ -123,11 +122,19 @@ class Putback:
         if not (frame_bg.flags.writeable and frame_bg.flags.c_contiguous):
             frame_bg = np.array(frame_bg, copy=True, order="C")
         M_c2o = np.asarray(M_c2o, dtype=np.float64)
-        bbox, M_roi, mask_roi = self._roi_warp(M_c2o, frame_bg.shape[:2])
+        bbox = crop_bbox(M_c2o, self.dsize, frame_bg.shape[:2])
         if bbox is None:
             return frame_bg
         x0, y0, x1, y1 = bbox
-        crop_roi = cv2.warpAffine(np.ascontiguousarray(crop), M_roi, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR,
+        roi_wh = (x1 - x0, y1 - y0)
+        M_roi = M_c2o[:2].copy()             # crop -> region: the frame matrix shifted by the bbox origin
+        M_roi[0, 2] -= x0
+        M_roi[1, 2] -= y0
+        crop_roi = cv2.warpAffine(np.ascontiguousarray(crop), M_roi, roi_wh, flags=cv2.INTER_LINEAR,
                                   borderMode=cv2.BORDER_CONSTANT, borderValue=0)   # [h, w, 3] uint8
-        blend_roi(crop_roi, mask_roi, frame_bg, y0, x0, use_kernel=self.use_kernel)
+        if self.use_kernel and _blend is not None:
+            inv = np.ascontiguousarray(cv2.invertAffineTransform(M_roi), dtype=np.float64).ravel()  # region -> crop
+            _blend.blend_feathered(crop_roi, self.mask, inv, self._inner[0], self._inner[1], frame_bg, y0, x0)
+            return frame_bg
+        blend_roi(crop_roi, self._warped_mask(M_roi, roi_wh), frame_bg, y0, x0, use_kernel=self.use_kernel)
         return frame_bg

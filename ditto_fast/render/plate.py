@@ -1,0 +1,193 @@
+"""Background plate: write it at registration, stream it back in the avatar's mirror-loop order at render time.
+
+Memory: a video plate is decoded in aligned blocks of `block_frames` frames (default 25, one second).
+Only the current block is held ([K, H, W, 3] uint8, ~155 MB for 1080p at K=25). Forward runs keep
+one ffmpeg decoder streaming block after block; a reverse run re-opens the decoder with an input
+seek (-ss) at the start of each block and serves that block backwards. Plates written by
+`write_plate` have a keyframe exactly every `PLATE_KEYINT` frames, so each seek lands on a
+keyframe and costs no extra decoding.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import cv2
+import imageio_ffmpeg
+import numpy as np
+
+from ditto_fast.errors import AvatarError
+from ditto_fast.render.writer import VideoWriter
+
+PLATE_KEYINT = 25          # keyframe interval of written plates == default read block
+PLATE_CRF = 14
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
+
+
+def mirror_index(i: int, n: int) -> int:
+    """Plate frame for output frame i when looping n frames forward then backward: 0..n-1, n-1..0, 0.."""
+    if n <= 0:
+        raise ValueError(f"plate frame count must be positive, got {n}")
+    r = i % (2 * n)
+    return r if r < n else 2 * n - 1 - r
+
+
+def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], float]:
+    """((width, height), fps) of the first video stream, from ffmpeg's stream description."""
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
+                         capture_output=True, text=True, errors="replace")
+    line = next((ln for ln in res.stderr.splitlines() if re.search(r"Stream #.*: Video:", ln)), None)
+    size = re.search(r", (\d{2,5})x(\d{2,5})", line) if line else None
+    if size is None:
+        raise AvatarError(f"{path}: not a readable video plate; re-register the avatar")
+    fps = re.search(r", ([\d.]+) fps", line)
+    return (int(size.group(1)), int(size.group(2))), float(fps.group(1)) if fps else 25.0
+
+
+class _Decoder:
+    """One ffmpeg process decoding RGB frames forward from plate frame `start`."""
+
+    def __init__(self, path: Path, size: tuple[int, int], fps: float, start: int):
+        cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error"]
+        if start > 0:
+            # input seek, accurate by default: frames with pts < t are dropped, so half a frame
+            # before frame `start` keeps exactly `start` as the first frame out
+            cmd += ["-ss", f"{(start - 0.5) / fps:.6f}"]
+        cmd += ["-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
+                "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
+        self._stderr = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      start_new_session=True)
+        self.next_index = start
+
+    def read_into(self, buf: np.ndarray) -> bool:
+        """Fill buf [H, W, 3] with the next frame; False at the end of the stream."""
+        view = memoryview(buf).cast("B")
+        got = 0
+        while got < len(view):
+            n = self._proc.stdout.readinto(view[got:])
+            if not n:
+                if got:
+                    raise AvatarError("plate decoding stopped mid-frame; re-register the avatar")
+                return False
+            got += n
+        self.next_index += 1
+        return True
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.stdout.close()
+        self._proc.wait()
+        self._stderr.close()
+
+
+class PlateReader:
+    """Background frame for each output frame i: plate frame mirror_index(i, n), as a fresh writable array."""
+
+    def __init__(self, path: str | os.PathLike, n_plate_frames: int, block_frames: int = PLATE_KEYINT):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise AvatarError(f"{self.path}: background plate is missing; re-register the avatar")
+        self.is_image = self.path.suffix.lower() in IMAGE_SUFFIXES
+        self._decoder: _Decoder | None = None
+        if self.is_image:
+            bgr = cv2.imread(str(self.path), cv2.IMREAD_COLOR)
+            if bgr is None:
+                raise AvatarError(f"{self.path}: background image is unreadable; re-register the avatar")
+            self._image = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)    # [H, W, 3] uint8
+            self.n = 1
+            self.size = (self._image.shape[1], self._image.shape[0])
+            return
+        if n_plate_frames <= 0:
+            raise ValueError(f"n_plate_frames must be positive, got {n_plate_frames}")
+        self.n = int(n_plate_frames)
+        self.size, self.fps = probe_video(self.path)
+        self.block_frames = max(1, int(block_frames))
+        w, h = self.size
+        self._block = np.empty((min(self.block_frames, self.n), h, w, 3), np.uint8)   # [K, H, W, 3]
+        self._block_start = -1
+        self._block_len = 0
+
+    def __enter__(self) -> PlateReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the decoder."""
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Background for output frame i: [H, W, 3] uint8."""
+        return self.frame(mirror_index(i, self.n))
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """Backgrounds for output frames 0, 1, 2, ... (endless)."""
+        for i in itertools.count():
+            yield self[i]
+
+    def frame(self, k: int) -> np.ndarray:
+        """Plate frame k (0 <= k < n): [H, W, 3] uint8, a copy the caller may modify."""
+        if self.is_image:
+            return self._image.copy()
+        if not 0 <= k < self.n:
+            raise IndexError(f"plate frame {k} out of range 0..{self.n - 1}")
+        if not self._block_start <= k < self._block_start + self._block_len:
+            self._load_block(k - k % self.block_frames)
+        return self._block[k - self._block_start].copy()
+
+    def _load_block(self, start: int) -> None:
+        """Decode frames [start, start + K) into the block buffer, seeking only when not already there."""
+        if self._decoder is None or self._decoder.next_index != start:
+            self.close()
+            self._decoder = _Decoder(self.path, self.size, self.fps, start)
+        count = min(self.block_frames, self.n - start)
+        self._block_start, self._block_len = start, 0
+        for j in range(count):
+            if not self._decoder.read_into(self._block[j]):
+                self.close()
+                raise AvatarError(f"{self.path}: plate has {start + j} frames but the avatar expects {self.n}; "
+                                  f"re-register the avatar")
+            self._block_len = j + 1
+
+
+def open_plate_writer(path: str | os.PathLike, size: tuple[int, int], fps: float = 25) -> VideoWriter:
+    """Incremental plate writer: high-quality H.264 (crf 14, yuv420p), a keyframe every PLATE_KEYINT frames."""
+    return VideoWriter(path, size, fps=fps, audio_path=None, crf=PLATE_CRF, preset="fast", keyint=PLATE_KEYINT)
+
+
+def write_plate(frames_iter: Iterable[np.ndarray], path: str | os.PathLike, fps: float = 25) -> int:
+    """Write RGB frames [H, W, 3] uint8 (even H, W) as a video plate; returns the frame count."""
+    writer: VideoWriter | None = None
+    n = 0
+    try:
+        for frame in frames_iter:
+            if writer is None:
+                writer = open_plate_writer(path, (frame.shape[1], frame.shape[0]), fps)
+            writer.write(frame)
+            n += 1
+        if writer is None:
+            raise ValueError("write_plate got no frames")
+        writer.close()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return n
+
+
+def write_plate_image(frame_rgb: np.ndarray, path: str | os.PathLike) -> None:
+    """Write the background of an image avatar (PNG, lossless)."""
+    path = Path(path)
+    if not cv2.imwrite(str(path), cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR)):
+        raise AvatarError(f"{path}: cannot write the background image; check the avatar directory is writable")

@@ -1,0 +1,147 @@
+"""Benchmark: putback ms/frame at 1080p (Cython kernel vs numpy fallback vs naive full-frame warp+blend),
+VideoWriter ms/frame at 1080p with audio, and plate reading ms/frame forward and backward.
+
+Face crops of 500, 600 and 700 px in the frame, with a slightly different M_c2o every frame (so
+the warped mask is never reused), plus the repeated-M_c2o case of image avatars. Target: kernel
+putback <= 6 ms/frame. Usage: python scripts/bench_putback.py [--quick] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import wave
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from ditto_fast.render import putback as pb_mod
+from ditto_fast.render.plate import PlateReader, write_plate
+from ditto_fast.render.putback import Putback, feathered_mask
+from ditto_fast.render.writer import VideoWriter
+
+W, H = 1920, 1080
+TARGET_MS = 6.0
+FACE_PX = (500, 600, 700)
+
+
+def _matrix(face_px: int, i: int) -> np.ndarray:
+    """Crop->frame similarity for a face crop of face_px pixels, jittered per frame i."""
+    s = face_px / 512 * (1 + 0.001 * (i % 7))
+    a = 0.05 * np.sin(i / 5)
+    c, sn = s * np.cos(a), s * np.sin(a)
+    return np.array([[c, -sn, 960 - face_px / 2 + i % 5], [sn, c, 200 + 0.3 * (i % 3)], [0, 0, 1]])
+
+
+def _naive_putback(mask: np.ndarray, frame: np.ndarray, crop: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """Full-frame warps of crop and mask, float blend over the whole frame (the reference design)."""
+    h, w = frame.shape[:2]
+    mw = cv2.warpAffine(mask, M[:2], (w, h), flags=cv2.INTER_LINEAR).clip(0, 1)[..., None]
+    cw = cv2.warpAffine(crop, M[:2], (w, h), flags=cv2.INTER_LINEAR)
+    return (mw * cw + (1 - mw) * frame).clip(0, 255).astype(np.uint8)
+
+
+def _time_ms(fn, n: int) -> float:
+    fn(0)
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(i)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _frames(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """n distinct smooth 1080p frames (gradient + blobs), image-like for the encoder."""
+    base = cv2.resize(rng.integers(0, 256, (9, 16, 3), dtype=np.uint8), (W, H), interpolation=cv2.INTER_CUBIC)
+    out = []
+    for k in range(n):
+        f = np.roll(base, 7 * k, axis=1)
+        cv2.circle(f, (400 + 20 * k, 540), 150, (200, 120, 90), -1)
+        out.append(f)
+    return out
+
+
+def run(out_json: str | None = None, quick: bool = False) -> dict:
+    """Time putback variants, the writer and the plate reader at 1080p; return (and save) results."""
+    rng = np.random.default_rng(0)
+    n = 20 if quick else 100
+    bg = _frames(1, rng)[0]
+    crop = cv2.resize(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8), (512, 512), interpolation=cv2.INTER_CUBIC)
+    mask = feathered_mask(512)
+    result: dict = {"bench": "putback", "quick": quick, "frame": [W, H], "kernel_built": pb_mod._blend is not None,
+                    "target_ms": TARGET_MS, "putback_ms": {}}
+    for face in FACE_PX:
+        kernel, fallback = Putback(), Putback(use_kernel=False)
+        frame = bg.copy()
+        row = {
+            "kernel": _time_ms(lambda i: kernel(frame, crop, _matrix(face, i)), n),
+            "kernel_repeated_M": _time_ms(lambda i: kernel(frame, crop, _matrix(face, 0)), n),
+            "numpy_fallback": _time_ms(lambda i: fallback(frame, crop, _matrix(face, i)), max(5, n // 4)),
+            "naive_full_frame": _time_ms(lambda i: _naive_putback(mask, bg, crop, _matrix(face, i)), max(5, n // 4)),
+        }
+        result["putback_ms"][f"{face}px"] = {k: round(v, 3) for k, v in row.items()}
+    worst = max(r["kernel"] for r in result["putback_ms"].values())
+    result["kernel_worst_ms"] = worst
+    result["pass"] = result["kernel_built"] and worst <= TARGET_MS
+
+    n_write = 25 if quick else 100
+    pool = _frames(10, rng)
+    with tempfile.TemporaryDirectory(prefix="ditto-bench-putback-") as tmp:
+        wav = Path(tmp) / "speech.wav"
+        t = np.arange(int(n_write / 25 * 16000)) / 16000
+        with wave.open(str(wav), "wb") as wf:
+            wf.setnchannels(1)
+            wf.setsampwidth(2)
+            wf.setframerate(16000)
+            wf.writeframes((0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16).tobytes())
+        t0 = time.perf_counter()
+        with VideoWriter(Path(tmp) / "out.mp4", (W, H), audio_path=wav) as vw:
+            for k in range(n_write):
+                vw.write(pool[k % len(pool)])
+        result["writer_ms_per_frame"] = round((time.perf_counter() - t0) * 1000 / n_write, 2)
+        result["writer_frames"] = n_write
+
+        n_plate = 50 if quick else 100
+        plate = Path(tmp) / "plate.mp4"
+        t0 = time.perf_counter()
+        write_plate((pool[k % len(pool)] for k in range(n_plate)), plate)
+        result["plate_write_ms_per_frame"] = round((time.perf_counter() - t0) * 1000 / n_plate, 2)
+        with PlateReader(plate, n_plate) as reader:
+            t0 = time.perf_counter()
+            for i in range(n_plate):
+                reader[i]
+            t_fwd = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for i in range(n_plate, 2 * n_plate):
+                reader[i]
+            t_bwd = time.perf_counter() - t0
+        result["plate_read_forward_ms_per_frame"] = round(t_fwd * 1000 / n_plate, 2)
+        result["plate_read_backward_ms_per_frame"] = round(t_bwd * 1000 / n_plate, 2)
+
+    print(f"{'putback ms/frame @1080p':<24} {'kernel':>8} {'repeatM':>8} {'numpy':>8} {'naive':>8}")
+    for face, r in result["putback_ms"].items():
+        print(f"{face:<24} {r['kernel']:>8.2f} {r['kernel_repeated_M']:>8.2f} {r['numpy_fallback']:>8.2f} "
+              f"{r['naive_full_frame']:>8.2f}")
+    for k in ("kernel_worst_ms", "target_ms", "pass", "writer_ms_per_frame", "plate_write_ms_per_frame",
+              "plate_read_forward_ms_per_frame", "plate_read_backward_ms_per_frame"):
+        print(f"{k:<34} {result[k]}")
+    if out_json:
+        Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats and frames")
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args()
+    run(args.out, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
