@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ def _on_sigterm(signum, frame):  # pragma: no cover - exercised via subprocess t
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the CLI, turn known failures into one stderr line and an exit code."""
+    os.environ.setdefault("GLOG_minloglevel", "2")       # quiet mediapipe's C++ logging
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         cli.main(args=argv, prog_name="ditto-fast", standalone_mode=False)
@@ -69,9 +72,23 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
     from .avatar.register import register_avatar
 
-    avatar_dir = register_avatar(source, name=name, max_size=max_size, max_frames=max_frames, force=force,
-                                 checkpoints=checkpoints_dir, device=device, batch_size=batch_size,
-                                 landmarks=landmarks, quiet=quiet)
+    bars = []
+
+    def progress(total: int, label: str):
+        from tqdm import tqdm
+
+        for b in bars:
+            b.close()
+        bars.append(tqdm(total=total, desc=label, unit="frame", dynamic_ncols=True, leave=False))
+        return bars[-1].update
+
+    try:
+        avatar_dir = register_avatar(source, name=name, max_size=max_size, max_frames=max_frames, force=force,
+                                     checkpoints=checkpoints_dir, device=device, batch_size=batch_size,
+                                     landmarks=landmarks, progress=None if quiet else progress)
+    finally:
+        for b in bars:
+            b.close()
     click.echo(str(avatar_dir))
 
 

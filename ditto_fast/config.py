@@ -22,7 +22,7 @@ class RegisterConfig:
     crop_scale: float = 2.3
     crop_vx: float = 0.0
     crop_vy: float = -0.125
-    crop_smooth_window: int = 9   # frames, centred mean over crop parameters
+    crop_smooth_window: int = 13  # frames, centred mean over crop parameters
     info_smooth_window: int = 13  # frames, centred mean over x_s_info (video)
     min_face_px: int = 64
     plate_crf: int = 14

@@ -3,7 +3,7 @@ VideoWriter ms/frame at 1080p with audio, and plate reading ms/frame forward and
 
 Face crops of 500, 600 and 700 px in the frame, with a slightly different M_c2o every frame (so
 the warped mask is never reused), plus the repeated-M_c2o case of image avatars. Target: kernel
-putback <= 6 ms/frame. Usage: python scripts/bench_putback.py [--quick] [--out FILE.json]
+putback <= 6 ms/frame (judged on process CPU time; wall time is reported too). Usage: python scripts/bench_putback.py [--quick] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -45,14 +45,16 @@ def _naive_putback(mask: np.ndarray, frame: np.ndarray, crop: np.ndarray, M: np.
     return (mw * cw + (1 - mw) * frame).clip(0, 255).astype(np.uint8)
 
 
-def _time_ms(fn, n: int) -> float:
+def _time_ms(fn, n: int) -> tuple[float, float]:
+    """(median wall ms, mean process-CPU ms) per call; CPU time is the steadier figure on a shared machine."""
     fn(0)
     times = []
+    c0 = time.process_time()
     for i in range(n):
         t0 = time.perf_counter()
         fn(i)
         times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return statistics.median(times), (time.process_time() - c0) * 1000 / n
 
 
 def _frames(n: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -74,7 +76,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     crop = cv2.resize(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8), (512, 512), interpolation=cv2.INTER_CUBIC)
     mask = feathered_mask(512)
     result: dict = {"bench": "putback", "quick": quick, "frame": [W, H], "kernel_built": pb_mod._blend is not None,
-                    "target_ms": TARGET_MS, "putback_ms": {}}
+                    "target_ms": TARGET_MS, "putback_ms": {}, "putback_cpu_ms": {}}
     for face in FACE_PX:
         kernel, fallback = Putback(), Putback(use_kernel=False)
         frame = bg.copy()
@@ -84,10 +86,14 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
             "numpy_fallback": _time_ms(lambda i: fallback(frame, crop, _matrix(face, i)), max(5, n // 4)),
             "naive_full_frame": _time_ms(lambda i: _naive_putback(mask, bg, crop, _matrix(face, i)), max(5, n // 4)),
         }
-        result["putback_ms"][f"{face}px"] = {k: round(v, 3) for k, v in row.items()}
+        result["putback_ms"][f"{face}px"] = {k: round(v[0], 3) for k, v in row.items()}
+        result["putback_cpu_ms"][f"{face}px"] = {k: round(v[1], 3) for k, v in row.items()}
     worst = max(r["kernel"] for r in result["putback_ms"].values())
+    worst_cpu = max(r["kernel"] for r in result["putback_cpu_ms"].values())
     result["kernel_worst_ms"] = worst
-    result["pass"] = result["kernel_built"] and worst <= TARGET_MS
+    result["kernel_worst_cpu_ms"] = worst_cpu
+    # judged on CPU time: wall time on a shared machine mostly measures the other tenants
+    result["pass"] = result["kernel_built"] and worst_cpu <= TARGET_MS
 
     n_write = 25 if quick else 100
     pool = _frames(10, rng)
@@ -124,10 +130,12 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
         result["plate_read_backward_ms_per_frame"] = round(t_bwd * 1000 / n_plate, 2)
 
     print(f"{'putback ms/frame @1080p':<24} {'kernel':>8} {'repeatM':>8} {'numpy':>8} {'naive':>8}")
-    for face, r in result["putback_ms"].items():
-        print(f"{face:<24} {r['kernel']:>8.2f} {r['kernel_repeated_M']:>8.2f} {r['numpy_fallback']:>8.2f} "
-              f"{r['naive_full_frame']:>8.2f}")
-    for k in ("kernel_worst_ms", "target_ms", "pass", "writer_ms_per_frame", "plate_write_ms_per_frame",
+    for what in ("putback_ms", "putback_cpu_ms"):
+        for face, r in result[what].items():
+            label = f"{face} {'wall' if what == 'putback_ms' else 'cpu'}"
+            print(f"{label:<24} {r['kernel']:>8.2f} {r['kernel_repeated_M']:>8.2f} {r['numpy_fallback']:>8.2f} "
+                  f"{r['naive_full_frame']:>8.2f}")
+    for k in ("kernel_worst_ms", "kernel_worst_cpu_ms", "target_ms", "pass", "writer_ms_per_frame", "plate_write_ms_per_frame",
               "plate_read_forward_ms_per_frame", "plate_read_backward_ms_per_frame"):
         print(f"{k:<34} {result[k]}")
     if out_json:

@@ -148,6 +148,32 @@ def test_image_avatar_and_full_shape(tmp_path):
     np.testing.assert_array_equal(av.f_s[0], f_s_data[0])
 
 
+def test_registration_style_meta(tmp_path):
+    """Extra keys are kept under meta["extra"]; fps/size of the cached frames may differ from the source's."""
+    rng = np.random.default_rng(7)
+    meta = make_meta(1, rng, is_image=True)
+    meta["source"] = {"path": "/x/still.jpg", "sha256": "0" * 64, "fps": 0.0, "size": [1280, 720],
+                      "source_size": [4000, 2250], "frames": 1}
+    meta["crop"]["params"] = np.zeros((1, 4))
+    meta.update(format_version=99, created="yesterday", warnings=["blurry"], size=(1280, 720))
+    with AvatarWriter("still", root=tmp_path) as w:
+        w.open_f_s(1, TAIL)[:] = 0.5
+        w.plate_path(True).write_bytes(b"png")
+        w.finish(meta)
+    av = load_avatar("still", root=tmp_path)
+    assert av.fps == cache.CACHE_FPS and av.size == (1280, 720) and av.meta["source"]["fps"] == 0.0
+    assert av.meta["extra"] == {"warnings": ["blurry"]}
+    assert av.meta["format_version"] == cache.FORMAT_VERSION and av.meta["created"] != "yesterday"
+    assert av.meta["crop"]["params"].shape == (1, 4)
+    meta.update(fps=30.0, size=(64, 32))
+    with AvatarWriter("still", root=tmp_path, force=True) as w:
+        w.open_f_s(1, TAIL)
+        w.plate_path(True).write_bytes(b"png")
+        w.finish(meta)
+    av = load_avatar("still", root=tmp_path)
+    assert av.fps == 30.0 and av.size == (64, 32)
+
+
 def test_f_s_trimmed_to_meta_frames(tmp_path):
     """open_f_s() may over-allocate (unknown frame count); finish() trims to N."""
     d, _, f_s_data = write_avatar(tmp_path, n=5, allocate=9)

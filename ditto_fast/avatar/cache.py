@@ -67,6 +67,7 @@ STALE_TMP_AGE_S = 3600.0
 F_S_DTYPE = np.dtype(np.float16)
 F_S_TAIL_FULL = (32, 16, 64, 64)
 VERIFY_LEVELS = ("light", "size", "full")
+CACHE_FPS = 25.0  # registration streams source frames at 25 fps (DESIGN.md data flow)
 
 # per-frame x_s_info arrays: name -> trailing shape (leading dim is the frame count N)
 X_S_INFO_SHAPES: dict[str, tuple[int, ...]] = {
@@ -79,6 +80,9 @@ FRAME_ARRAYS: dict[str, tuple[tuple[int, ...], np.dtype]] = {
     "eye_ball": ((6,), np.dtype(np.float32)),
 }
 SC_SHAPE = (63,)
+# meta keys finish() interprets or sets itself; any other key is kept under body["extra"]
+_META_KEYS = frozenset({"source", "fingerprints", "crop", "x_s_info", *FRAME_ARRAYS, "sc", "is_image",
+                        "random_weights", "fps", "size", "extra", "format_version", "created"})
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _QUICK_EDGE = 1 << 20  # bytes hashed at the head and the tail of a file
@@ -433,11 +437,14 @@ class AvatarWriter:
         """Checksum, write avatar.pkl, fsync and rename into place; return the avatar directory.
 
         meta keys (numpy values are fine; N = number of frames):
-          source: {path, sha256, fps (> 0; e.g. 25 for an image), size: (w, h), n_frames, ...}
+          source: {path, sha256, fps, size: (w, h), n_frames, ...} (stored as given)
           fingerprints: {network: short hash} (e.g. CheckpointSet.avatar_fingerprints())
+          fps: rate of the cached frames and plate (optional, default 25)
+          size: (w, h) of the cached frames and plate (optional, default source["size"])
           crop: dict   x_s_info: {pitch, yaw, roll [N,66], t [N,3], exp [N,63], scale [N,1], kp [N,63]}
           M_c2o [N,3,3]   eye_open [N,2]   eye_ball [N,6]   sc [63]   is_image: bool
-          random_weights: bool   extra: dict (optional, plain data)
+          random_weights: bool   extra: dict (optional, plain data; unknown keys are added to it)
+        format_version and created are set here (values given in meta are ignored).
         N must not exceed the frames given to open_f_s(); a smaller N trims f_s.npy.
         """
         tmp = self._need_tmp()
@@ -485,10 +492,12 @@ class AvatarWriter:
 
         source = _plain(dict(meta["source"]), "source")
         source.setdefault("n_frames", n)
-        size = tuple(int(v) for v in source["size"])
+        size = tuple(int(v) for v in meta.get("size", source["size"]))
         if len(size) != 2:
-            raise ValueError(f"source size must be (w, h), got {source['size']}")
-        source["size"] = size
+            raise ValueError(f"frame size must be (w, h), got {size}")
+        fps = float(meta.get("fps", CACHE_FPS))
+        extra = _plain(dict(meta.get("extra", {})), "extra")
+        extra.update({k: _plain(v, k) for k, v in meta.items() if k not in _META_KEYS})
         body = {
             "format_version": FORMAT_VERSION,
             "name": self.name,
@@ -496,7 +505,7 @@ class AvatarWriter:
             "n_frames": n,
             "f_s_shape": f_s_shape,
             "is_image": is_image,
-            "fps": float(source["fps"]),
+            "fps": fps,
             "size": size,
             "source": source,
             "fingerprints": {str(k): str(v) for k, v in dict(meta["fingerprints"]).items()},
@@ -507,7 +516,7 @@ class AvatarWriter:
             "sc": sc,
             "plate": plate_name,
             "checksums": {F_S_NAME: _file_record(tmp / F_S_NAME), plate_name: _file_record(plate)},
-            "extra": _plain(dict(meta.get("extra", {})), "extra"),
+            "extra": extra,
         }
         _check_body(body)
         return body
@@ -594,8 +603,8 @@ class Avatar:
     dir: Path
     n_frames: int
     is_image: bool
-    fps: float
-    size: tuple[int, int]  # (w, h) of the source frames
+    fps: float  # rate of the cached frames and the plate
+    size: tuple[int, int]  # (w, h) of the cached frames and the plate
     x_s_info: dict[str, np.ndarray]  # pitch/yaw/roll [N,66], t [N,3], exp [N,63], scale [N,1], kp [N,63]
     M_c2o: np.ndarray  # [N, 3, 3] float64
     eye_open: np.ndarray  # [N, 2]

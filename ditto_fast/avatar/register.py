@@ -56,7 +56,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
                     device: str = "auto", batch_size: int = 8, landmarks: str = "mediapipe",
                     progress: Callable[[int, str], Progress] | None = None,
-                    smooth_crop: int = 9, smooth_info: int = 13, min_face_px: int = 64) -> Path:
+                    smooth_crop: int = 13, smooth_info: int = 13, min_face_px: int = 64) -> Path:
     """Register an anchor video or image; returns the avatar directory. Progress: progress(total, label) -> step."""
     source = Path(source)
     name = validate_name(name if name is not None else source.stem)
@@ -75,7 +75,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
     # pass 1: landmarks on every frame (streamed), crop parameters per frame
     lmks: list[np.ndarray] = []
     step = bar(info.est_frames if max_frames is None else min(max_frames, info.est_frames), "landmarks")
-    with FaceTracker(min_face_px=min_face_px) as tracker, warnings.catch_warnings(record=True) as caught:
+    with FaceTracker(min_face_px=min_face_px, source=str(source)) as tracker, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i, frame in enumerate(frames()):
             lmks.append(tracker(frame, i).astype(np.float32))
@@ -83,10 +83,10 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
     n = len(lmks)
     if n == 0:
         raise InputError(f"{source}: video has no frames; re-export it")
-    params = np.stack([crop_params(l) for l in lmks])  # [N, 4]
-    if not info.is_image:
+    params = np.stack([crop_params(l) for l in lmks])  # [N, 4] (cx, cy, size, angle)
+    if not info.is_image and n > 1:
         params = smooth_params(params, smooth_crop)
-    M_c2o = np.stack([params_to_matrix(p, 512) for p in params]).astype(np.float64)  # [N,3,3]
+    M_c2o = np.asarray(params_to_matrix(params, 512), np.float64).reshape(n, 3, 3)
 
     # pass 2: crops -> eye features, f_s (memory-mapped, written in batches), x_s_info
     with AvatarWriter(name, force=force) as writer:
@@ -117,7 +117,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
                     f_s, xinfo = nets(np.stack(batch))
                     if f_s_map is None:
                         f_s_map = writer.open_f_s(n, f_s.shape[1:])
-                    f_s_map[start:start + len(batch)] = f_s
+                    writer.write_f_s(start, f_s)
                     for k in INFO_KEYS:
                         infos[k].append(xinfo[k])
                     start += len(batch)
@@ -128,7 +128,6 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
         x_s_info = {k: np.concatenate(v, 0).astype(np.float32) for k, v in infos.items()}
         if not info.is_image and n > 1:
             x_s_info = {k: centered_mean(v, smooth_info) for k, v in x_s_info.items()}
-        f_s_map.flush()
         meta = {
             "format_version": FORMAT_VERSION,
             "source": {"path": str(source.resolve()), "sha256": _sha256(source), "fps": info.src_fps,

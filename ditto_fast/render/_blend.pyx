@@ -1,7 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Blend a warped face crop into a region of a frame in place: frame = mask*crop + (1-mask)*frame, rounded."""
 
+from libc.math cimport ceil, floor
 from libc.stdint cimport uint8_t
+from libc.string cimport memcpy
 
 
 def blend_roi_f32(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, uint8_t[:, :, ::1] frame,
@@ -63,58 +65,120 @@ def blend_roi_u8(const uint8_t[:, :, ::1] crop, const uint8_t[:, ::1] mask, uint
                     frame[y0 + y, x0 + x, c] = <uint8_t>(v // 255)
 
 
+cdef inline void _solve(double a, double r, double lo, double hi, double* xa, double* xb) noexcept nogil:
+    """x-interval [xa, xb] where lo <= a*x + r <= hi (empty when xa > xb)."""
+    if a > 1e-12:
+        xa[0] = (lo - r) / a
+        xb[0] = (hi - r) / a
+    elif a < -1e-12:
+        xa[0] = (hi - r) / a
+        xb[0] = (lo - r) / a
+    elif lo <= r <= hi:
+        xa[0] = -1e18
+        xb[0] = 1e18
+    else:
+        xa[0] = 1e18
+        xb[0] = -1e18
+
+
+cdef inline void _span(double a0, double rx, double b0, double ry, double lo, double hi, double eps,
+                       Py_ssize_t w, Py_ssize_t* first, Py_ssize_t* last) noexcept nogil:
+    """Integer x in [0, w) with lo+eps <= (a0*x+rx, b0*x+ry) <= hi-eps in both coordinates; first > last if none."""
+    cdef double xa, xb, ya, yb
+    _solve(a0, rx, lo + eps, hi - eps, &xa, &xb)
+    _solve(b0, ry, lo + eps, hi - eps, &ya, &yb)
+    if ya > xa:
+        xa = ya
+    if yb < xb:
+        xb = yb
+    if xa < 0.0:
+        xa = 0.0
+    if xb > w - 1.0:
+        xb = w - 1.0
+    if xa > xb:
+        first[0] = 1
+        last[0] = 0
+        return
+    first[0] = <Py_ssize_t>ceil(xa)
+    last[0] = <Py_ssize_t>floor(xb)
+
+
+cdef inline void _blend_band_pixel(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, uint8_t[:, :, ::1] frame,
+                                   Py_ssize_t y, Py_ssize_t x, Py_ssize_t fy0, Py_ssize_t fx0,
+                                   double sx, double sy) noexcept nogil:
+    """Bilinear mask value at (sx, sy) (zero outside), then blend one pixel."""
+    cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1], ix, iy, c
+    cdef double fx, fy
+    cdef float m, v, m00, m01, m10, m11
+    if sx <= -1.0 or sy <= -1.0 or sx >= sw or sy >= sh:
+        return
+    ix = <Py_ssize_t>(sx + 1.0) - 1     # floor, as sx > -1
+    iy = <Py_ssize_t>(sy + 1.0) - 1
+    fx = sx - ix
+    fy = sy - iy
+    m00 = mask[iy, ix] if iy >= 0 and ix >= 0 else 0.0
+    m01 = mask[iy, ix + 1] if iy >= 0 and ix + 1 < sw else 0.0
+    m10 = mask[iy + 1, ix] if iy + 1 < sh and ix >= 0 else 0.0
+    m11 = mask[iy + 1, ix + 1] if iy + 1 < sh and ix + 1 < sw else 0.0
+    m = <float>((1.0 - fy) * ((1.0 - fx) * m00 + fx * m01) + fy * ((1.0 - fx) * m10 + fx * m11))
+    if m <= 0.0:
+        return
+    if m > 1.0:
+        m = 1.0
+    for c in range(3):
+        v = frame[fy0 + y, fx0 + x, c] + m * (<float>crop[y, x, c] - <float>frame[fy0 + y, fx0 + x, c]) + 0.5
+        if v >= 255.0:
+            frame[fy0 + y, fx0 + x, c] = 255
+        elif v <= 0.0:
+            frame[fy0 + y, fx0 + x, c] = 0
+        else:
+            frame[fy0 + y, fx0 + x, c] = <uint8_t>v
+
+
 def blend_feathered(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, const double[::1] inv,
                     Py_ssize_t inner_lo, Py_ssize_t inner_hi, uint8_t[:, :, ::1] frame,
                     Py_ssize_t y0, Py_ssize_t x0) -> None:
     """Blend a warped crop [h,w,3] into frame[y0:y0+h, x0:x0+w], sampling the unwarped mask [S,S] bilinearly.
 
     inv (2x3, row-major) maps a region pixel (x, y) to mask coordinates; outside the mask counts as 0,
-    and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1 (those pixels are copied, not blended).
-    Replaces a separate warp of the mask: only the feathered band is interpolated.
+    and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1. Per row, the run of pixels whose
+    mask value is 1 is copied with memcpy, pixels off the mask are skipped, and only the feathered
+    band is interpolated and blended. Replaces a separate warp of the mask.
     """
     cdef Py_ssize_t h = crop.shape[0], w = crop.shape[1], sh = mask.shape[0], sw = mask.shape[1]
-    cdef Py_ssize_t y, x, c, ix, iy
+    cdef Py_ssize_t y, x, o_first, o_last, i_first, i_last
     cdef double a0 = inv[0], a1 = inv[1], a2 = inv[2], b0 = inv[3], b1 = inv[4], b2 = inv[5]
-    cdef double rx, ry, sx, sy, fx, fy
-    cdef float m, v, m00, m01, m10, m11
+    cdef double rx, ry
     if inv.shape[0] != 6:
         raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
+    if sh != sw:
+        raise ValueError("mask must be square")
+    if mask.shape[0] < 2 or not (0 <= inner_lo <= inner_hi < sw):
+        raise ValueError("inner range must lie inside the mask")
     if y0 < 0 or x0 < 0 or y0 + h > frame.shape[0] or x0 + w > frame.shape[1]:
         raise ValueError("region lies outside the frame")
     if frame.shape[2] != 3 or crop.shape[2] != 3:
         raise ValueError("crop and frame must have 3 channels")
+    if h == 0 or w == 0:
+        return
     with nogil:
         for y in range(h):
             rx = a1 * y + a2
             ry = b1 * y + b2
-            for x in range(w):
-                sx = a0 * x + rx
-                sy = b0 * x + ry
-                if sx <= -1.0 or sy <= -1.0 or sx >= sw or sy >= sh:
-                    continue
-                if inner_lo <= sx <= inner_hi and inner_lo <= sy <= inner_hi:
-                    frame[y0 + y, x0 + x, 0] = crop[y, x, 0]
-                    frame[y0 + y, x0 + x, 1] = crop[y, x, 1]
-                    frame[y0 + y, x0 + x, 2] = crop[y, x, 2]
-                    continue
-                ix = <Py_ssize_t>(sx + 1.0) - 1     # floor for sx > -1
-                iy = <Py_ssize_t>(sy + 1.0) - 1
-                fx = sx - ix
-                fy = sy - iy
-                m00 = mask[iy, ix] if iy >= 0 and ix >= 0 else 0.0
-                m01 = mask[iy, ix + 1] if iy >= 0 and ix + 1 < sw else 0.0
-                m10 = mask[iy + 1, ix] if iy + 1 < sh and ix >= 0 else 0.0
-                m11 = mask[iy + 1, ix + 1] if iy + 1 < sh and ix + 1 < sw else 0.0
-                m = <float>((1.0 - fy) * ((1.0 - fx) * m00 + fx * m01) + fy * ((1.0 - fx) * m10 + fx * m11))
-                if m <= 0.0:
-                    continue
-                if m >= 1.0:
-                    m = 1.0
-                for c in range(3):
-                    v = frame[y0 + y, x0 + x, c] + m * (<float>crop[y, x, c] - <float>frame[y0 + y, x0 + x, c]) + 0.5
-                    if v >= 255.0:
-                        frame[y0 + y, x0 + x, c] = 255
-                    elif v <= 0.0:
-                        frame[y0 + y, x0 + x, c] = 0
-                    else:
-                        frame[y0 + y, x0 + x, c] = <uint8_t>v
+            _span(a0, rx, b0, ry, -1.0, <double>sw, 0.0, w, &o_first, &o_last)      # mask support
+            if o_first > o_last:
+                continue
+            _span(a0, rx, b0, ry, <double>inner_lo, <double>inner_hi, 1e-6, w, &i_first, &i_last)  # mask == 1
+            if i_first < o_first:
+                i_first = o_first
+            if i_last > o_last:
+                i_last = o_last
+            if i_first > i_last:
+                i_first = o_last + 1
+                i_last = o_last
+            for x in range(o_first, i_first):
+                _blend_band_pixel(crop, mask, frame, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
+            if i_last >= i_first:
+                memcpy(&frame[y0 + y, x0 + i_first, 0], &crop[y, i_first, 0], 3 * (i_last - i_first + 1))
+            for x in range(i_last + 1, o_last + 1):
+                _blend_band_pixel(crop, mask, frame, y, x, y0, x0, a0 * x + rx, b0 * x + ry)

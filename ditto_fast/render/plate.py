@@ -127,6 +127,10 @@ class PlateReader:
             self._decoder.close()
             self._decoder = None
 
+    def __del__(self) -> None:
+        if getattr(self, "_decoder", None) is not None:
+            self.close()
+
     def __getitem__(self, i: int) -> np.ndarray:
         """Background for output frame i: [H, W, 3] uint8."""
         return self.frame(mirror_index(i, self.n))

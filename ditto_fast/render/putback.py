@@ -114,7 +114,6 @@ class Putback:
     def __call__(self, frame_bg: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
         """frame_bg [H,W,3] uint8 (blended in place and returned; copied first if not writable C-contiguous),
         crop [dsize,dsize,3] uint8, M_c2o [3,3] crop->frame."""
-        global _warned_fallback
         if frame_bg.dtype != np.uint8 or frame_bg.ndim != 3 or frame_bg.shape[2] != 3:
             raise ValueError(f"frame_bg must be uint8 [H,W,3], got {frame_bg.dtype} {frame_bg.shape}")
         if crop.dtype != np.uint8 or crop.shape != (self.dsize, self.dsize, 3):
