@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -45,6 +46,14 @@ def main(argv: list[str] | None = None) -> None:
     except Terminated:
         click.echo("ditto-fast: terminated", err=True)
         sys.exit(143)
+    except Exception as e:  # noqa: BLE001 - a bug: one line, traceback on request
+        if os.environ.get("DITTO_FAST_DEBUG"):
+            raise
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        click.echo(f"ditto-fast: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                   f"(at {Path(where.filename).name}:{where.lineno}); rerun with DITTO_FAST_DEBUG=1 for the "
+                   "traceback and report it", err=True)
+        sys.exit(1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -162,7 +162,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
                     crops = renderer(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
                 for j, i in enumerate(idx):
                     with timer("putback"):
-                        frame = putback(plate.frame(i), crops[j], avatar.M_c2o[src_idx[i]])
+                        frame = putback(plate[i], crops[j], avatar.M_c2o[src_idx[i]])
                     with timer("write"):
                         writer.write(frame)
                 if bar is not None:

@@ -19,15 +19,17 @@ from ditto_fast import models
 from ditto_fast.models.ddim import ddim_sample
 
 
-def _time(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of fn() in seconds, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time in seconds of each fn, run round-robin (after one warm-up each) so load drift hits all alike."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _bench_dtype(dtype: torch.dtype, quick: bool) -> dict:
@@ -40,13 +42,15 @@ def _bench_dtype(dtype: torch.dtype, quick: bool) -> dict:
     cond_frame = torch.randn(1, net.motion_dim, generator=g)
     cond = torch.randn(1, net.seq_len, net.cond_dim, generator=g)
     t = torch.tensor([517])
-    reps = 2 if quick else 5
+    reps = 3 if quick else 7
     out: dict = {}
     with torch.no_grad():
         enc = net.encode_condition(cond)
-        out["step_batched_s"] = _time(lambda: net(x, cond_frame, cond, t), reps)
-        out["step_two_pass_s"] = _time(lambda: net.forward_two_pass(x, cond_frame, cond, t), reps)
-        out["step_batched_cached_cond_s"] = _time(lambda: net.guided(x, cond_frame, enc, t), reps)
+        out.update(_time_interleaved({
+            "step_batched_s": lambda: net(x, cond_frame, cond, t),
+            "step_two_pass_s": lambda: net.forward_two_pass(x, cond_frame, cond, t),
+            "step_batched_cached_cond_s": lambda: net.guided(x, cond_frame, enc, t),
+        }, reps))
         out["ratio_two_pass_over_batched"] = out["step_two_pass_s"] / out["step_batched_s"]
         out["ratio_two_pass_over_batched_cached"] = out["step_two_pass_s"] / out["step_batched_cached_cond_s"]
         for steps in ((25,) if quick else (25, 50)):

@@ -87,6 +87,27 @@ def test_features_depend_on_time(tiny_features):
     assert diff[0] < 1e-6 and diff[-1] < 1e-6
 
 
+def test_off_grid_windows_past_64_seconds(tiny_features):
+    """Ditto's float rounding starts window i=1615 one sample early; batched and Ditto's loop agree there."""
+    n = 1700 * 640 - 123
+    audio = speech_like(n, seed=11)
+    got = tiny_features.features(audio, batch_size=16)
+    ref = ditto_reference(tiny_features.model, audio)
+    assert got.shape == ref.shape == (1700, 32)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    shifted = audio.copy()
+    shifted[1:] = audio[:-1]  # what a window started on the 640-sample grid would see instead
+    assert np.abs(got[1615:1620] - ditto_reference(tiny_features.model, shifted)[1615:1620]).max() > 1e-4
+
+
+def test_fused_weight_norm_is_exact(tiny_hubert_dir, tiny_features):
+    conv = load_hubert_encoder(tiny_hubert_dir).encoder.pos_conv_embed.conv
+    fused = tiny_features.model.encoder.pos_conv_embed.conv
+    assert "weight" in dict(fused.named_parameters()) and not hasattr(fused, "parametrizations")
+    assert "encoder.pos_conv_embed.conv.weight" in tiny_features.model.state_dict()
+    torch.testing.assert_close(fused.weight, conv.weight.detach(), rtol=1e-6, atol=1e-7)
+
+
 def test_silence_and_float64(tiny_features):
     feats = tiny_features(np.zeros(4000))
     assert feats.shape == (7, 32) and np.isfinite(feats).all()
@@ -103,7 +124,7 @@ def test_ctc_dir_loads_encoder_weights(tiny_hubert_dir, tiny_features):
     saved = load_file(str(tiny_hubert_dir / "model.safetensors"))
     assert all(k.startswith(("hubert.", "lm_head.")) for k in saved)
     assert "hubert.encoder.pos_conv_embed.conv.weight_g" in saved  # published checkpoint naming
-    enc = tiny_features.model.state_dict()
+    enc = load_hubert_encoder(tiny_hubert_dir).state_dict()
     for key, value in enc.items():
         name = ("hubert." + key).replace("parametrizations.weight.original0", "weight_g") \
                                 .replace("parametrizations.weight.original1", "weight_v")
@@ -118,10 +139,10 @@ def test_ctc_dir_loads_encoder_weights(tiny_hubert_dir, tiny_features):
 
 
 def test_plain_hubertmodel_dir_loads(tiny_hubert_dir, tiny_features, tmp_path):
-    tiny_features.model.save_pretrained(tmp_path / "enc")
+    load_hubert_encoder(tiny_hubert_dir).save_pretrained(tmp_path / "enc")
     other = HubertFeatures(tmp_path / "enc")
     audio = speech_like(5000, seed=9)
-    np.testing.assert_array_equal(other(audio), tiny_features(audio))
+    np.testing.assert_allclose(other(audio), tiny_features(audio), rtol=1e-5, atol=1e-6)
 
 
 def test_random_writer_is_deterministic(tiny_hubert_dir, tmp_path):

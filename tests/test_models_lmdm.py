@@ -158,3 +158,10 @@ def test_lmdm_tiny_bf16_close_to_fp32(tmp_path):
         _, got = half(x, cond_frame, cond, t)
     assert got.dtype == torch.float32
     assert_close_to_ref(got.numpy(), ref.numpy(), "tiny lmdm bf16 x_start", rel=3e-2)
+
+
+def test_lmdm_rejects_wrong_condition_width():
+    net = _tiny(cond_dim=40)
+    x, cond_frame, _ = _tiny_inputs(net, batch=1)
+    with pytest.raises(ValueError, match="expects"):
+        net(x, cond_frame, torch.zeros(1, 80, 41), torch.tensor([10]))

@@ -28,6 +28,7 @@ PAD_FRONT = 2000       # WINDOW - int((5 + 2) * 0.04 * 16000)
 PAD_BACK = WINDOW
 FRAMES_PER_WINDOW = 5  # 25 fps frames each window contributes
 KEEP_START, KEEP_END = -14, -4  # 50 Hz frames kept from the window's 20
+HOP = 320              # samples per 50 Hz encoder frame (product of the conv strides)
 
 
 def window_starts(num_frames: int) -> np.ndarray:
@@ -94,8 +95,31 @@ def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device
     return model.to(device=device, dtype=dtype).eval()
 
 
+def fuse_for_inference(model: torch.nn.Module) -> torch.nn.Module:
+    """Fold the positional conv's weight norm into a plain weight (same numbers, computed once)."""
+    from torch.nn.utils import parametrize
+
+    conv = model.encoder.pos_conv_embed.conv
+    if parametrize.is_parametrized(conv, "weight"):
+        with torch.no_grad():
+            weight = conv.weight.detach().clone()  # g * v / ||v||, as every forward computes it
+            parametrize.remove_parametrizations(conv, "weight", leave_parametrized=True)
+            delattr(conv, "weight")
+            conv.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
+    elif hasattr(conv, "weight_g"):
+        torch.nn.utils.remove_weight_norm(conv)
+    return model
+
+
 class HubertFeatures:
-    """16 kHz mono float32 audio -> HuBERT features [N, hidden] at 25 fps, Ditto's windowing, batched."""
+    """16 kHz mono float32 audio -> HuBERT features [N, hidden] at 25 fps, Ditto's windowing, batched.
+
+    Batched path: the conv front end (feature extractor + projection) acts on each 50 Hz frame's
+    own 400 samples, so for windows whose starts are 320-sample aligned it runs once over the span
+    a batch of windows covers, and each window takes its 20 frames from there (overlapping windows
+    share work); windows Ditto's float rounding starts off the grid get their own front end. The
+    transformer encoder then runs on [B, 20, hidden] at once.
+    """
 
     def __init__(self, model_dir: str | os.PathLike, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, batch_size: int | None = None):
@@ -104,30 +128,49 @@ class HubertFeatures:
         self.batch_size = int(batch_size or (64 if self.device.type == "cuda" else 16))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = load_hubert_encoder(model_dir, self.device, dtype)
+        self.model = fuse_for_inference(load_hubert_encoder(model_dir, self.device, dtype))
         self.hidden_size = int(self.model.config.hidden_size)
 
-    @classmethod
-    def from_module(cls, model: torch.nn.Module, batch_size: int = 16) -> "HubertFeatures":
-        """Wrap an already built HubertModel (tests, benchmarks)."""
-        self = cls.__new__(cls)
-        param = next(model.parameters())
-        self.device, self.dtype, self.batch_size = param.device, param.dtype, int(batch_size)
-        self.model = model.eval()
-        self.hidden_size = int(model.config.hidden_size)
-        return self
+    def _tensor(self, samples: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(samples)).to(device=self.device, dtype=self.dtype)
 
-    @torch.inference_mode()
-    def _encode(self, windows: np.ndarray) -> np.ndarray:
-        """Run windows [B, 6480] through the encoder -> 25 fps features [B, 5, hidden] float32."""
-        x = torch.from_numpy(windows).to(device=self.device, dtype=self.dtype)  # [B, 6480]
-        hidden = self.model(x).last_hidden_state  # [B, 20, hidden]
+    def _frontend(self, samples: np.ndarray) -> torch.Tensor:
+        """Conv feature extractor + projection: samples [B, T] -> [B, (T - 400) // 320 + 1, hidden]."""
+        feats = self.model.feature_extractor(self._tensor(samples)).transpose(1, 2)  # [B, F, 512]
+        return self.model.feature_projection(feats)  # [B, F, hidden]
+
+    def _pool(self, hidden: torch.Tensor) -> np.ndarray:
+        """Last hidden state [B, 20, hidden] -> Ditto's 25 fps frames [B, 5, hidden] float32."""
         if hidden.shape[1] != 20:
             raise CheckpointError(f"HuBERT gives {hidden.shape[1]} frames per {WINDOW}-sample window, "
                                   "expected 20; the conv kernel/stride pattern must be hubert's")
         kept = hidden[:, KEEP_START:KEEP_END].float()  # [B, 10, hidden]
-        feats = kept.reshape(kept.shape[0], FRAMES_PER_WINDOW, 2, -1).mean(dim=2)  # [B, 5, hidden]
-        return feats.cpu().numpy()
+        return kept.reshape(kept.shape[0], FRAMES_PER_WINDOW, 2, -1).mean(dim=2).cpu().numpy()
+
+    @torch.inference_mode()
+    def _encode(self, windows: np.ndarray) -> np.ndarray:
+        """Whole model on raw windows [B, 6480] -> [B, 5, hidden] float32 (Ditto's per-window call)."""
+        return self._pool(self.model(self._tensor(windows)).last_hidden_state)
+
+    @torch.inference_mode()
+    def _encode_batch(self, padded: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Windows padded[s:s + 6480] for s in starts [B] -> [B, 5, hidden], sharing the front end."""
+        frames = [None] * len(starts)
+        aligned = np.flatnonzero(starts % HOP == 0)
+        if aligned.size:
+            a0, a1 = int(starts[aligned[0]]), int(starts[aligned[-1]])
+            span = self._frontend(padded[None, a0:a1 + WINDOW])[0]  # [(a1 - a0) / 320 + 20, hidden]
+            for j in aligned:
+                f0 = (int(starts[j]) - a0) // HOP
+                frames[j] = span[f0:f0 + 20]
+        odd = np.flatnonzero(starts % HOP != 0)
+        if odd.size:
+            idx = starts[odd, None] + np.arange(WINDOW)  # [k, 6480]
+            own = self._frontend(padded[idx])  # [k, 20, hidden]
+            for n, j in enumerate(odd):
+                frames[j] = own[n]
+        hidden = self.model.encoder(torch.stack(frames)).last_hidden_state  # [B, 20, hidden]
+        return self._pool(hidden)
 
     def features(self, audio_16k: np.ndarray, batch_size: int | None = None) -> np.ndarray:
         """Features for a whole signal [n] -> [ceil(n / 640), hidden], windows run batch_size at a time."""
@@ -141,17 +184,15 @@ class HubertFeatures:
             return out
         padded = pad_signal(audio)  # [n + 8480]
         starts = window_starts(n_frames)
-        offsets = np.arange(WINDOW, dtype=np.int64)
         for b0 in range(0, len(starts), bs):
-            idx = starts[b0:b0 + bs, None] + offsets  # [B, 6480] indices into the padded signal
-            feats = self._encode(padded[idx])  # [B, 5, hidden]
+            feats = self._encode_batch(padded, starts[b0:b0 + bs])  # [B, 5, hidden]
             row0 = b0 * FRAMES_PER_WINDOW
             rows = min(n_frames - row0, feats.shape[0] * FRAMES_PER_WINDOW)
             out[row0:row0 + rows] = feats.reshape(-1, self.hidden_size)[:rows]
         return out
 
     def features_one_by_one(self, audio_16k: np.ndarray) -> np.ndarray:
-        """Reference path: Ditto's loop, one window per model call, concatenated and cut to N."""
+        """Reference path: Ditto's loop, one raw window per whole-model call, concatenated and cut to N."""
         audio = np.asarray(audio_16k, dtype=np.float32)
         n_frames = frame_count(audio.shape[0])
         padded = pad_signal(audio)

@@ -20,6 +20,7 @@ from ..face.crop import crop_params, landmarks_in_crop, params_to_matrix, smooth
 from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
 from ..motion.sampling import centered_mean
+from ..render.plate import open_plate_writer, write_plate_image
 from .cache import AvatarWriter, validate_name
 from .source import iter_frames, open_source
 
@@ -95,13 +96,11 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
         eye_ball = np.zeros((n, 6), np.float32)
         infos = {k: [] for k in INFO_KEYS}
         f_s_map = None
-        from ..render.plate import PlateWriter
-
-        plate_ctx = nullcontext() if info.is_image else PlateWriter(plate, info.size)
+        plate_ctx = nullcontext() if info.is_image else open_plate_writer(plate, info.size, fps=25)
         step = bar(n, "features")
         with plate_ctx as plate_writer:
             if info.is_image:
-                cv2.imwrite(str(plate), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+                write_plate_image(image, plate)
             batch, start = [], 0
             for i, frame in enumerate(frames()):
                 if i >= n:

@@ -12,7 +12,10 @@ on the previous landmarks.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
+from contextlib import contextmanager
 
 import cv2
 import numpy as np
@@ -84,6 +87,21 @@ def _merge_boxes(boxes: list[np.ndarray]) -> list[np.ndarray]:
     return kept
 
 
+@contextmanager
+def _native_stderr_silenced():
+    """Point file descriptor 2 at /dev/null for the duration (native libraries' logging)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _no_face(message: str, index: int) -> NoFaceError:
     """NoFaceError carrying the frame index as `.frame_index`."""
     err = NoFaceError(message)
@@ -106,10 +124,16 @@ class FaceTracker:
         self.min_face_px = int(min_face_px)
         self.source = source
         self.multiple_faces_frames: list[int] = []
-        self._detector = mp.solutions.face_detection.FaceDetection(model_selection=1, min_detection_confidence=0.5)
-        self._mesh = mp.solutions.face_mesh.FaceMesh(
-            static_image_mode=True, max_num_faces=1, refine_landmarks=True, min_detection_confidence=0.5,
-        )
+        with _native_stderr_silenced():   # mediapipe's C++ start-up chatter, not for the user
+            self._detector = mp.solutions.face_detection.FaceDetection(model_selection=1,
+                                                                       min_detection_confidence=0.5)
+            self._mesh = mp.solutions.face_mesh.FaceMesh(
+                static_image_mode=True, max_num_faces=1, refine_landmarks=True, min_detection_confidence=0.5,
+            )
+            blank = np.zeros((256, 256, 3), np.uint8)
+            self._detector.process(blank)      # graphs start (and log) on their first frame
+            self._mesh.process(blank)
+        self._quiet_calls = 2
         self._last: np.ndarray | None = None  # previous frame's landmarks [478, 3]
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -132,6 +156,14 @@ class FaceTracker:
 
     # -- per frame ----------------------------------------------------------------------------
     def __call__(self, frame_rgb: np.ndarray, index: int) -> np.ndarray:
+        """Landmarks [478, 3] (pixels) of the largest face in frame `index`; NoFaceError if none."""
+        if self._quiet_calls > 0:      # the mesh logs once more when it first projects a face
+            self._quiet_calls -= 1
+            with _native_stderr_silenced():
+                return self._track(frame_rgb, index)
+        return self._track(frame_rgb, index)
+
+    def _track(self, frame_rgb: np.ndarray, index: int) -> np.ndarray:
         """Landmarks [478, 3] float32 in frame pixels for frame `index` (RGB uint8 [H, W, 3])."""
         if self._mesh is None:
             raise RuntimeError("FaceTracker is closed")

@@ -243,6 +243,8 @@ class LMDM(nn.Module):
             batch = cond.shape[0]
         if batch is None or (with_cond and cond is None) or not (with_cond or with_null):
             raise ValueError("encode_condition needs cond for conditional rows and at least one kind of row")
+        if with_cond and (cond.ndim != 3 or cond.shape[-1] != self.cond_dim):
+            raise ValueError(f"condition has shape {list(cond.shape)}; this LMDM expects [B, frames, {self.cond_dim}]")
         tokens, hidden = [], []
         if with_cond:
             c = self.cond_projection(cond.to(device=dev, dtype=dtype))  # [B, L, D]
@@ -267,6 +269,8 @@ class LMDM(nn.Module):
         """Raw network output (x_start-like) [R, N, F] float32 for every row of `enc`, same x for each."""
         dtype, dev = self._dtype, self.input_projection.weight.device
         b, n, _ = x.shape
+        if b != enc.batch:
+            raise ValueError(f"x has batch {b} but the encoded condition has batch {enc.batch}")
         reps = (enc.num_cond + enc.num_null) // b
         x = x.to(device=dev, dtype=dtype)
         frame = cond_frame.to(device=dev, dtype=dtype)[:, None, :].expand(-1, n, -1)
@@ -278,12 +282,12 @@ class LMDM(nn.Module):
 
         t_vec = t_vec.repeat(reps, 1) + enc.hidden                    # [R, D]
         h = h.repeat(reps, 1, 1)                                      # [R, N, D]
-        t_mem = self.norm_cond(t_tokens).repeat(reps, 1, 1)           # [R, 2, D]
+        t_mem = self.norm_cond(t_tokens)                              # [B, 2, D], same for every kind of row
         cos_m, sin_m = self.rotary.cos_sin(enc.length + 2, dev)
-        cos_m, sin_m = cos_m[enc.length:], sin_m[enc.length:]               # time tokens sit after the condition
+        cos_m, sin_m = cos_m[enc.length:], sin_m[enc.length:]        # time tokens sit after the condition
         cos, sin = self.rotary.cos_sin(n, dev)
         for layer, (k_c, v_c) in zip(self.seqTransDecoder.stack, enc.kv):
-            k_t, v_t = layer.memory_kv(t_mem, cos_m, sin_m)
+            k_t, v_t = (kv.repeat(reps, 1, 1, 1) for kv in layer.memory_kv(t_mem, cos_m, sin_m))
             h = layer(h, (torch.cat([k_c, k_t], dim=2), torch.cat([v_c, v_t], dim=2)), t_vec, cos, sin)
         return self.final_layer(h).float()  # [R, N, F]
 

@@ -1,0 +1,124 @@
+"""Benchmark HuBERT features: batched windows vs Ditto's one window per call, full-size random HuBERT.
+
+    python scripts/bench_hubert.py [--quick] [--seconds 60] [--model-dir DIR] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ditto_fast.audio.decode import frame_count, load_audio
+from ditto_fast.audio.hubert import WINDOW, HubertFeatures, pad_signal, window_starts
+from ditto_fast.audio.hubert_random import write_random_hubert
+
+SPEECH = Path("/work/shared/media/news_en_16k.wav")
+
+
+def _cache_dir() -> Path:
+    home = Path(os.environ.get("DITTO_FAST_HOME", "~/.cache/ditto-fast")).expanduser()
+    return home / "bench" / "hubert_random_large_seed0"
+
+
+def _speech(seconds: float) -> tuple[np.ndarray, str]:
+    """`seconds` of 16 kHz speech: the shared news clip looped, else a synthetic voiced signal."""
+    n = int(round(seconds * 16000))
+    if SPEECH.exists():
+        clip = load_audio(SPEECH)
+        return np.resize(clip, n).astype(np.float32), f"{SPEECH.name} looped"
+    rng = np.random.default_rng(0)
+    t = np.arange(n) / 16000
+    pitch = 120 + 30 * np.sin(2 * np.pi * 0.5 * t)
+    voiced = np.sin(2 * np.pi * np.cumsum(pitch) / 16000) * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)) ** 2
+    return (0.3 * voiced + 0.02 * rng.standard_normal(n)).astype(np.float32), "synthetic"
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def _plain_batched(hf: HubertFeatures, audio: np.ndarray, batch_size: int) -> np.ndarray:
+    """Batched whole-model calls on gathered raw windows (no front-end sharing), for comparison."""
+    n_frames = frame_count(audio.shape[0])
+    padded, starts = pad_signal(audio), window_starts(n_frames)
+    out = [hf._encode(padded[starts[b:b + batch_size, None] + np.arange(WINDOW)])
+           for b in range(0, len(starts), batch_size)]
+    return np.concatenate(out).reshape(-1, hf.hidden_size)[:n_frames]
+
+
+def run(out_json: str | None, quick: bool = False, seconds: float = 60.0, model_dir: str | None = None,
+        batch_size: int | None = None, threads: int | None = None) -> dict:
+    """Time batched vs one-window-at-a-time HuBERT features; print a table; return (and save) a dict."""
+    if threads:
+        torch.set_num_threads(int(threads))
+    seconds = 10.0 if quick else float(seconds)
+    if model_dir is None:
+        model_dir = _cache_dir()
+        if not (Path(model_dir) / "model.safetensors").exists():
+            write_random_hubert(model_dir, tiny=False, seed=0)
+    hf = HubertFeatures(model_dir, device="cpu", batch_size=batch_size)
+    audio, source = _speech(seconds)
+    hf.features(audio[:16000])  # warm-up
+    batched, t_batched = _timed(lambda: hf.features(audio))
+    plain, t_plain = _timed(lambda: _plain_batched(hf, audio, hf.batch_size))
+    single, t_single = _timed(lambda: hf.features_one_by_one(audio))
+    n_windows = len(window_starts(batched.shape[0]))
+    result = {
+        "audio_seconds": seconds,
+        "audio_source": source,
+        "frames": int(batched.shape[0]),
+        "windows": n_windows,
+        "hidden": int(batched.shape[1]),
+        "batch_size": hf.batch_size,
+        "torch_threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "seconds_one_by_one": t_single,
+        "seconds_batched_plain": t_plain,
+        "seconds_batched": t_batched,
+        "speedup_batched": t_single / t_batched,
+        "speedup_batched_plain": t_single / t_plain,
+        "realtime_factor_batched": seconds / t_batched,
+        "max_abs_diff": float(np.abs(batched - single).max()),
+        "max_abs_diff_plain": float(np.abs(plain - single).max()),
+        "max_abs_feature": float(np.abs(single).max()),
+        "model_dir": str(model_dir),
+    }
+    rows = [("one window per call", t_single, 1.0, 0.0),
+            (f"batched x{hf.batch_size}, whole model", t_plain, t_single / t_plain, result["max_abs_diff_plain"]),
+            (f"batched x{hf.batch_size}, shared front end", t_batched, t_single / t_batched, result["max_abs_diff"])]
+    print(f"HuBERT features, {seconds:.0f} s of audio ({source}), {n_windows} windows -> "
+          f"[{result['frames']}, {result['hidden']}], {result['torch_threads']} torch threads")
+    print(f"{'mode':<36}{'seconds':>10}{'speedup':>10}{'max|diff|':>12}")
+    for name, t, sp, diff in rows:
+        print(f"{name:<36}{t:>10.2f}{sp:>9.2f}x{diff:>12.2e}")
+    if out_json:
+        Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", dest="out_json")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--model-dir")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--threads", type=int)
+    a = p.parse_args(argv)
+    run(a.out_json, quick=a.quick, seconds=a.seconds, model_dir=a.model_dir, batch_size=a.batch_size,
+        threads=a.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
