@@ -60,8 +60,13 @@ def _bench_dtype(dtype: torch.dtype, quick: bool) -> dict:
     return out
 
 
-def run(out_json: str | None, quick: bool = False) -> dict:
-    """Run the LMDM benchmark (float32, then bf16), print a table, optionally write JSON; return the numbers."""
+def run(out_json: str | None, quick: bool = False, threads: int | None = None) -> dict:
+    """Run the LMDM benchmark (float32, then bf16), print a table, optionally write JSON; return the numbers.
+
+    `threads` sets torch's intra-op threads (on a shared, loaded machine 1 gives the steadiest numbers).
+    """
+    if threads:
+        torch.set_num_threads(threads)
     result = {"device": "cpu", "threads": torch.get_num_threads(), "quick": quick, "window_frames": 80,
               "float32": _bench_dtype(torch.float32, quick)}
     result["bfloat16"] = _bench_dtype(torch.bfloat16, quick)
@@ -92,5 +97,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer repeats, 25-step sampling only")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     args = ap.parse_args()
-    run(args.out, args.quick)
+    run(args.out, args.quick, args.threads)

@@ -95,6 +95,13 @@ def test_compressed_formats(tmp_path, ext, rate, channels, codec):
     assert abs(np.abs(a[2000:-2000]).max() - 0.5) < 0.03
 
 
+def test_odd_file_names(tmp_path):
+    path = tmp_path / "-news: take 2 (é).wav"
+    sf.write(path, sine(440, 16000, 0.5), 16000)
+    assert load_audio(path).shape == (8000,)
+    assert abs(audio_duration(path) - 0.5) < 0.01
+
+
 def test_silence_is_fine(tmp_path):
     path = tmp_path / "silence.wav"
     sf.write(path, np.zeros(16000, np.float32), 44100)

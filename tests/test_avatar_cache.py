@@ -443,7 +443,7 @@ def test_plate_checks(tmp_path):
 def test_existing_name_needs_force(tmp_path):
     d, _, _ = write_avatar(tmp_path, n=2, seed=1)
     before = snapshot(d)
-    with pytest.raises(AvatarError, match="avatar ruby exists in .*; use --force to replace it"):
+    with pytest.raises(UsageError, match="avatar ruby exists in .*; use --force to replace it"):
         write_avatar(tmp_path, n=3, seed=2)
     assert snapshot(d) == before
     assert store_entries(tmp_path) == ["ruby"]
@@ -452,7 +452,7 @@ def test_existing_name_needs_force(tmp_path):
 def test_concurrent_writer_loses_cleanly(tmp_path):
     """Two writers without force: the second to finish is refused and leaves nothing behind."""
     rng = np.random.default_rng(3)
-    with pytest.raises(AvatarError, match="exists"):
+    with pytest.raises(UsageError, match="exists"):
         with AvatarWriter("ruby", root=tmp_path) as w:
             w.open_f_s(2, TAIL)
             w.plate_path(False).write_bytes(b"p")

@@ -13,6 +13,7 @@ import os
 import re
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -95,9 +96,10 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     _check_path(path)
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-v", "error",
-           "-i", str(path), "-map", "0:a:0", "-vn", "-sn", "-dn",
+           "-i", f"file:{path.resolve()}", "-map", "0:a:0", "-vn", "-sn", "-dn",
            "-c:a", "pcm_f32le", "-f", "wav", "-"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errlog = tempfile.TemporaryFile()  # a file, not a pipe: a chatty ffmpeg cannot block on stderr
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errlog)
     parts: list[np.ndarray] = []
     try:
         try:
@@ -123,11 +125,12 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
                     parts.append(out)
                 if last:
                     break
-        stderr = proc.stderr.read().decode("utf-8", "replace")
     finally:
         proc.stdout.close()
-        proc.stderr.close()
         rc = proc.wait()
+        errlog.seek(0)
+        stderr = errlog.read()[-20000:].decode("utf-8", "replace")
+        errlog.close()
     if rc != 0 or not rate:
         raise _ffmpeg_failure(path, stderr)
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [n] float32 at 16 kHz
@@ -149,7 +152,7 @@ def audio_duration(path: str | os.PathLike) -> float:
     """Duration in seconds as ffmpeg reports it from the container (no full decode)."""
     path = Path(path)
     _check_path(path)
-    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-i", str(path)],
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-i", f"file:{path.resolve()}"],
                          stdin=subprocess.DEVNULL, capture_output=True)
     text = res.stderr.decode("utf-8", "replace")
     if not re.search(r"Stream #\S+.*: Audio:", text):

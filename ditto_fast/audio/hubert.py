@@ -8,7 +8,9 @@ at 25 fps. Windows are concatenated and cut to N = ceil(samples / 640) rows. Win
 model as raw samples (no normalisation).
 
 The start int(i * 0.04 * 16000) is kept as Ditto writes it, float rounding included (for some i
-it is i * 640 - 1), so features match Ditto's sample for sample.
+it is i * 640 - 1), so features match Ditto's sample for sample. The row count is the exact
+integer ceil(n / 640); Ditto's math.ceil(n / 16000 * 25) gives one extra row for a few lengths
+that are exact multiples of 640 (e.g. 4480, 8960), a float artefact not reproduced here.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device
     hf_logging.set_verbosity_error()  # the dropped CTC head is expected; report problems ourselves
     try:
         model, info = HubertModel.from_pretrained(model_dir, local_files_only=True,
-                                                  output_loading_info=True, torch_dtype=torch.float32)
+                                                  output_loading_info=True, dtype=torch.float32)
     except Exception as exc:  # corrupt/truncated weights, shape mismatch, bad config values
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise CheckpointError(f"{model_dir}: HuBERT weights cannot be loaded ({msg[:160]}); "

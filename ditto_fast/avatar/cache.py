@@ -352,7 +352,7 @@ class AvatarWriter:
         _ensure_writable_store(self.adir)
         clean_stale_tmp(self.adir)
         if self.final_dir.exists() and not self.force:
-            raise AvatarError(f"avatar {self.name} exists in {self.adir}; use --force to replace it")
+            raise UsageError(f"avatar {self.name} exists in {self.adir}; use --force to replace it")
         try:
             self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.name}-", dir=self.adir))
             os.chmod(self.tmp_dir, 0o755)
@@ -529,7 +529,7 @@ class AvatarWriter:
             if not self.final_dir.exists():
                 raise
             if not self.force:
-                raise AvatarError(f"avatar {self.name} exists in {self.adir}; use --force to replace it") from exc
+                raise UsageError(f"avatar {self.name} exists in {self.adir}; use --force to replace it") from exc
             self._replace(tmp)
         else:
             self._mark_installed()

@@ -18,11 +18,15 @@ _IN_EPS = 1e-5
 _LRELU = 0.2
 
 
-def instance_norm_f32(x: torch.Tensor) -> torch.Tensor:
-    """Per-sample, per-channel normalisation over H, W with float32 statistics; float32 out."""
-    x = x.float()
-    var, mean = torch.var_mean(x, dim=(2, 3), keepdim=True, correction=0)
-    return (x - mean) * torch.rsqrt(var + _IN_EPS)
+def modulate(x: torch.Tensor, gamma1: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """instance_norm(x) * gamma1 + beta, per sample; the norm's statistics accumulate in float32."""
+    # x, gamma1, beta [B, C, H, W]; batch_norm over one sample == instance norm (native kernel,
+    # float accumulation for bf16/fp16 inputs, keeps channels_last)
+    out = torch.empty_like(x)
+    for i in range(x.shape[0]):
+        xn = F.batch_norm(x[i:i + 1], None, None, training=True, eps=_IN_EPS)
+        torch.addcmul(beta[i:i + 1], xn, gamma1[i:i + 1], out=out[i:i + 1])
+    return out
 
 
 class SPADE(nn.Module):
@@ -30,17 +34,30 @@ class SPADE(nn.Module):
 
     def __init__(self, channels: int, label_channels: int, hidden: int = 128):
         super().__init__()
+        self.channels = channels
         self.mlp_shared = nn.Sequential(nn.Conv2d(label_channels, hidden, 3, padding=1), nn.ReLU())
         self.mlp_gamma = nn.Conv2d(hidden, channels, 3, padding=1)
         self.mlp_beta = nn.Conv2d(hidden, channels, 3, padding=1)
+        self.mlp_gamma1_beta: nn.Conv2d | None = None  # set by fuse(): [1 + gamma | beta] in one conv
 
     def forward(self, x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
         # x [B, C, H, W], seg [B, L, H, W] already at x's resolution
         actv = self.mlp_shared(seg)
-        gamma = self.mlp_gamma(actv)
-        beta = self.mlp_beta(actv)
-        out = torch.addcmul(beta.float(), instance_norm_f32(x), 1.0 + gamma.float())
-        return out.to(x.dtype)
+        if self.mlp_gamma1_beta is not None:
+            gamma1, beta = self.mlp_gamma1_beta(actv).split(self.channels, dim=1)
+        else:
+            gamma1, beta = self.mlp_gamma(actv) + 1.0, self.mlp_beta(actv)
+        return modulate(x, gamma1, beta)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        g, b = self.mlp_gamma, self.mlp_beta
+        conv = nn.Conv2d(g.in_channels, 2 * g.out_channels, g.kernel_size, padding=g.padding)
+        conv = conv.to(device=g.weight.device, dtype=g.weight.dtype)
+        conv.weight.copy_(torch.cat([g.weight, b.weight]))
+        conv.bias.copy_(torch.cat([g.bias + 1.0, b.bias]))
+        self.mlp_gamma1_beta = conv
+        del self.mlp_gamma, self.mlp_beta
 
 
 class SPADEResBlock(nn.Module):
@@ -60,9 +77,9 @@ class SPADEResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
         shortcut = self.conv_s(self.norm_s(x, seg)) if self.learned_shortcut else x
-        dx = self.conv_0(F.leaky_relu(self.norm_0(x, seg), _LRELU))
-        dx = self.conv_1(F.leaky_relu(self.norm_1(dx, seg), _LRELU))
-        return shortcut + dx
+        dx = self.conv_0(F.leaky_relu(self.norm_0(x, seg), _LRELU, inplace=True))
+        dx = self.conv_1(F.leaky_relu(self.norm_1(dx, seg), _LRELU, inplace=True))
+        return dx.add_(shortcut)
 
 
 class SPADEDecoder(nn.Module):
@@ -93,7 +110,7 @@ class SPADEDecoder(nn.Module):
         x = self.up_0(x, F.interpolate(seg, size=x.shape[2:], mode="nearest"))  # [B, 256, 128, 128]
         x = F.interpolate(x, scale_factor=2.0, mode="nearest")
         x = self.up_1(x, F.interpolate(seg, size=x.shape[2:], mode="nearest"))  # [B, 64, 256, 256]
-        x = self.conv_img(F.leaky_relu(x, _LRELU))
+        x = self.conv_img(F.leaky_relu(x, _LRELU, inplace=True))
         return torch.sigmoid(x.float()).to(x.dtype).contiguous()  # [B, 3, 512, 512]
 
     @torch.no_grad()
