@@ -103,3 +103,37 @@ def ditto_home(tmp_path, monkeypatch) -> Path:
 def speech_wav() -> Path:
     """~10 s of English speech, 16 kHz mono, committed in tests/data."""
     return REPO / "tests" / "data" / "speech_en_16k.wav"
+
+
+@pytest.fixture(scope="session")
+def anchor_video(tmp_path_factory) -> Path:
+    """A 1 s 1920x1080 H.264 anchor video: the astronaut (face ~150 px) drifting by a known motion."""
+    from synthetic import Motion, write_anchor_video
+
+    path = tmp_path_factory.mktemp("anchor") / "anchor.mp4"
+    write_anchor_video(path, 25, face_px=150, motion=ANCHOR_MOTION)
+    return path
+
+
+# the known motion of `anchor_video`: 1.5 px/frame right, 0.5 px/frame down, 0.1 degree/frame
+from synthetic import Motion  # noqa: E402
+
+ANCHOR_MOTION = Motion(center=(900.0, 520.0), velocity=(1.5, 0.5), spin_deg=0.1)
+
+
+@pytest.fixture(scope="session")
+def session_home(tmp_path_factory):
+    """An avatar store shared by the session's registered avatars ($DITTO_FAST_HOME set for the session)."""
+    home = tmp_path_factory.mktemp("home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DITTO_FAST_HOME", str(home))
+    yield home
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def video_avatar(session_home, tiny_checkpoints, anchor_video):
+    """`anchor_video` registered as avatar 'anchor' with the tiny checkpoints; returns its directory."""
+    from ditto_fast.avatar.register import register_avatar
+
+    return register_avatar(anchor_video, name="anchor", checkpoints=tiny_checkpoints, device="cpu")

@@ -1,0 +1,171 @@
+"""`ditto-fast register` end to end on synthetic anchors: crops follow the known motion, the cache
+round-trips, and every bad input gets one clear line and its exit code with nothing left in the store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import ANCHOR_MOTION, REPO
+from ditto_fast.avatar.cache import list_avatars, load_avatar
+from synthetic import Motion, astronaut_canvas, write_anchor_video
+
+
+def _centre_and_angle(M: np.ndarray) -> tuple[np.ndarray, float]:
+    c = M @ np.array([256.0, 256.0, 1.0])
+    return c[:2], float(np.degrees(np.arctan2(M[1, 0], M[0, 0])))
+
+
+def test_crops_follow_known_motion(video_avatar):
+    av = load_avatar(video_avatar)
+    assert av.n_frames == 25 and av.size == (1920, 1080) and not av.is_image
+    c0, a0 = _centre_and_angle(av.M_c2o[0])
+    pic_point = np.linalg.inv(ANCHOR_MOTION.matrix(0)) @ np.array([*c0, 1.0])   # crop centre, picture coords
+    for i in range(av.n_frames):
+        c, a = _centre_and_angle(av.M_c2o[i])
+        expected = (ANCHOR_MOTION.matrix(i) @ pic_point)[:2]
+        assert np.abs(c - expected).max() < 2.5, (i, c, expected)
+        assert abs((a - a0) - ANCHOR_MOTION.spin_deg * i) < 0.6, (i, a - a0)
+    scales = np.hypot(av.M_c2o[:, 0, 0], av.M_c2o[:, 1, 0])
+    assert scales.std() / scales.mean() < 0.02
+
+
+def test_cache_round_trip(video_avatar):
+    av = load_avatar(video_avatar)
+    assert isinstance(av.f_s, np.memmap) and av.f_s.dtype == np.float16 and av.f_s.shape[0] == 25
+    assert np.isfinite(av.f_s[:]).all() and float(np.abs(av.f_s[:]).max()) > 0
+    assert av.M_c2o.shape == (25, 3, 3) and av.eye_open.shape == (25, 2) and av.eye_ball.shape == (25, 6)
+    assert av.x_s_info["pitch"].shape == (25, 66) and av.x_s_info["kp"].shape == (25, 63)
+    np.testing.assert_array_equal(av.sc, av.x_s_info["kp"][0])
+    assert av.random_weights and av.plate_path.name == "plate.mp4"
+    assert (av.eye_open > 0).all()                      # the astronaut's eyes are open
+    import imageio_ffmpeg
+
+    frames, _ = imageio_ffmpeg.count_frames_and_secs(str(av.plate_path))
+    assert frames == 25
+    rows = {r["name"]: r for r in list_avatars()}
+    assert rows["anchor"]["frames"] == 25 and rows["anchor"]["resolution"] == "1920x1080"
+
+
+def _run(args: list[str], env_home: Path, ckpt: Path, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DITTO_FAST_HOME=str(env_home), DITTO_FAST_CHECKPOINTS=str(ckpt))
+    return subprocess.run([sys.executable, "-m", "ditto_fast.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=300, **kw)
+
+
+def _store_clean(home: Path) -> bool:
+    adir = home / "avatars"
+    return not adir.exists() or not any(adir.iterdir())
+
+
+def _image(path: Path, img: np.ndarray) -> Path:
+    cv2.imwrite(str(path), img)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bad_sources(tmp_path_factory, anchor_video) -> dict[str, tuple[Path, int, str]]:
+    d = tmp_path_factory.mktemp("bad")
+    ff = __import__("imageio_ffmpeg").get_ffmpeg_exe()
+    (d / "empty.mp4").write_bytes(b"")
+    (d / "text.mp4").write_text("this is not a video\n" * 20)
+    data = anchor_video.read_bytes()
+    (d / "truncated.mp4").write_bytes(data[: len(data) // 3])
+    subprocess.run([ff, "-y", "-loglevel", "error", "-f", "lavfi", "-i", "sine=f=440:d=1", str(d / "audio_only.mp4")],
+                   check=True)
+    blank = np.full((1080, 1920, 3), 90, np.uint8)
+    write_anchor_video(d / "noface_later.mp4", 6, size=(1280, 720), face_px=120,
+                       motion=Motion(center=(500, 360), velocity=(300.0, 0.0)))
+    tiny_face = astronaut_canvas(0, Motion.for_face(40, center=(960, 540)))
+    return {
+        "missing": (d / "missing.mp4", 3, "file not found"),
+        "directory": (d, 3, "is a directory"),
+        "empty": (d / "empty.mp4", 3, "empty"),
+        "text": (d / "text.mp4", 3, "not a readable video or image"),
+        "truncated": (d / "truncated.mp4", 3, "truncated|not a readable"),
+        "audio_only": (d / "audio_only.mp4", 3, "no video|not a readable video"),
+        "noface": (_image(d / "blank.png", blank), 4, "frame 0"),
+        "noface_later": (d / "noface_later.mp4", 4, r"frame [1-5]\b"),
+        "small_face": (_image(d / "small.png", cv2.cvtColor(tiny_face, cv2.COLOR_RGB2BGR)), 4, "px"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "empty", "text", "truncated", "audio_only", "noface",
+                                  "noface_later", "small_face"])
+def test_bad_sources(case, bad_sources, tiny_checkpoints, tmp_path):
+    path, code, pattern = bad_sources[case]
+    r = _run(["register", str(path), "--name", "bad", "--quiet"], tmp_path, tiny_checkpoints)
+    assert r.returncode == code, r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ditto-fast: error:"), r.stderr
+    import re
+
+    assert re.search(pattern, lines[0]), lines[0]
+    assert _store_clean(tmp_path), list((tmp_path / "avatars").iterdir())
+
+
+def test_image_sources_gray_rgba_odd_and_4k(tmp_path, tiny_checkpoints):
+    face = cv2.cvtColor(astronaut_canvas(0, Motion.for_face(200, center=(700, 400)), size=(1401, 801)),
+                        cv2.COLOR_RGB2BGR)   # odd dimensions
+    big = cv2.resize(face, (3840, 2196))
+    cases = {
+        "gray": (_image(tmp_path / "gray.png", cv2.cvtColor(face, cv2.COLOR_BGR2GRAY)), (1400, 800)),
+        "rgba": (_image(tmp_path / "rgba.png", cv2.cvtColor(face, cv2.COLOR_BGR2BGRA)), (1400, 800)),
+        "odd": (_image(tmp_path / "odd.jpg", face), (1400, 800)),
+        "fourk": (_image(tmp_path / "fourk.png", big), (1920, 1098)),
+    }
+    for name, (path, size) in cases.items():
+        r = _run(["register", str(path), "--name", name, "--quiet"], tmp_path / "home", tiny_checkpoints)
+        assert r.returncode == 0, (name, r.stderr)
+        av = load_avatar(tmp_path / "home" / "avatars" / name)
+        assert av.is_image and av.n_frames == 1 and av.size == size, (name, av.size)
+        assert av.plate_path.name == "plate.png"
+
+
+def test_names_and_force(tmp_path, tiny_checkpoints, anchor_video):
+    home = tmp_path / "home"
+    r = _run(["register", str(anchor_video), "--name", "bad name!", "--quiet"], home, tiny_checkpoints)
+    assert r.returncode == 2 and "name" in r.stderr and _store_clean(home)
+    r = _run(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "3"], home,
+             tiny_checkpoints)
+    assert r.returncode == 0, r.stderr
+    before = (home / "avatars" / "ruby" / "avatar.pkl").read_bytes()
+    r = _run(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "3"], home,
+             tiny_checkpoints)
+    assert r.returncode == 2 and "--force" in r.stderr
+    assert (home / "avatars" / "ruby" / "avatar.pkl").read_bytes() == before
+    r = _run(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "4", "--force"], home,
+             tiny_checkpoints)
+    assert r.returncode == 0, r.stderr
+    assert load_avatar("ruby", root=home).n_frames == 4
+
+
+def test_store_not_writable(tmp_path, tiny_checkpoints, anchor_video):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the store should be")
+    r = _run(["register", str(anchor_video), "--name", "x", "--quiet"], blocker, tiny_checkpoints)
+    assert r.returncode == 3 and "DITTO_FAST_HOME" in r.stderr, r.stderr
+
+
+def test_ctrl_c_leaves_store_unchanged(tmp_path, tiny_checkpoints, tmp_path_factory):
+    video = write_anchor_video(tmp_path / "long.mp4", 150, size=(1280, 720), face_px=120,
+                               motion=Motion(center=(640, 360)))
+    env = dict(os.environ, DITTO_FAST_HOME=str(tmp_path / "home"), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
+    p = subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", "register", str(video), "--name", "x"],
+                         stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "home" / "avatars").glob(".tmp-*")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert _store_clean(tmp_path / "home"), list((tmp_path / "home" / "avatars").iterdir())
