@@ -132,7 +132,7 @@ class VideoWriter:
             os.replace(self._tmp_path, self.out_path)
         except OSError as exc:
             self.abort()
-            raise DittoError(f"writing {self.out_path} failed: {exc.strerror}; "
+            raise InputError(f"writing {self.out_path} failed: {exc.strerror}; "
                              f"check the directory still exists and is writable") from None
         self._done = True
         self._stderr.close()
@@ -172,7 +172,7 @@ class VideoWriter:
         if reason is None:
             reason = self._last_stderr_line() or f"ffmpeg exited with status {self._proc.poll()}"
         self.abort()
-        raise DittoError(f"writing {self.out_path} failed: {reason} "
+        raise InputError(f"writing {self.out_path} failed: {reason} "
                          f"(check free disk space and that the directory is writable)")
 
     def _cleanup_files(self) -> None:

@@ -1,0 +1,177 @@
+"""`ditto-fast render` end to end with tiny random checkpoints on synthetic anchors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import imageio_ffmpeg
+import numpy as np
+import pytest
+
+from conftest import REPO
+from ditto_fast.avatar.cache import load_avatar
+from ditto_fast.motion.conditions import mirror_indices
+from ditto_fast.render.putback import crop_bbox
+from synthetic import Motion, astronaut_canvas
+
+SPEECH_2S = REPO / "tests" / "data" / "speech_en_44k_stereo_2s.wav"   # 1.99 s, 44.1 kHz stereo -> 50 frames
+
+
+def cli(args: list[str], home: Path, ckpt: Path, cwd: Path | None = None, timeout: int = 600):
+    env = dict(os.environ, DITTO_FAST_HOME=str(home), DITTO_FAST_CHECKPOINTS=str(ckpt))
+    return subprocess.run([sys.executable, "-m", "ditto_fast.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def decode(path: Path) -> np.ndarray:
+    gen = imageio_ffmpeg.read_frames(str(path))
+    meta = next(gen)
+    w, h = meta["size"]
+    return np.stack([np.frombuffer(f, np.uint8).reshape(h, w, 3) for f in gen])
+
+
+def audio_seconds(path: Path) -> float:
+    err = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-i", str(path), "-map", "0:a", "-f", "null", "-"],
+                         capture_output=True, text=True).stderr
+    times = re.findall(r"time=(\d+):(\d+):([\d.]+)", err)
+    h, m, s = times[-1]
+    assert "Audio: aac" in err
+    return int(h) * 3600 + int(m) * 60 + float(s)
+
+
+@pytest.fixture(scope="module")
+def rendered(video_avatar, session_home, tiny_checkpoints, tmp_path_factory):
+    out = tmp_path_factory.mktemp("render")
+    runs = {}
+    for tag, seed in (("a", 0), ("b", 0), ("c", 1)):
+        r = cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(out / f"{tag}.mp4"),
+                 "--seed", str(seed), "--profile", str(out / f"{tag}.json"), "--quiet"], session_home,
+                tiny_checkpoints)
+        assert r.returncode == 0, r.stderr
+        runs[tag] = out / f"{tag}.mp4"
+    return runs
+
+
+def test_output_frames_size_and_audio(rendered):
+    frames = decode(rendered["a"])
+    assert frames.shape == (50, 1080, 1920, 3)
+    assert abs(audio_seconds(rendered["a"]) - 2.0) <= 0.05
+    profile = json.loads(rendered["a"].with_suffix(".json").read_text())
+    assert profile["frames"] == 50 and profile["random_weights"] is True and profile["steps"] == 25
+    assert set(profile["stages"]) == {"load_models", "load_avatar", "audio_features", "motion", "render",
+                                      "putback", "write"}
+    assert not list(rendered["a"].parent.glob(".*part*"))
+
+
+def test_background_outside_face_is_the_plate(rendered, video_avatar):
+    av = load_avatar(video_avatar)
+    out = decode(rendered["a"]).astype(np.int16)
+    plate = decode(av.plate_path).astype(np.int16)
+    idx = mirror_indices(out.shape[0], av.n_frames)
+    changed_inside = 0.0
+    for i in range(0, out.shape[0], 7):
+        x0, y0, x1, y1 = crop_bbox(av.M_c2o[idx[i]], 512, out.shape[1:3])
+        outside = np.ones(out.shape[1:3], bool)
+        outside[max(0, y0 - 16):y1 + 16, max(0, x0 - 16):x1 + 16] = False
+        diff = np.abs(out[i] - plate[idx[i]])
+        assert diff[outside].mean() < 1.5 and np.percentile(diff[outside], 99.9) <= 12, i
+        changed_inside = max(changed_inside, diff[y0:y1, x0:x1].mean())
+    assert changed_inside > 5       # the face region was replaced by the (random-weight) render
+
+
+def test_same_seed_same_video_other_seed_differs(rendered):
+    a, b, c = (decode(rendered[k]) for k in "abc")
+    assert np.array_equal(a, b)
+    assert np.abs(a.astype(np.int16) - c).max() > 20
+
+
+def test_image_avatar(tmp_path, tiny_checkpoints):
+    img = astronaut_canvas(0, Motion.for_face(200, center=(480, 300)), size=(960, 540))
+    cv2.imwrite(str(tmp_path / "still.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    home = tmp_path / "home"
+    assert cli(["register", str(tmp_path / "still.png"), "--name", "still", "--quiet"], home,
+               tiny_checkpoints).returncode == 0
+    r = cli(["render", "--avatar", "still", "--audio", str(SPEECH_2S), "--quiet"], home, tiny_checkpoints,
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "still_speech_en_44k_stereo_2s.mp4"       # the default output name
+    assert r.stdout.strip() == str(out)
+    frames = decode(out)
+    assert frames.shape == (50, 540, 960, 3)
+    assert np.abs(frames[0].astype(np.int16) - frames[25]).max() > 0     # the face moves
+
+
+def _one_error_line(r) -> str:
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ditto-fast: error:"), r.stderr
+    return lines[0]
+
+
+def test_bad_inputs(video_avatar, session_home, tiny_checkpoints, tmp_path):
+    base = ["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "--quiet"]
+    r = cli(["render", "--avatar", "nobody", "--audio", str(SPEECH_2S)], session_home, tiny_checkpoints)
+    assert r.returncode == 5 and "anchor" in _one_error_line(r)            # lists what exists
+    r = cli(base + ["-o", str(tmp_path)], session_home, tiny_checkpoints)
+    assert r.returncode == 3 and "directory" in _one_error_line(r)
+    r = cli(base + ["-o", str(tmp_path / "missing_dir" / "x.mp4")], session_home, tiny_checkpoints)
+    assert r.returncode == 3
+    r = cli(base + ["-o", str(tmp_path / "x.mp4"), "--checkpoints", str(tmp_path / "none")], session_home,
+            tiny_checkpoints)
+    assert r.returncode == 6 and "init-random" in _one_error_line(r)
+    (tmp_path / "bad.wav").write_text("not audio")
+    r = cli(["render", "--avatar", "anchor", "--audio", str(tmp_path / "bad.wav"), "-o", str(tmp_path / "x.mp4")],
+            session_home, tiny_checkpoints)
+    assert r.returncode == 3 and "bad.wav" in _one_error_line(r)
+    r = cli(base + ["--steps", "0"], session_home, tiny_checkpoints)
+    assert r.returncode == 2
+    assert not list(tmp_path.glob("*.mp4")) and not list(tmp_path.glob(".*part*"))
+
+
+def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tmp_path):
+    from ditto_fast.checkpoints import write_random
+
+    other = tmp_path / "other"
+    write_random(other, tiny=True, seed=5)
+    r = cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(tmp_path / "x.mp4")],
+            session_home, other)
+    assert r.returncode == 5 and "re-register" in _one_error_line(r)
+    assert not (tmp_path / "x.mp4").exists()
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_leaves_nothing(sig, code, video_avatar, session_home, tiny_checkpoints, tmp_path, speech_wav):
+    env = dict(os.environ, DITTO_FAST_HOME=str(session_home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
+    out = tmp_path / "x.mp4"
+    p = subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
+                          str(speech_wav), "-o", str(out)], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob(".*part*")):
+        time.sleep(0.1)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_disk_full_leaves_no_partial_file(video_avatar, session_home, tiny_checkpoints, tmp_path):
+    import resource
+
+    def limit():  # ffmpeg inherits a 200 kB file-size cap: writing the MP4 fails part way
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    env = dict(os.environ, DITTO_FAST_HOME=str(session_home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
+    out = tmp_path / "x.mp4"
+    r = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
+                        str(SPEECH_2S), "-o", str(out), "--quiet"], capture_output=True, text=True, env=env,
+                       preexec_fn=limit, timeout=600)
+    assert r.returncode == 3 and "writing" in _one_error_line(r)
+    assert not out.exists() and not list(tmp_path.iterdir())
