@@ -101,11 +101,27 @@ def _random_tensor(key: str, t: torch.Tensor, gen: torch.Generator) -> torch.Ten
     return 0.02 * torch.randn(t.shape, generator=gen)
 
 
+# Output heads scaled so random networks produce values in the ranges trained ones do (keypoints and
+# expressions well inside the warp grid, small motion deltas); otherwise every random render would
+# sample outside the feature volume and show a flat grey face that ignores the motion.
+HEAD_SCALES = {
+    "detector.fc_kp.weight": 0.12, "detector.fc_exp.weight": 0.02, "detector.fc_t.weight": 0.03,
+    "detector.fc_scale.weight": 0.02, "final_layer.weight": 0.02, "mlp.6.weight": 0.01,
+}
+HEAD_BIASES = {"detector.fc_scale.bias": 1.0}
+
+
 def random_state_dict(name: str, tiny: bool, seed: int) -> dict[str, torch.Tensor]:
     """A full or tiny random state dict for network `name`, deterministic in `seed`."""
     net = build(name, tiny=tiny)
     gen = torch.Generator().manual_seed(seed * 1000 + NETWORK_NAMES.index(name))
     sd = {k: _random_tensor(k, v, gen) for k, v in net.state_dict().items()}
+    for k, scale in HEAD_SCALES.items():
+        if k in sd:
+            sd[k] = sd[k] * scale
+    for k, value in HEAD_BIASES.items():
+        if k in sd:
+            sd[k] = torch.full_like(sd[k], value)
     for k in [k for k in sd if k.endswith("weight_orig")]:   # spectral norm: store true singular vectors
         w = sd[k].reshape(sd[k].shape[0], -1)
         u, _, vh = torch.linalg.svd(w, full_matrices=False)
