@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from .render.fused import FusedRenderer
 from .render.plate import PlateReader
 from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
+from .timing import StageTimer
 
 STAGES = ("load_models", "load_avatar", "audio_features", "motion", "render", "putback", "write")
 
@@ -62,19 +62,6 @@ class RenderResult:
     output: Path
     profile: dict
     table: str = ""
-
-
-@dataclass
-class StageTimer:
-    seconds: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
-
-    @contextmanager
-    def __call__(self, stage: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] += time.perf_counter() - t0
 
 
 def stage_table(profile: dict) -> str:
@@ -107,7 +94,7 @@ def _progress(total: int, quiet: bool):
 def render_video(opts: RenderOptions) -> RenderResult:
     """Render opts.audio spoken by opts.avatar into opts.output (atomic); returns the path and the profile."""
     t_start = time.perf_counter()
-    timer = StageTimer()
+    timer = StageTimer(STAGES)
     out_path = Path(opts.output) if opts.output else default_output(opts.avatar, opts.audio)
     check_output_path(out_path)
     device = resolve_device(opts.device)

@@ -1,12 +1,19 @@
-"""`ditto-fast register`: source -> landmarks -> steady crops -> extractor features -> avatar cache."""
+"""`ditto-fast register`: source -> landmarks -> steady crops -> extractor features -> avatar cache.
+
+One streaming pass over the frames. The crop of frame i is built from crop parameters smoothed over
+frames [i-h, i+h], so frames wait in a short queue (h+1 frames) until their look-ahead has been
+tracked; nothing else is kept per frame except landmarks-sized arrays.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import warnings
+from collections import deque
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import cv2
 import numpy as np
@@ -21,8 +28,9 @@ from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
 from ..motion.sampling import centered_mean
 from ..render.plate import open_plate_writer, write_plate_image
+from ..timing import NULL_TIMER, StageTimer
 from .cache import AvatarWriter, validate_name
-from .source import SourceInfo, iter_frames, open_source
+from .source import iter_frames, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 Step = Callable[..., object]
@@ -47,72 +55,55 @@ class Extractors:
         return f_s, {k: out[k].float().cpu().numpy() for k in INFO_KEYS}
 
 
+class _FeatureSink:
+    """Collects 256x256 crops into batches, runs the extractors, writes f_s rows and keeps x_s_info."""
+
+    def __init__(self, nets: Extractors, writer: AvatarWriter, n_max: int, batch_size: int, step: Step,
+                 timer: StageTimer):
+        self.nets, self.writer, self.n_max, self.batch_size = nets, writer, n_max, batch_size
+        self.step, self.timer = step, timer
+        self.batch: list[np.ndarray] = []
+        self.done = 0
+        self.infos: dict[str, list[np.ndarray]] = {k: [] for k in INFO_KEYS}
+
+    def add(self, crop256: np.ndarray) -> None:
+        self.batch.append(crop256)
+        if len(self.batch) == self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.batch:
+            return
+        with self.timer("networks"):
+            f_s, info = self.nets(np.stack(self.batch))
+        with self.timer("cache_write"):
+            if self.done == 0:
+                self.writer.open_f_s(self.n_max, f_s.shape[1:])
+            self.writer.write_f_s(self.done, f_s)
+        for k in INFO_KEYS:
+            self.infos[k].append(info[k])
+        self.done += len(self.batch)
+        self.step(len(self.batch))
+        self.batch = []
+
+    def x_s_info(self) -> dict[str, np.ndarray]:
+        return {k: np.concatenate(v, 0).astype(np.float32) for k, v in self.infos.items()}
+
+
 def _no_progress(total: int, label: str) -> Step:
     return lambda n=1: None
-
-
-def _landmark_pass(frames: Iterator[np.ndarray], source: Path, min_face_px: int, step: Step
-                   ) -> tuple[list[np.ndarray], list[str]]:
-    """Landmarks [478,3] for every frame (streamed); also the warnings raised (e.g. several faces)."""
-    lmks: list[np.ndarray] = []
-    with FaceTracker(min_face_px=min_face_px, source=str(source)) as tracker, \
-            warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for i, frame in enumerate(frames):
-            lmks.append(tracker(frame, i).astype(np.float32))
-            step(1)
-    return lmks, sorted({str(w.message) for w in caught})
-
-
-def _feature_pass(frames: Iterator[np.ndarray], n: int, M_c2o: np.ndarray, lmks: list[np.ndarray],
-                  nets: Extractors, writer: AvatarWriter, batch_size: int, step: Step) -> dict[str, np.ndarray]:
-    """Crops -> eye features, f_s (written to the memory map batch by batch) and raw x_s_info."""
-    eye_open = np.zeros((n, 2), np.float32)
-    eye_ball = np.zeros((n, 6), np.float32)
-    infos: dict[str, list[np.ndarray]] = {k: [] for k in INFO_KEYS}
-    batch: list[np.ndarray] = []
-    done = 0
-    for i, frame in enumerate(frames):
-        if i >= n:
-            break
-        crop512 = warp_crop(frame, M_c2o[i], 512)
-        batch.append(cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA))
-        eo, eb = eye_features(landmarks_in_crop(lmks[i], M_c2o[i], 512)[None])
-        eye_open[i], eye_ball[i] = eo[0], eb[0]
-        if len(batch) == batch_size or i == n - 1:
-            f_s, info = nets(np.stack(batch))
-            if done == 0:
-                writer.open_f_s(n, f_s.shape[1:])
-            writer.write_f_s(done, f_s)
-            for k in INFO_KEYS:
-                infos[k].append(info[k])
-            done += len(batch)
-            step(len(batch))
-            batch = []
-    if done != n:
-        raise InputError(f"the source gave {done} frames on the second read, {n} on the first; "
-                         "it may have changed while registering; retry")
-    out = {k: np.concatenate(v, 0).astype(np.float32) for k, v in infos.items()}
-    out["eye_open"], out["eye_ball"] = eye_open, eye_ball
-    return out
-
-
-def _frames(info: SourceInfo, image: np.ndarray | None, max_frames: int | None) -> Iterator[np.ndarray]:
-    return iter([image]) if info.is_image else iter_frames(info, max_frames)
-
-
-def _teeing(frames: Iterator[np.ndarray], plate_writer) -> Iterator[np.ndarray]:
-    for f in frames:
-        plate_writer.write(f)
-        yield f
 
 
 def register_avatar(source: str | Path, name: str | None = None, max_size: int = 1920,
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
                     device: str = "auto", batch_size: int = 8, landmarks: str = "mediapipe",
                     progress: ProgressFactory | None = None,
-                    smooth_crop: int = 13, smooth_info: int = 13, min_face_px: int = 64) -> Path:
-    """Register an anchor video or image; returns the avatar directory (appears only when complete)."""
+                    smooth_crop: int = 13, smooth_info: int = 13, min_face_px: int = 64,
+                    timer: StageTimer = NULL_TIMER) -> Path:
+    """Register an anchor video or image; returns the avatar directory (appears only when complete).
+
+    `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write, cache_write.
+    """
     source = Path(source)
     name = validate_name(name if name is not None else source.stem)
     if landmarks != "mediapipe":
@@ -120,44 +111,84 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
                          "build; use --landmarks mediapipe")
     info, image = open_source(source, max_size)
     cs = find_checkpoints(checkpoints, need_hubert=False)
-    bar = progress or _no_progress
-    with AvatarWriter(name, force=force) as writer:       # checks the name and the store before heavy work
+    half = max(1, smooth_crop) // 2
+    # frame-count upper bound for the f_s memory map (trimmed to the real count when finishing)
+    n_max = 1 if info.is_image else info.est_frames + 50
+    if max_frames is not None:
+        n_max = min(n_max, max_frames)
+    with AvatarWriter(name, force=force) as writer, ExitStack() as stack:   # name/store checked first
         nets = Extractors(cs.files, resolve_device(device))
-        expected = info.est_frames if max_frames is None else min(max_frames, info.est_frames)
-        lmks, warned = _landmark_pass(_frames(info, image, max_frames), source, min_face_px,
-                                      bar(expected, "landmarks"))
-        n = len(lmks)
-        if n == 0:
-            raise InputError(f"{source}: the video has no frames; re-export it")
-        params = np.stack([crop_params(lm) for lm in lmks])          # [N, 4] (cx, cy, size, angle)
-        if n > 1:
-            params = smooth_params(params, smooth_crop)
-        M_c2o = np.asarray(params_to_matrix(params, 512), np.float64).reshape(n, 3, 3)
-
+        sink = _FeatureSink(nets, writer, n_max, batch_size, (progress or _no_progress)(n_max, "register"), timer)
+        tracker = stack.enter_context(FaceTracker(min_face_px=min_face_px, source=str(source)))
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
         plate = writer.plate_path(info.is_image)
-        step = bar(n, "features")
         if info.is_image:
             write_plate_image(image, plate)
-            feats = _feature_pass(_frames(info, image, None), n, M_c2o, lmks, nets, writer, batch_size, step)
+            plate_writer = None
         else:
-            with open_plate_writer(plate, info.size, fps=25) as plate_writer:
-                feats = _feature_pass(_teeing(_frames(info, None, n), plate_writer), n, M_c2o, lmks, nets,
-                                      writer, batch_size, step)
-        eye_open, eye_ball = feats.pop("eye_open"), feats.pop("eye_ball")
-        x_s_info = feats if n == 1 else {k: centered_mean(v, smooth_info) for k, v in feats.items()}
-        writer.finish({
+            plate_writer = stack.enter_context(open_plate_writer(plate, info.size, fps=25))
+
+        params: list[np.ndarray] = []          # raw crop parameters per frame [4]
+        smoothed: list[np.ndarray] = []
+        eyes: list[tuple[np.ndarray, np.ndarray]] = []
+        queue: deque[tuple[int, np.ndarray, np.ndarray]] = deque()    # (index, frame, landmarks)
+
+        def emit(ending: bool) -> None:
+            """Crop and featurize queued frames whose look-ahead window is complete."""
+            while queue and (ending or queue[0][0] + half < len(params)):
+                i, frame, lmk = queue.popleft()
+                with timer("crop_eyes"):
+                    lo, hi = max(0, i - half), min(len(params), i + half + 1)
+                    p = smooth_params(np.stack(params[lo:hi]), smooth_crop)[i - lo] if hi - lo > 1 else params[i]
+                    smoothed.append(p)
+                    M = params_to_matrix(p, 512)
+                    crop512 = warp_crop(frame, M, 512)
+                    eo, eb = eye_features(landmarks_in_crop(lmk, M, 512)[None])
+                    eyes.append((eo[0], eb[0]))
+                    crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
+                if plate_writer is not None:
+                    with timer("plate_write"):
+                        plate_writer.write(frame)
+                sink.add(crop256)
+
+        frames = iter([image]) if info.is_image else iter_frames(info, n_max)
+        for i, frame in enumerate(timer.iterate(frames, "decode")):
+            with timer("landmarks"):
+                lmk = tracker(frame, i).astype(np.float32)
+                params.append(np.asarray(crop_params(lmk), np.float64))
+            queue.append((i, frame, lmk))
+            emit(ending=False)
+        if not params:
+            raise InputError(f"{source}: the video has no frames; re-export it")
+        emit(ending=True)
+        sink.flush()
+
+        n = len(params)
+        x_s_info = sink.x_s_info()
+        if n > 1:
+            x_s_info = {k: centered_mean(v, smooth_info) for k, v in x_s_info.items()}
+        meta = {
             "source": {"path": str(source.resolve()), "sha256": _sha256(source), "fps": info.src_fps,
                        "size": list(info.size), "source_size": list(info.src_size), "frames": n},
             "fps": 25.0, "size": list(info.size),
             "fingerprints": cs.avatar_fingerprints(),
             "crop": {"dsize": 512, "scale": 2.3, "vx": 0.0, "vy": -0.125, "smooth_window": smooth_crop,
-                     "params": params.astype(np.float64)},
-            "x_s_info": x_s_info, "M_c2o": M_c2o, "eye_open": eye_open, "eye_ball": eye_ball,
+                     "params": np.stack(smoothed)},
+            "x_s_info": x_s_info,
+            "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), 512), np.float64).reshape(n, 3, 3),
+            "eye_open": np.stack([e[0] for e in eyes]).astype(np.float32),
+            "eye_ball": np.stack([e[1] for e in eyes]).astype(np.float32),
             "sc": x_s_info["kp"][0].reshape(-1).copy(), "is_image": info.is_image,
             "random_weights": bool(nets.random_weights or cs.random_weights),
             "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "warnings": warned,
-        })
+            "warnings": sorted({str(w.message) for w in caught}),
+        }
+        if plate_writer is not None:
+            with timer("plate_write"):
+                plate_writer.close()
+        with timer("cache_write"):
+            writer.finish(meta)
     return writer.final_dir
 
 

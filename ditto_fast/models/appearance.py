@@ -7,7 +7,7 @@ import torch.nn as nn
 
 from .blocks import DownBlock2d, ResBlock3d, SameBlock2d, count_indexed, fuse_blocks, param_dtype
 
-TINY_WIDTHS = {"block_expansion": 8, "max_features": 32, "reshape_channel": 4, "num_resblocks": 1}
+TINY_WIDTHS = {"block_expansion": 4, "max_features": 16, "reshape_channel": 4, "num_resblocks": 1}
 
 
 class AppearanceExtractor(nn.Module):
@@ -35,7 +35,7 @@ class AppearanceExtractor(nn.Module):
             x = block(x)
         x = self.second(x).contiguous()  # [B, 512, 64, 64]
         b, _, h, w = x.shape
-        f_s = x.view(b, self.reshape_channel, self.reshape_depth, h, w)
+        f_s = x.view(b, self.reshape_channel, self.reshape_depth, h, w).contiguous(memory_format=torch.channels_last_3d)
         f_s = self.resblocks_3d(f_s)
         return f_s.contiguous()  # [B, 32, 16, 64, 64]
 

@@ -36,11 +36,73 @@ def make_coordinate_grid(d: int, h: int, w: int, device: torch.device | str | No
     return torch.stack([x, y, z], dim=-1)
 
 
-def keypoint_gaussians(kp: torch.Tensor, grid: torch.Tensor, variance: float) -> torch.Tensor:
-    """exp(-|grid - kp|^2 / (2 variance)) for every keypoint, float32."""
-    # kp [B, K, 3], grid [D, H, W, 3] -> [B, K, D, H, W]
-    diff = grid[None, None] - kp.float()[:, :, None, None, None, :]
-    return torch.exp(-0.5 * diff.square().sum(-1) / variance)
+def keypoint_gaussians(kp: torch.Tensor, d: int, h: int, w: int, variance: float) -> torch.Tensor:
+    """exp(-|grid - kp|^2 / (2 variance)) over the identity grid for every keypoint, float32."""
+    # kp [B, K, 3] (x, y, z) -> [B, K, D, H, W]; separable: a product of three 1-D gaussians
+    kp = kp.float()
+
+    def along(n: int, coord: torch.Tensor) -> torch.Tensor:
+        axis = 2.0 * (torch.arange(n, dtype=torch.float32, device=kp.device) / (n - 1)) - 1.0
+        return torch.exp(-0.5 * (axis - coord[..., None]).square() / variance)  # [B, K, n]
+
+    gx, gy, gz = along(w, kp[..., 0]), along(h, kp[..., 1]), along(d, kp[..., 2])
+    return gz[..., :, None, None] * gy[..., None, :, None] * gx[..., None, None, :]
+
+
+def as_depth_batch(x: torch.Tensor) -> torch.Tensor:
+    """[B, C, D, H, W] -> [B*D, C, H, W] (a view for channels_last_3d input, else a copy)."""
+    b, c, d, h, w = x.shape
+    return x.permute(0, 2, 1, 3, 4).reshape(b * d, c, h, w)
+
+
+def avg_pool_hw(x: torch.Tensor) -> torch.Tensor:
+    """2x2 average pool over H, W of a 5D volume, any float dtype and memory format."""
+    # [B, C, D, H, W] -> [B, C, D, H/2, W/2]  (avg_pool3d has no bf16 CPU kernel)
+    b, c, d, h, w = x.shape
+    y = F.avg_pool2d(as_depth_batch(x), 2)
+    return y.reshape(b, d, c, h // 2, w // 2).permute(0, 2, 1, 3, 4)
+
+
+def conv3d_depth_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A 'same' 3D conv with few output channels, computed as one 2D conv over depth slices.
+
+    The kd depth taps go into the output channels (so the GEMM is kd times wider, which suits
+    AMX/AVX512 far better than a 22-wide one), then shifted slices are summed in float32.
+    """
+    # x [B, Cin, D, H, W], weight [Cout, Cin, kd, kh, kw] -> [B, D, H, W, Cout] float32
+    b, _, d, h, w = x.shape
+    cout, _, kd, kh, kw = weight.shape
+    w2 = weight.permute(2, 0, 1, 3, 4).reshape(kd * cout, -1, kh, kw)
+    y = F.conv2d(as_depth_batch(x.contiguous(memory_format=torch.channels_last_3d)),
+                 w2.contiguous(memory_format=torch.channels_last), None, padding=(kh // 2, kw // 2))
+    y = y.permute(0, 2, 3, 1).reshape(b, d, h, w, kd, cout)  # a view: y is channels_last
+    out = torch.zeros(b, d, h, w, cout, dtype=torch.float32, device=x.device)
+    if bias is not None:
+        out += bias.float()
+    for t in range(kd):
+        off = t - kd // 2  # out[:, i] += y[:, i + off, ..., t, :]
+        lo, hi = max(0, -off), min(d, d - off)
+        if hi > lo:
+            out[:, lo:hi] += y[:, lo + off:hi + off, :, :, t, :]
+    return out
+
+
+def conv2d_point_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A 'same' 2D conv with very few output channels: one 1x1 conv to every (tap, output) pair,
+    then the shifted tap maps are summed in float32."""
+    # x [B, Cin, H, W], weight [Cout, Cin, kh, kw] -> [B, Cout, H, W] float32
+    b, _, h, w = x.shape
+    cout, cin, kh, kw = weight.shape
+    w1 = weight.permute(2, 3, 0, 1).reshape(kh * kw * cout, cin, 1, 1)
+    y = F.conv2d(x, w1.contiguous(memory_format=torch.channels_last))  # [B, kh*kw*Cout, H, W]
+    y = F.pad(y.float(), (kw // 2, kw // 2, kh // 2, kh // 2)).view(b, kh, kw, cout, h + kh - 1, w + kw - 1)
+    out = torch.zeros(b, cout, h, w, dtype=torch.float32, device=x.device)
+    if bias is not None:
+        out += bias.float()[:, None, None]
+    for i in range(kh):
+        for j in range(kw):
+            out += y[:, i, j, :, i:i + h, j:j + w]
+    return out
 
 
 # ----------------------------------------------------------------------------- folding
@@ -175,7 +237,7 @@ class DownBlock3d(nn.Module):
         self.norm = nn.BatchNorm3d(cout, affine=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.avg_pool3d(F.relu(self.norm(self.conv(x))), (1, 2, 2))
+        return avg_pool_hw(F.relu(self.norm(self.conv(x))))
 
     def fuse(self) -> None:
         fold_batchnorm(self.conv, self.norm)
@@ -223,8 +285,14 @@ class ResBlock3d(nn.Module):
 
 
 def fuse_blocks(module: nn.Module) -> None:
-    """Call fuse() on every block below `module` that has one, and fold spectral norms."""
+    """fuse() every block below `module` that has one, fold spectral norms, store conv weights
+    channels-last (the layout the CPU kernels use, so no per-call weight reorder)."""
     for child in list(module.modules()):
         if child is not module and hasattr(child, "fuse") and callable(child.fuse):
             child.fuse()
     fold_spectral_norms(module)
+    for child in module.modules():
+        if isinstance(child, nn.Conv2d):
+            child.weight.data = child.weight.data.contiguous(memory_format=torch.channels_last)
+        elif isinstance(child, nn.Conv3d):
+            child.weight.data = child.weight.data.contiguous(memory_format=torch.channels_last_3d)

@@ -11,14 +11,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import (DownBlock3d, SameBlock2d, UpBlock3d, count_indexed, fold_batchnorm, fuse_blocks,
-                     keypoint_gaussians, make_coordinate_grid, param_dtype)
+from .blocks import (DownBlock3d, SameBlock2d, UpBlock3d, conv2d_point_taps, conv3d_depth_taps, count_indexed, fold_batchnorm,
+                     fuse_blocks, keypoint_gaussians, make_coordinate_grid, param_dtype)
 
 KP_VARIANCE = 0.01
 
 TINY_WIDTHS = {"feature_channel": 4, "feature_depth": 4, "out_channels": 8, "compress": 1,
                "hg_block_expansion": 4, "hg_max_features": 16, "hg_num_blocks": 2,
-               "mask_kernel": 3, "occlusion_kernel": 3}
+               "hg_kernel": 1, "mask_kernel": 1, "occlusion_kernel": 3}
 
 
 class HourglassEncoder(nn.Module):
@@ -105,15 +105,22 @@ class DenseMotionNetwork(nn.Module):
         # sample the compressed feature once per keypoint: stack the K+1 grids along depth
         deformed = F.grid_sample(f.float(), sparse.reshape(b, k1 * d, h, w, 3), align_corners=False)
         deformed = deformed.view(b, c, k1, d, h, w).transpose(1, 2)  # [B, K+1, c, D, H, W]
-        heat = (keypoint_gaussians(kp_driving, grid, KP_VARIANCE)
-                - keypoint_gaussians(kp_source, grid, KP_VARIANCE))  # [B, K, D, H, W]
+        heat = (keypoint_gaussians(kp_driving, d, h, w, KP_VARIANCE)
+                - keypoint_gaussians(kp_source, d, h, w, KP_VARIANCE))  # [B, K, D, H, W]
         heat = torch.cat([heat.new_zeros(b, 1, d, h, w), heat], dim=1)
         x = torch.cat([heat[:, :, None], deformed], dim=2).reshape(b, k1 * (c + 1), d, h, w)
-        prediction = self.hourglass(x.to(dtype))  # [B, out_filters, D, H, W]
-        mask = torch.softmax(self.mask(prediction).float(), dim=1)  # [B, K+1, D, H, W]
-        deformation = grid + torch.einsum("bkdhw,bkc->bdhwc", mask, shift)  # [B, D, H, W, 3]
-        occ_logits = self.occlusion(prediction.reshape(b, -1, h, w))
-        occlusion = torch.sigmoid(occ_logits.float())  # [B, 1, H, W]
+        x = x.to(dtype).contiguous(memory_format=torch.channels_last_3d)
+        prediction = self.hourglass(x)  # [B, out_filters, D, H, W]
+        mask_logits = conv3d_depth_taps(prediction, self.mask.weight, self.mask.bias)  # [B, D, H, W, K+1]
+        mask = torch.softmax(mask_logits, dim=-1)  # float32
+        deformation = grid + torch.einsum("bdhwk,bkc->bdhwc", mask, shift)  # [B, D, H, W, 3]
+        # occlusion conv over prediction flattened to channels (c, d): lay it out as [B, H, W, D, C]
+        # once, and put the weight's input channels in the same (d, c) order
+        cp = prediction.shape[1]
+        flat = prediction.permute(0, 3, 4, 2, 1).contiguous().view(b, h, w, d * cp).permute(0, 3, 1, 2)
+        occ_w = self.occlusion.weight
+        occ_w = occ_w.reshape(occ_w.shape[0], cp, d, *occ_w.shape[2:]).transpose(1, 2).reshape(occ_w.shape)
+        occlusion = torch.sigmoid(conv2d_point_taps(flat, occ_w, self.occlusion.bias))  # [B, 1, H, W] float32
         return deformation, occlusion
 
     def fuse(self) -> None:
