@@ -66,12 +66,14 @@ def resolve_root(explicit: str | os.PathLike | None = None) -> Path:
     return Path(env).expanduser() if env else Path("checkpoints")
 
 
-def find_checkpoints(explicit: str | os.PathLike | None = None, need_hubert: bool = True) -> CheckpointSet:
-    """The checkpoint set under the resolved root; CheckpointError naming what is missing and where to get it."""
+def find_checkpoints(explicit: str | os.PathLike | None = None, need_hubert: bool = True,
+                     networks: tuple[str, ...] = NETWORK_NAMES) -> CheckpointSet:
+    """The checkpoint set under the resolved root (the given networks); CheckpointError naming what is
+    missing and where to get it."""
     root = resolve_root(explicit)
     if not root.is_dir():
         raise CheckpointError(f"{root}: checkpoint directory not found; {GET_THEM}")
-    files = {name: root / MODELS_SUBDIR / SPECS[name].filename for name in NETWORK_NAMES}
+    files = {name: root / MODELS_SUBDIR / SPECS[name].filename for name in networks}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -130,15 +132,19 @@ def random_state_dict(name: str, tiny: bool, seed: int) -> dict[str, torch.Tenso
     return sd
 
 
-def write_random(out_dir: str | os.PathLike, tiny: bool = False, seed: int = 0) -> CheckpointSet:
-    """Write all six .pth files in the published layout and wrappings plus a HuBERT dir, random weights."""
+def write_random(out_dir: str | os.PathLike, tiny: bool = False, seed: int = 0,
+                 networks: tuple[str, ...] = NETWORK_NAMES, hubert: bool = True) -> Path:
+    """Write the six .pth files in the published layout and wrappings plus a HuBERT dir, random weights.
+
+    `networks` / `hubert` select a subset (benchmarks); returns the checkpoint root.
+    """
     from .audio.hubert_random import write_random_hubert
 
     root = Path(out_dir)
     models_dir = root / MODELS_SUBDIR
     models_dir.mkdir(parents=True, exist_ok=True)
     meta = {"random_weights": True, "tiny": tiny, "seed": seed, "writer": "ditto-fast checkpoints init-random"}
-    for name in NETWORK_NAMES:
+    for name in networks:
         s = SPECS[name]
         sd = random_state_dict(name, tiny, seed)
         if s.wrapping.startswith("dict:"):
@@ -151,6 +157,7 @@ def write_random(out_dir: str | os.PathLike, tiny: bool = False, seed: int = 0) 
         tmp = models_dir / (s.filename + ".tmp")
         torch.save(obj, tmp)
         os.replace(tmp, models_dir / s.filename)
-    write_random_hubert(root / HUBERT_DIRNAMES[0], tiny=tiny, seed=seed)
+    if hubert:
+        write_random_hubert(root / HUBERT_DIRNAMES[0], tiny=tiny, seed=seed)
     (models_dir / RANDOM_MARKER).write_text(json.dumps(meta, indent=2) + "\n")
-    return find_checkpoints(root)
+    return root

@@ -200,8 +200,8 @@ def checkpoints_init_random(directory, tiny, seed):
     """Write random weights for all six networks and HuBERT into DIRECTORY (outputs are labelled random)."""
     from .checkpoints import write_random
 
-    cs = write_random(directory, tiny=tiny, seed=seed)
-    click.echo(f"wrote {'tiny ' if tiny else ''}random checkpoints (seed {seed}) to {cs.root}")
+    root = write_random(directory, tiny=tiny, seed=seed)
+    click.echo(f"wrote {'tiny ' if tiny else ''}random checkpoints (seed {seed}) to {root}")
 
 
 @checkpoints.command("info")

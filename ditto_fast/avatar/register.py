@@ -110,7 +110,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
         raise InputError(f"--landmarks {landmarks}: the Ditto ONNX landmark models are not supported in this "
                          "build; use --landmarks mediapipe")
     info, image = open_source(source, max_size)
-    cs = find_checkpoints(checkpoints, need_hubert=False)
+    cs = find_checkpoints(checkpoints, need_hubert=False, networks=("appearance_extractor", "motion_extractor"))
     half = max(1, smooth_crop) // 2
     # frame-count upper bound for the f_s memory map (trimmed to the real count when finishing)
     n_max = 1 if info.is_image else info.est_frames + 50

@@ -1,0 +1,61 @@
+"""Registration benchmark: per-frame stage times at 1080p, avatar load time, peak RSS for 200 vs 400 frames."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from bench_common import anchor, checkpoints, run_child, save
+
+CHILD = """
+import json, time
+from ditto_fast.avatar.register import register_avatar
+from ditto_fast.avatar.cache import load_avatar
+from ditto_fast.timing import StageTimer
+t = StageTimer()
+t0 = time.perf_counter()
+d = register_avatar({video!r}, name="bench", force=True, checkpoints={ckpt!r}, device="cpu", timer=t)
+wall = time.perf_counter() - t0
+loads = []
+for _ in range(5):
+    a = time.perf_counter(); av = load_avatar(d); loads.append(time.perf_counter() - a)
+print(json.dumps({{"wall": wall, "frames": av.n_frames, "stages": dict(t.seconds), "load_s": min(loads)}}))
+"""
+
+
+def run(out_json: str | None, quick: bool = False, tiny: bool | None = None) -> dict:
+    """Register synthetic 1080p anchors of two lengths in child processes; print and return the figures."""
+    tiny = quick if tiny is None else tiny
+    ckpt = checkpoints(tiny, networks=("appearance_extractor", "motion_extractor"), hubert=False)
+    lengths = (50, 100) if quick else (200, 400)
+    result = {"networks": "tiny" if tiny else "full", "size": "1920x1080", "runs": {}}
+    for n in lengths:
+        video = anchor(n)
+        with tempfile.TemporaryDirectory() as home:
+            stats, rss = run_child(CHILD.format(video=str(video), ckpt=str(ckpt)), {"DITTO_FAST_HOME": home})
+        per = {k: 1000 * v / stats["frames"] for k, v in stats["stages"].items()}
+        non_net = sum(v for k, v in per.items() if k != "networks")
+        result["runs"][n] = {"frames": stats["frames"], "wall_s": stats["wall"], "ms_per_frame": per,
+                             "non_network_ms_per_frame": non_net, "avatar_load_s": stats["load_s"],
+                             "peak_rss_mib": rss}
+    a, b = (result["runs"][n] for n in lengths)
+    result["rss_growth"] = b["peak_rss_mib"] / a["peak_rss_mib"] - 1
+    print(f"{'frames':>7} {'decode':>7} {'landmk':>7} {'crop+eye':>8} {'plate':>7} {'cache':>7} {'nets':>8} "
+          f"{'non-net':>8} {'load s':>7} {'RSS MiB':>8}   (ms/frame; {result['networks']} networks)")
+    for n, r in result["runs"].items():
+        p = r["ms_per_frame"]
+        print(f"{n:>7} {p.get('decode', 0):7.1f} {p.get('landmarks', 0):7.1f} {p.get('crop_eyes', 0):8.1f} "
+              f"{p.get('plate_write', 0):7.1f} {p.get('cache_write', 0):7.1f} {p.get('networks', 0):8.1f} "
+              f"{r['non_network_ms_per_frame']:8.1f} {r['avatar_load_s']:7.3f} {r['peak_rss_mib']:8.0f}")
+    print(f"peak RSS {lengths[1]} vs {lengths[0]} frames: {100 * result['rss_growth']:+.1f}% (target within 15%)")
+    return save(out_json, result)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    print(json.dumps(run(a.out, a.quick, a.tiny or None), indent=2, default=str))

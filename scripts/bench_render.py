@@ -1,0 +1,73 @@
+"""Render benchmark: ms per frame per stage and end-to-end fps at 1080p; peak RSS for short vs long audio."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from bench_common import anchor, checkpoints, run_child, save, speech
+
+CHILD = """
+import json, torch
+from pathlib import Path
+from ditto_fast.avatar.register import register_avatar
+from ditto_fast.pipeline import RenderOptions, render_video
+register_avatar({video!r}, name="bench", force=True, checkpoints={ckpt!r}, device={device!r})
+res = render_video(RenderOptions(avatar="bench", audio=Path({audio!r}), output=Path({out!r}), device={device!r},
+                                 precision={precision!r}, checkpoints=Path({ckpt!r}), quiet=True,
+                                 batch_size={batch}))
+print(res.table, flush=True)
+print(json.dumps(res.profile))
+"""
+
+
+def _render(video, ckpt, audio, device, precision, batch=1) -> tuple[dict, float]:
+    with tempfile.TemporaryDirectory() as home:
+        return run_child(CHILD.format(video=str(video), ckpt=str(ckpt), audio=str(audio), device=device,
+                                      precision=precision, batch=batch, out=f"{home}/out.mp4"),
+                         {"DITTO_FAST_HOME": home})
+
+
+def run(out_json: str | None, quick: bool = False, memory: bool = True) -> dict:
+    """Full-size (or tiny when quick) render at 1080p with stage table; tiny-network RSS for 10 s vs 120 s."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    result: dict = {"device": device}
+    tiny = quick and device == "cpu"
+    ckpt = checkpoints(tiny)
+    seconds = 2.0 if quick or device == "cpu" else 10.0
+    for precision in (("fp16", "fp32") if device == "cuda" else ("fp32", "bf16")):
+        profile, rss = _render(anchor(50), ckpt, speech(seconds), device, precision)
+        n = profile["frames"]
+        per = {k: 1000 * v / n for k, v in profile["stages"].items()}
+        per_frame_loop = {k: per[k] for k in ("motion", "render", "putback", "write")}
+        result[precision] = {"networks": "tiny" if tiny else "full", "frames": n, "fps": profile["fps"],
+                             "wall_s": profile["wall_seconds"], "ms_per_frame": per, "peak_rss_mib": rss,
+                             "non_render_loop_ms": sum(v for k, v in per_frame_loop.items() if k != "render")}
+        print(f"\n{precision} ({result[precision]['networks']} networks, 1920x1080, {n} frames): "
+              f"{profile['fps']:.2f} fps end to end, wall {profile['wall_seconds']:.1f} s")
+        for k, v in per.items():
+            print(f"  {k:<16}{v:9.1f} ms/frame")
+        print(f"  per-frame work other than warp+decode: {result[precision]['non_render_loop_ms']:.1f} ms/frame")
+    if memory:
+        tiny_ckpt = checkpoints(True)
+        small = anchor(25, size=(640, 360))
+        rss = {}
+        for sec in ((10, 40) if quick else (10, 120)):
+            profile, rss[sec] = _render(small, tiny_ckpt, speech(sec), "cpu", "fp32")
+        a, b = rss.values()
+        result["memory"] = {"peak_rss_mib": rss, "growth": b / a - 1}
+        print(f"\npeak RSS, tiny networks, 640x360: " + ", ".join(f"{s} s audio {m:.0f} MiB" for s, m in rss.items())
+              + f" -> {100 * (b / a - 1):+.1f}% (target within 15%)")
+    return save(out_json, result)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    print(json.dumps(run(a.out, a.quick, not a.no_memory), indent=2, default=str))
