@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import models
-from .audio.decode import load_audio
+from .audio.decode import frame_count, load_audio
 from .audio.hubert import HubertFeatures
 from .avatar.cache import load_avatar
 from .checkpoints import find_checkpoints
@@ -107,6 +107,9 @@ def render_video(opts: RenderOptions) -> RenderResult:
     with timer("load_avatar"):
         avatar = load_avatar(opts.avatar, expected_fingerprints=cs.avatar_fingerprints())
     audio = load_audio(opts.audio)          # fails fast on bad audio, before the heavy models load
+    n = frame_count(len(audio))
+    emotion = emotion_schedule(opts.emotion, n)
+    controls = load_controls(opts.controls, n) if opts.controls else None
     with timer("load_models"):
         lmdm = models.load("lmdm", cs.files["lmdm"], device)
         stitch_net = models.load("stitch_network", cs.files["stitch_network"], "cpu")
@@ -117,13 +120,11 @@ def render_video(opts: RenderOptions) -> RenderResult:
 
     with timer("audio_features"):
         feats = hubert(audio)                                       # [N, 1024]
-    n = feats.shape[0]
-    controls = load_controls(opts.controls, n) if opts.controls else None
+    assert feats.shape[0] == n
 
     with timer("motion"):
         parts = condition_parts(lmdm.cond_dim, feats.shape[1])
-        cond = build_conditions(feats, parts, emotion_schedule(opts.emotion, n),
-                                avatar.eye_open, avatar.eye_ball, avatar.sc)
+        cond = build_conditions(feats, parts, emotion, avatar.eye_open, avatar.eye_ball, avatar.sc)
         del feats
         gen = torch.Generator(device=device).manual_seed(opts.seed)
         sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, opts.steps, g), device=device)
@@ -148,8 +149,10 @@ def render_video(opts: RenderOptions) -> RenderResult:
                 with timer("render"):
                     crops = renderer(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
                 for j, i in enumerate(idx):
+                    with timer("write"):                 # ffmpeg I/O: plate decode here, encode below
+                        background = plate[i]
                     with timer("putback"):
-                        frame = putback(plate[i], crops[j], avatar.M_c2o[src_idx[i]])
+                        frame = putback(background, crops[j], avatar.M_c2o[src_idx[i]])
                     with timer("write"):
                         writer.write(frame)
                 if bar is not None:

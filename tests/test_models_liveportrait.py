@@ -142,6 +142,18 @@ def test_tiny_save_load_round_trip(name, tmp_path):
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, ref.abs().max().item()))
 
 
+@pytest.mark.parametrize("name", NETS)
+def test_fuse_is_idempotent(name):
+    gen = torch.Generator().manual_seed(6)
+    net = models.build(name, tiny=True).eval()
+    x = _tiny_inputs(name, 1, gen)
+    with torch.no_grad():
+        net.fuse_for_inference()
+        once = net(*x)
+        net.fuse_for_inference()
+        torch.testing.assert_close(net(*x), once)
+
+
 def test_fuse_removes_checkpoint_only_parts():
     dec = models.build("decoder", tiny=True).eval()
     dec.fuse_for_inference()

@@ -9,7 +9,7 @@ import torch
 from ditto_fast.motion.conditions import (build_conditions, condition_parts, emotion_schedule, emotion_vector,
                                           mirror_indices)
 from ditto_fast.motion.sampling import MotionSampler, centered_mean, window_starts
-from ditto_fast.errors import InputError, UsageError
+from ditto_fast.errors import CheckpointError, InputError, UsageError
 
 
 @pytest.mark.parametrize("n", [1, 2, 79, 80, 81, 150, 151, 220, 221, 1000])
@@ -98,7 +98,7 @@ def test_emotion_vectors_and_schedule(tmp_path):
 def test_condition_layout_and_mirror_loop():
     assert condition_parts(1103, 1024) == ("emotion", "eye_open", "eye_ball", "sc")
     assert condition_parts(1024 + 63, 1024) == ("sc",)
-    with pytest.raises(UsageError):
+    with pytest.raises(CheckpointError):
         condition_parts(1024 + 5, 1024)
     assert mirror_indices(9, 3).tolist() == [0, 1, 2, 2, 1, 0, 0, 1, 2]
     assert mirror_indices(4, 1).tolist() == [0, 0, 0, 0]

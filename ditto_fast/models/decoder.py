@@ -51,6 +51,8 @@ class SPADE(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> None:
+        if self.mlp_gamma1_beta is not None:
+            return  # already fused
         g, b = self.mlp_gamma, self.mlp_beta
         conv = nn.Conv2d(g.in_channels, 2 * g.out_channels, g.kernel_size, padding=g.padding)
         conv = conv.to(device=g.weight.device, dtype=g.weight.dtype)

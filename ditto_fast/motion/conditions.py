@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, UsageError
+from ..errors import CheckpointError, InputError, UsageError
 
 EMOTIONS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise", "contempt")
 PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
@@ -24,8 +24,9 @@ def condition_parts(cond_dim: int, audio_dim: int) -> tuple[str, ...]:
             if sum(PART_DIMS[p] for p in combo) == extra and best is None:
                 best = combo
     if best is None:
-        raise UsageError(f"the LMDM expects a condition width of {cond_dim}, which no combination of "
-                         f"HuBERT ({audio_dim}) + emotion/eye/shape parts gives; check the checkpoints")
+        raise CheckpointError(f"the LMDM checkpoint expects a condition width of {cond_dim}, which no combination "
+                              f"of HuBERT ({audio_dim}) + emotion/eye/shape parts gives; use the HuBERT model "
+                              "the LMDM was trained with")
     return best
 
 
