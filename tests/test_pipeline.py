@@ -77,13 +77,14 @@ def test_background_outside_face_is_the_plate(rendered, video_avatar):
     plate = decode(av.plate_path).astype(np.int16)
     idx = mirror_indices(out.shape[0], av.n_frames)
     changed_inside = 0.0
-    for i in range(0, out.shape[0], 7):
+    for i in list(range(0, out.shape[0], 7)) + [out.shape[0] - 1]:
         x0, y0, x1, y1 = crop_bbox(av.M_c2o[idx[i]], 512, out.shape[1:3])
         outside = np.ones(out.shape[1:3], bool)
         outside[max(0, y0 - 16):y1 + 16, max(0, x0 - 16):x1 + 16] = False
-        diff = np.abs(out[i] - plate[idx[i]])
-        assert diff[outside].mean() < 1.5 and np.percentile(diff[outside], 99.9) <= 12, i
-        changed_inside = max(changed_inside, diff[y0:y1, x0:x1].mean())
+        err = {k: np.abs(out[i] - plate[k])[outside].mean() for k in range(av.n_frames)}
+        assert err[idx[i]] < 2.0, (i, err[idx[i]])                  # codec tolerance (two H.264 passes)
+        assert min(err, key=err.get) == idx[i], (i, idx[i], min(err, key=err.get))   # and the right frame
+        changed_inside = max(changed_inside, np.abs(out[i] - plate[idx[i]])[y0:y1, x0:x1].mean())
     assert changed_inside > 5       # the face region was replaced by the (random-weight) render
 
 
@@ -94,7 +95,7 @@ def test_same_seed_same_video_other_seed_differs(rendered):
 
 
 def test_image_avatar(tmp_path, tiny_checkpoints):
-    img = astronaut_canvas(0, Motion.for_face(200, center=(480, 300)), size=(960, 540))
+    img = astronaut_canvas(0, Motion.for_face(140, center=(480, 400)), size=(960, 540))
     cv2.imwrite(str(tmp_path / "still.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
     home = tmp_path / "home"
     assert cli(["register", str(tmp_path / "still.png"), "--name", "still", "--quiet"], home,
