@@ -14,6 +14,8 @@ import click
 from .errors import DittoError
 
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
+CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+                      help="YAML overriding the defaults (see configs/default.yaml).")
 
 
 class Terminated(BaseException):
@@ -66,21 +68,25 @@ def cli() -> None:
 @cli.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("--name", help="Avatar name [A-Za-z0-9_-]{1,64}; default: the file stem.")
-@click.option("--max-size", type=click.IntRange(64, 8192), default=1920, show_default=True,
-              help="Long side of the frames kept (larger sources are resized).")
+@click.option("--max-size", type=click.IntRange(64, 8192), default=None,
+              help="Long side of the frames kept; larger sources are resized [default: 1920].")
 @click.option("--max-frames", type=click.IntRange(1), default=None, help="Use at most N frames.")
 @click.option("--force", is_flag=True, help="Replace an existing avatar of that name.")
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None,
               help="Checkpoint directory (default $DITTO_FAST_CHECKPOINTS or ./checkpoints).")
 @click.option("--device", type=DEVICE, default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 256), default=None, help="Crops per batch [default: 8].")
 @click.option("--landmarks", type=click.Choice(["mediapipe", "ditto"]), default="mediapipe", show_default=True,
               help="'ditto' uses the release's ONNX landmark models when present (needs onnxruntime).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, landmarks, quiet):
+@CONFIG
+def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, landmarks, quiet,
+             config_path):
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
     from .avatar.register import register_avatar
+    from .config import load_config
 
+    config = load_config(config_path).register
     bars = []
 
     def progress(total: int, label: str):
@@ -94,7 +100,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
     try:
         avatar_dir = register_avatar(source, name=name, max_size=max_size, max_frames=max_frames, force=force,
                                      checkpoints=checkpoints_dir, device=device, batch_size=batch_size,
-                                     landmarks=landmarks, progress=None if quiet else progress)
+                                     landmarks=landmarks, progress=None if quiet else progress, config=config)
     finally:
         for b in bars:
             b.close()
@@ -107,7 +113,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 @click.option("--audio", "audio_path", required=True, type=click.Path(path_type=Path), help="Speech file.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Output MP4 (default <avatar>_<audio stem>.mp4 in the current directory).")
-@click.option("--steps", type=click.IntRange(1, 1000), default=25, show_default=True, help="DDIM steps.")
+@click.option("--steps", type=click.IntRange(1, 1000), default=None, help="DDIM steps [default: 25].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--emotion", default="neutral", show_default=True,
               help="angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, "
@@ -115,23 +121,25 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 @click.option("--controls", type=click.Path(path_type=Path), default=None, help="Per-frame control file (JSON).")
 @click.option("--device", type=DEVICE, default="auto", show_default=True)
 @click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Frames per warp+decode micro-batch.")
-@click.option("--crf", type=click.IntRange(0, 51), default=18, show_default=True)
-@click.option("--preset", default="veryfast", show_default=True,
+@click.option("--batch-size", type=click.IntRange(1, 64), default=None,
+              help="Frames per warp+decode micro-batch [default: 1].")
+@click.option("--crf", type=click.IntRange(0, 51), default=None, help="H.264 quality [default: 18].")
+@click.option("--preset", default=None, help="x264 preset [default: veryfast].",
               type=click.Choice(["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"]))
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
 @click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
+@CONFIG
 def render(avatar, audio_path, output, steps, seed, emotion, controls, device, precision, batch_size, crf,
-           preset, checkpoints_dir, profile, quiet):
+           preset, checkpoints_dir, profile, quiet, config_path):
     """Render AUDIO spoken by AVATAR into an MP4 (written to a temporary name, renamed when complete)."""
+    from .config import load_config
     from .pipeline import RenderOptions, render_video
 
     opts = RenderOptions(avatar=avatar, audio=audio_path, output=output, steps=steps, seed=seed,
                          emotion=emotion, controls=controls, device=device, precision=precision,
                          batch_size=batch_size, crf=crf, preset=preset, checkpoints=checkpoints_dir,
-                         profile=profile, quiet=quiet)
+                         profile=profile, quiet=quiet, config=load_config(config_path))
     result = render_video(opts)
     if not quiet:
         click.echo(result.table, err=True)

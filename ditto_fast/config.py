@@ -17,35 +17,30 @@ DEFAULT_YAML = Path(__file__).resolve().parent / "configs" / "default.yaml"
 @dataclass
 class RegisterConfig:
     max_size: int = 1920          # long side of decoded frames
-    max_frames: int | None = None
     batch_size: int = 8           # crops per extractor batch
-    crop_scale: float = 2.3
-    crop_vx: float = 0.0
+    crop_scale: float = 2.3       # crop side / face box side
+    crop_vx: float = 0.0          # crop centre shift, fractions of the box side
     crop_vy: float = -0.125
-    crop_smooth_window: int = 13  # frames, centred mean over crop parameters
+    crop_smooth_window: int = 13  # frames, centred smoothing of crop parameters (video)
     info_smooth_window: int = 13  # frames, centred mean over x_s_info (video)
     min_face_px: int = 64
-    plate_crf: int = 14
 
 
 @dataclass
 class MotionConfig:
-    steps: int = 25
-    guidance: float = 2.0
-    window: int = 80
-    overlap: int = 10
-    smooth_window: int = 3
+    steps: int = 25               # DDIM steps
+    guidance: float = 2.0         # classifier-free guidance weight
+    window: int = 80              # LMDM window (frames)
+    overlap: int = 10             # frames cross-faded between windows
+    smooth_window: int = 3        # centred mean over the pose/scale/translation dims
     smooth_dims: int = 202
-    emotion: str = "neutral"
-    seed: int = 0
 
 
 @dataclass
 class RenderConfig:
-    batch_size: int = 1
+    batch_size: int = 1           # frames per warp+decode micro-batch
     crf: int = 18
     preset: str = "veryfast"
-    fps: int = 25
 
 
 @dataclass

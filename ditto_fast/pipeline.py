@@ -21,6 +21,7 @@ from .audio.decode import frame_count, load_audio
 from .audio.hubert import HubertFeatures
 from .avatar.cache import load_avatar
 from .checkpoints import find_checkpoints
+from .config import Config
 from .devices import resolve_device, resolve_precision
 from .errors import UsageError
 from .models.ddim import ddim_sample
@@ -43,16 +44,17 @@ class RenderOptions:
     avatar: str
     audio: Path
     output: Path | None = None
-    steps: int = 25
+    steps: int | None = None          # None: config's motion.steps
     seed: int = 0
     emotion: str = "neutral"
     controls: Path | None = None
     device: str = "auto"
     precision: str = "auto"
-    batch_size: int = 1
-    crf: int = 18
-    preset: str = "veryfast"
+    batch_size: int | None = None
+    crf: int | None = None
+    preset: str | None = None
     checkpoints: Path | None = None
+    config: Config | None = None
     profile: Path | None = None
     quiet: bool = False
 
@@ -95,11 +97,13 @@ def render_video(opts: RenderOptions) -> RenderResult:
     """Render opts.audio spoken by opts.avatar into opts.output (atomic); returns the path and the profile."""
     t_start = time.perf_counter()
     timer = StageTimer(STAGES)
+    cfg = opts.config or Config()
+    steps = cfg.motion.steps if opts.steps is None else opts.steps
     out_path = Path(opts.output) if opts.output else default_output(opts.avatar, opts.audio)
     check_output_path(out_path)
     device = resolve_device(opts.device)
     dtype = resolve_precision(opts.precision, device)
-    if opts.steps < 1:
+    if steps < 1:
         raise UsageError("--steps must be at least 1")
 
     with timer("load_models"):
@@ -112,6 +116,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
     controls = load_controls(opts.controls, n) if opts.controls else None
     with timer("load_models"):
         lmdm = models.load("lmdm", cs.files["lmdm"], device)
+        lmdm.guidance_weight = cfg.motion.guidance
         stitch_net = models.load("stitch_network", cs.files["stitch_network"], "cpu")
         renderer = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], device, dtype)
         hubert = HubertFeatures(cs.hubert_dir, device=device)
@@ -127,7 +132,10 @@ def render_video(opts: RenderOptions) -> RenderResult:
         cond = build_conditions(feats, parts, emotion, avatar.eye_open, avatar.eye_ball, avatar.sc)
         del feats
         gen = torch.Generator(device=device).manual_seed(opts.seed)
-        sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, opts.steps, g), device=device)
+        m = cfg.motion
+        sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, steps, g), window=m.window,
+                                overlap=m.overlap, smooth_window=m.smooth_window, smooth_dims=m.smooth_dims,
+                                device=device)
         motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [N, 265]
         del cond
 
@@ -135,11 +143,12 @@ def render_video(opts: RenderOptions) -> RenderResult:
     stitch = MotionStitch(stitch_net, is_image=avatar.is_image, controls=controls)
     putback = Putback()
     bar = _progress(n, opts.quiet)
-    bs = max(1, opts.batch_size)
+    bs = max(1, opts.batch_size or cfg.render.batch_size)
     try:
         with PlateReader(avatar.plate_path, avatar.n_frames) as plate, \
-                VideoWriter(out_path, avatar.size, fps=25, audio_path=opts.audio, crf=opts.crf,
-                            preset=opts.preset) as writer:
+                VideoWriter(out_path, avatar.size, fps=25, audio_path=opts.audio,
+                            crf=cfg.render.crf if opts.crf is None else opts.crf,
+                            preset=opts.preset or cfg.render.preset) as writer:
             for b0 in range(0, n, bs):
                 idx = range(b0, min(n, b0 + bs))
                 with timer("motion"):
@@ -164,7 +173,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
     wall = time.perf_counter() - t_start
     profile = {
         "frames": n, "audio_seconds": len(audio) / 16000.0, "wall_seconds": wall, "fps": n / wall if wall else 0.0,
-        "device": str(device), "precision": str(dtype).replace("torch.", ""), "steps": opts.steps,
+        "device": str(device), "precision": str(dtype).replace("torch.", ""), "steps": steps,
         "seed": opts.seed, "random_weights": random_weights, "output": str(out_path),
         "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
     }

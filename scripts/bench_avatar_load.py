@@ -9,7 +9,6 @@ quick, at verify="full". Usage: python scripts/bench_avatar_load.py [--quick] [-
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
@@ -103,15 +102,3 @@ def run(out_json: str | Path | None = None, quick: bool = True) -> dict:
     if out_json:
         Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="sparse f_s, no full-checksum timing")
-    ap.add_argument("--out", help="write the results as JSON here")
-    args = ap.parse_args()
-    run(args.out, quick=args.quick)
-
-
-if __name__ == "__main__":
-    main()

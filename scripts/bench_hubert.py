@@ -5,11 +5,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -125,21 +123,3 @@ def run(out_json: str | None, quick: bool = False, seconds: float = 60.0, model_
     if out_json:
         Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", dest="out_json")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--seconds", type=float, default=60.0)
-    p.add_argument("--model-dir")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--threads", type=int)
-    a = p.parse_args(argv)
-    run(a.out_json, quick=a.quick, seconds=a.seconds, model_dir=a.model_dir, batch_size=a.batch_size,
-        threads=a.threads)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

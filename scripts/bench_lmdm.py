@@ -7,7 +7,6 @@ Weights are random (the published widths); timings do not depend on the values.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -91,12 +90,3 @@ def run(out_json: str | None, quick: bool = False, threads: int | None = None) -
         with open(out_json, "w") as f:
             json.dump(result, f, indent=2)
     return result
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="write the numbers as JSON here")
-    ap.add_argument("--quick", action="store_true", help="fewer repeats, 25-step sampling only")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    args = ap.parse_args()
-    run(args.out, args.quick, args.threads)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 from bench_common import checkpoints, save, speech
@@ -61,11 +59,3 @@ def run(out_json: str | None, quick: bool = False) -> dict:
         print(f"{steps} steps: {seconds:g} s audio -> HuBERT {t_feat:.1f} s + LMDM {t_lmdm:.1f} s + stitch "
               f"{t_stitch:.1f} s = {total:.1f} s ({total / seconds:.2f} s per second of audio)")
     return save(out_json, result)
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    print(json.dumps(run(a.out, a.quick), indent=2, default=str))

@@ -8,7 +8,6 @@ putback <= 6 ms/frame (judged on process CPU time; wall time is reported too). U
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -141,15 +140,3 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     if out_json:
         Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repeats and frames")
-    ap.add_argument("--out", help="write the results as JSON here")
-    args = ap.parse_args()
-    run(args.out, quick=args.quick)
-
-
-if __name__ == "__main__":
-    main()

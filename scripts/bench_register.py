@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 
 from bench_common import anchor, checkpoints, run_child, save
@@ -50,12 +48,3 @@ def run(out_json: str | None, quick: bool = False, tiny: bool | None = None) -> 
               f"{r['non_network_ms_per_frame']:8.1f} {r['avatar_load_s']:7.3f} {r['peak_rss_mib']:8.0f}")
     print(f"peak RSS {lengths[1]} vs {lengths[0]} frames: {100 * result['rss_growth']:+.1f}% (target within 15%)")
     return save(out_json, result)
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    print(json.dumps(run(a.out, a.quick, a.tiny or None), indent=2, default=str))

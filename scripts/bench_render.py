@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 
 from bench_common import anchor, checkpoints, run_child, save, speech
@@ -59,15 +57,6 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True) -> dict:
             profile, rss[sec] = _render(small, tiny_ckpt, speech(sec), "cpu", "fp32")
         a, b = rss.values()
         result["memory"] = {"peak_rss_mib": rss, "growth": b / a - 1}
-        print(f"\npeak RSS, tiny networks, 640x360: " + ", ".join(f"{s} s audio {m:.0f} MiB" for s, m in rss.items())
+        print("\npeak RSS, tiny networks, 640x360: " + ", ".join(f"{s} s audio {m:.0f} MiB" for s, m in rss.items())
               + f" -> {100 * (b / a - 1):+.1f}% (target within 15%)")
     return save(out_json, result)
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    print(json.dumps(run(a.out, a.quick, not a.no_memory), indent=2, default=str))

@@ -48,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("suite", choices=[*SUITES, "all"])
     ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller inputs")
     ap.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for JSON results")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     results = {"machine": machine(), "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -515,7 +515,6 @@ def test_exception_inside_writer_leaves_store_unchanged(tmp_path, exc_type, forc
     d, _, _ = write_avatar(tmp_path, n=2, seed=1)
     before = snapshot(d)
     name = "ruby" if force else "newone"
-    rng = np.random.default_rng(5)
     with pytest.raises(exc_type):
         with AvatarWriter(name, force=force, root=tmp_path) as w:
             assert w.tmp_dir.name.startswith(f".tmp-{name}-") and w.tmp_dir.parent == tmp_path / "avatars"

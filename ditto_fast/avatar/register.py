@@ -21,6 +21,7 @@ import torch
 
 from .. import models
 from ..checkpoints import find_checkpoints
+from ..config import RegisterConfig
 from ..devices import resolve_device
 from ..errors import InputError
 from ..face.crop import crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
@@ -94,16 +95,19 @@ def _no_progress(total: int, label: str) -> Step:
     return lambda n=1: None
 
 
-def register_avatar(source: str | Path, name: str | None = None, max_size: int = 1920,
+def register_avatar(source: str | Path, name: str | None = None, max_size: int | None = None,
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
-                    device: str = "auto", batch_size: int = 8, landmarks: str = "mediapipe",
+                    device: str = "auto", batch_size: int | None = None, landmarks: str = "mediapipe",
                     progress: ProgressFactory | None = None,
-                    smooth_crop: int = 13, smooth_info: int = 13, min_face_px: int = 64,
-                    timer: StageTimer = NULL_TIMER) -> Path:
+                    timer: StageTimer = NULL_TIMER, config: RegisterConfig | None = None) -> Path:
     """Register an anchor video or image; returns the avatar directory (appears only when complete).
 
     `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write, cache_write.
     """
+    cfg = config or RegisterConfig()
+    smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
+    max_size = max_size or cfg.max_size
+    batch_size = batch_size or cfg.batch_size
     source = Path(source)
     name = validate_name(name if name is not None else source.stem)
     if landmarks != "mediapipe":
@@ -119,7 +123,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
     with AvatarWriter(name, force=force) as writer, ExitStack() as stack:   # name/store checked first
         nets = Extractors(cs.files, resolve_device(device))
         sink = _FeatureSink(nets, writer, n_max, batch_size, (progress or _no_progress)(n_max, "register"), timer)
-        tracker = stack.enter_context(FaceTracker(min_face_px=min_face_px, source=str(source)))
+        tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source)))
         caught = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always")
         plate = writer.plate_path(info.is_image)
@@ -156,7 +160,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
         for i, frame in enumerate(timer.iterate(frames, "decode")):
             with timer("landmarks"):
                 lmk = tracker(frame, i).astype(np.float32)
-                params.append(np.asarray(crop_params(lmk), np.float64))
+                params.append(np.asarray(crop_params(lmk, cfg.crop_scale, cfg.crop_vx, cfg.crop_vy), np.float64))
             queue.append((i, frame, lmk))
             emit(ending=False)
         if not params:
@@ -173,7 +177,8 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int =
                        "size": list(info.size), "source_size": list(info.src_size), "frames": n},
             "fps": 25.0, "size": list(info.size),
             "fingerprints": cs.avatar_fingerprints(),
-            "crop": {"dsize": 512, "scale": 2.3, "vx": 0.0, "vy": -0.125, "smooth_window": smooth_crop,
+            "crop": {"dsize": 512, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
+                     "smooth_window": smooth_crop,
                      "params": np.stack(smoothed)},
             "x_s_info": x_s_info,
             "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), 512), np.float64).reshape(n, 3, 3),
