@@ -1,0 +1,61 @@
+"""Fused warp+decode: uint8 crops out, reduced precision close to float32, device/precision choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ditto_fast.checkpoints import find_checkpoints
+from ditto_fast.devices import resolve_device, resolve_precision
+from ditto_fast.errors import UsageError
+from ditto_fast.render.fused import FusedRenderer
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_checkpoints):
+    cs = find_checkpoints(tiny_checkpoints)
+    rng = np.random.default_rng(0)
+    from ditto_fast import models
+
+    app = models.load("appearance_extractor", cs.files["appearance_extractor"])
+    with torch.inference_mode():
+        f_s = app(torch.from_numpy(rng.random((2, 3, 256, 256), dtype=np.float32))).half().numpy()
+    x_s = (0.3 * rng.standard_normal((2, 21, 3))).astype(np.float32)
+    x_d = x_s + (0.02 * rng.standard_normal((2, 21, 3))).astype(np.float32)
+    return cs, f_s, x_s, x_d
+
+
+def test_crops_are_uint8_and_depend_on_motion(inputs):
+    cs, f_s, x_s, x_d = inputs
+    r = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"))
+    crops = r(f_s, x_s, x_d)
+    assert crops.dtype == np.uint8 and crops.shape == (2, 512, 512, 3)
+    assert r.random_weights
+    moved = r(f_s, x_s, x_d + 0.05)
+    assert np.abs(crops.astype(int) - moved).mean() > 0.5
+    # batch of two equals two single frames
+    one = np.concatenate([r(f_s[i:i + 1], x_s[i:i + 1], x_d[i:i + 1]) for i in range(2)])
+    assert np.abs(one.astype(int) - crops).max() <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_close_to_fp32(inputs, dtype):
+    cs, f_s, x_s, x_d = inputs
+    ref = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"))(f_s, x_s, x_d)
+    low = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"), dtype)(f_s, x_s, x_d)
+    mse = np.mean((ref.astype(np.float64) - low) ** 2)
+    psnr = 10 * np.log10(255.0 ** 2 / max(mse, 1e-12))
+    assert psnr > 30, psnr
+
+
+def test_device_and_precision_choice(monkeypatch):
+    assert resolve_precision("auto", torch.device("cpu")) == torch.float32
+    assert resolve_precision("auto", torch.device("cuda")) == torch.float16
+    assert resolve_precision("bf16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(UsageError):
+        resolve_precision("fp16", torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto").type == "cpu"
+    with pytest.raises(UsageError, match="no CUDA device"):
+        resolve_device("cuda")
