@@ -34,6 +34,7 @@ from .render.fused import FusedRenderer
 from .render.plate import PlateReader
 from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
+from .memory import serve_frames_from_mmap
 from .timing import StageTimer
 
 STAGES = ("load_models", "load_avatar", "audio_features", "motion", "render", "putback", "write")
@@ -96,6 +97,7 @@ def _progress(total: int, quiet: bool):
 def render_video(opts: RenderOptions) -> RenderResult:
     """Render opts.audio spoken by opts.avatar into opts.output (atomic); returns the path and the profile."""
     t_start = time.perf_counter()
+    serve_frames_from_mmap()
     timer = StageTimer(STAGES)
     cfg = opts.config or Config()
     steps = cfg.motion.steps if opts.steps is None else opts.steps

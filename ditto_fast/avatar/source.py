@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 
 from ..errors import InputError
+from ..memory import serve_frames_from_mmap
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
 
@@ -96,6 +97,7 @@ def iter_frames(info: SourceInfo, max_frames: int | None = None) -> Iterator[np.
     """Stream RGB uint8 frames [H,W,3] of a video source, resampled to 25 fps and resized; never all in RAM."""
     import imageio_ffmpeg
 
+    serve_frames_from_mmap()
     w, h = info.size
     vf = f"fps={FPS},scale={w}:{h}:flags=area"
     gen = imageio_ffmpeg.read_frames(str(info.path), output_params=["-vf", vf])
