@@ -6,12 +6,17 @@ import tempfile
 
 from bench_common import anchor, checkpoints, run_child, save, speech
 
+REGISTER = """
+import json
+from ditto_fast.avatar.register import register_avatar
+register_avatar({video!r}, name="bench", force=True, checkpoints={ckpt!r}, device={device!r})
+print(json.dumps({{}}))
+"""
+
 CHILD = """
 import json, torch
 from pathlib import Path
-from ditto_fast.avatar.register import register_avatar
 from ditto_fast.pipeline import RenderOptions, render_video
-register_avatar({video!r}, name="bench", force=True, checkpoints={ckpt!r}, device={device!r})
 res = render_video(RenderOptions(avatar="bench", audio=Path({audio!r}), output=Path({out!r}), device={device!r},
                                  precision={precision!r}, checkpoints=Path({ckpt!r}), quiet=True,
                                  batch_size={batch}))
@@ -21,13 +26,15 @@ print(json.dumps(res.profile))
 
 
 def _render(video, ckpt, audio, device, precision, batch=1) -> tuple[dict, float]:
+    """Register in one child, render in another; returns the render's profile and its peak RSS (MiB)."""
     with tempfile.TemporaryDirectory() as home:
+        run_child(REGISTER.format(video=str(video), ckpt=str(ckpt), device=device), {"DITTO_FAST_HOME": home})
         return run_child(CHILD.format(video=str(video), ckpt=str(ckpt), audio=str(audio), device=device,
                                       precision=precision, batch=batch, out=f"{home}/out.mp4"),
                          {"DITTO_FAST_HOME": home})
 
 
-def run(out_json: str | None, quick: bool = False, memory: bool = True) -> dict:
+def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: bool = True) -> dict:
     """Full-size (or tiny when quick) render at 1080p with stage table; tiny-network RSS for 10 s vs 120 s."""
     import torch
 
@@ -36,7 +43,7 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True) -> dict:
     tiny = quick and device == "cpu"
     ckpt = checkpoints(tiny)
     seconds = 2.0 if quick or device == "cpu" else 10.0
-    for precision in (("fp16", "fp32") if device == "cuda" else ("fp32", "bf16")):
+    for precision in (("fp16", "fp32") if device == "cuda" else ("fp32", "bf16")) if speed else ():
         profile, rss = _render(anchor(50), ckpt, speech(seconds), device, precision)
         n = profile["frames"]
         per = {k: 1000 * v / n for k, v in profile["stages"].items()}

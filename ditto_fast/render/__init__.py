@@ -1,1 +1,1 @@
-"""render stage."""
+"""Render stage: fused warp+decode, putback, plate reader, writer."""

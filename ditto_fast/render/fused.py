@@ -27,7 +27,7 @@ class FusedRenderer:
         self._pinned: torch.Tensor | None = None
 
     def _to_device(self, f_s: np.ndarray) -> torch.Tensor:
-        host = torch.from_numpy(np.ascontiguousarray(f_s))
+        host = torch.from_numpy(np.array(f_s, copy=True))          # memmap rows -> one host copy
         if self.device.type != "cuda":
             return host.to(self.dtype)
         if self._pinned is None or self._pinned.shape != host.shape:
