@@ -76,11 +76,9 @@ def cli() -> None:
               help="Checkpoint directory (default $DITTO_FAST_CHECKPOINTS or ./checkpoints).")
 @click.option("--device", type=DEVICE, default="auto", show_default=True)
 @click.option("--batch-size", type=click.IntRange(1, 256), default=None, help="Crops per batch [default: 8].")
-@click.option("--landmarks", type=click.Choice(["mediapipe", "ditto"]), default="mediapipe", show_default=True,
-              help="'ditto' uses the release's ONNX landmark models when present (needs onnxruntime).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @CONFIG
-def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, landmarks, quiet,
+def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet,
              config_path):
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
     from .avatar.register import register_avatar
@@ -100,7 +98,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
     try:
         avatar_dir = register_avatar(source, name=name, max_size=max_size, max_frames=max_frames, force=force,
                                      checkpoints=checkpoints_dir, device=device, batch_size=batch_size,
-                                     landmarks=landmarks, progress=None if quiet else progress, config=config)
+                                     progress=None if quiet else progress, config=config)
     finally:
         for b in bars:
             b.close()

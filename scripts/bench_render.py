@@ -60,7 +60,7 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
         tiny_ckpt = checkpoints(True)
         small = anchor(25, size=(640, 360))
         rss = {}
-        for sec in ((10, 40) if quick else (10, 120)):
+        for sec in ((10, 60) if quick else (10, 120)):
             profile, rss[sec] = _render(small, tiny_ckpt, speech(sec), "cpu", "fp32")
         a, b = rss.values()
         result["memory"] = {"peak_rss_mib": rss, "growth": b / a - 1}

@@ -97,7 +97,7 @@ def _no_progress(total: int, label: str) -> Step:
 
 def register_avatar(source: str | Path, name: str | None = None, max_size: int | None = None,
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
-                    device: str = "auto", batch_size: int | None = None, landmarks: str = "mediapipe",
+                    device: str = "auto", batch_size: int | None = None,
                     progress: ProgressFactory | None = None,
                     timer: StageTimer = NULL_TIMER, config: RegisterConfig | None = None) -> Path:
     """Register an anchor video or image; returns the avatar directory (appears only when complete).
@@ -110,9 +110,6 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
     batch_size = batch_size or cfg.batch_size
     source = Path(source)
     name = validate_name(name if name is not None else source.stem)
-    if landmarks != "mediapipe":
-        raise InputError(f"--landmarks {landmarks}: the Ditto ONNX landmark models are not supported in this "
-                         "build; use --landmarks mediapipe")
     info, image = open_source(source, max_size)
     cs = find_checkpoints(checkpoints, need_hubert=False, networks=("appearance_extractor", "motion_extractor"))
     half = max(1, smooth_crop) // 2
