@@ -21,6 +21,7 @@ import numpy as np
 import soxr
 
 from ditto_fast.errors import InputError
+from ditto_fast.inputs import check_input_file
 
 SAMPLE_RATE = 16000
 SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
@@ -35,14 +36,7 @@ def frame_count(num_samples_16k: int) -> int:
 
 
 def _check_path(path: Path) -> None:
-    if not path.exists():
-        raise InputError(f"{path}: audio file not found; check the path")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory; give an audio file (wav, mp3, flac, m4a, ...)")
-    if path.stat().st_size == 0:
-        raise InputError(f"{path}: file is empty (0 bytes); give a non-empty audio file")
-    if not os.access(path, os.R_OK):
-        raise InputError(f"{path}: file is not readable; check its permissions")
+    check_input_file(path, "an audio file (wav, mp3, flac, m4a, ...)")
 
 
 def _ffmpeg_failure(path: Path, stderr: str) -> InputError:

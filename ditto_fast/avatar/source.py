@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 
 from ..errors import InputError
+from ..inputs import check_input_file
 from ..memory import serve_frames_from_mmap
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
@@ -36,15 +37,6 @@ def target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
     return tw, th
 
 
-def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise InputError(f"{path}: file not found; give the anchor video or image to register")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory; give the anchor video or image file")
-    if path.stat().st_size == 0:
-        raise InputError(f"{path}: file is empty; give a video or image with the anchor's face")
-
-
 def _read_image(path: Path) -> np.ndarray | None:
     head = path.open("rb").read(16)
     if not any(head.startswith(m) for m in _IMAGE_MAGIC) or (head.startswith(b"RIFF") and head[8:12] != b"WEBP"):
@@ -66,7 +58,7 @@ def _read_image(path: Path) -> np.ndarray | None:
 def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray | None]:
     """Probe `path` by content; returns its info and, for an image, the resized RGB image."""
     path = Path(path)
-    _check_file(path)
+    check_input_file(path, "the anchor video or image file")
     img = _read_image(path)
     if img is not None:
         h, w = img.shape[:2]

@@ -6,17 +6,25 @@ from libc.stdint cimport uint8_t
 from libc.string cimport memcpy
 
 
+cdef int _check_regions(Py_ssize_t h, Py_ssize_t w, Py_ssize_t mh, Py_ssize_t mw, Py_ssize_t fh, Py_ssize_t fw,
+                        Py_ssize_t fc, Py_ssize_t cc, Py_ssize_t y0, Py_ssize_t x0) except -1:
+    """Raise ValueError unless the [h,w] crop/mask region fits the [fh,fw,3] frame at (y0, x0)."""
+    if mh != h or mw != w:
+        raise ValueError("crop and mask regions differ in size")
+    if y0 < 0 or x0 < 0 or y0 + h > fh or x0 + w > fw:
+        raise ValueError("region lies outside the frame")
+    if fc != 3 or cc != 3:
+        raise ValueError("crop and frame must have 3 channels")
+    return 0
+
+
 def blend_roi_f32(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, uint8_t[:, :, ::1] frame,
                   Py_ssize_t y0, Py_ssize_t x0) -> None:
     """frame[y0+y, x0+x] <- round(m*crop + (1-m)*frame) for a float mask in [0,1]; crop [h,w,3], mask [h,w]."""
     cdef Py_ssize_t h = crop.shape[0], w = crop.shape[1], y, x, c
     cdef float m, v
-    if mask.shape[0] != h or mask.shape[1] != w:
-        raise ValueError("crop and mask regions differ in size")
-    if y0 < 0 or x0 < 0 or y0 + h > frame.shape[0] or x0 + w > frame.shape[1]:
-        raise ValueError("region lies outside the frame")
-    if frame.shape[2] != 3 or crop.shape[2] != 3:
-        raise ValueError("crop and frame must have 3 channels")
+    _check_regions(h, w, mask.shape[0], mask.shape[1], frame.shape[0], frame.shape[1], frame.shape[2],
+                   crop.shape[2], y0, x0)
     with nogil:
         for y in range(h):
             for x in range(w):
@@ -43,12 +51,8 @@ def blend_roi_u8(const uint8_t[:, :, ::1] crop, const uint8_t[:, ::1] mask, uint
     """frame[y0+y, x0+x] <- round((m*crop + (255-m)*frame) / 255) for a uint8 mask (255 = crop)."""
     cdef Py_ssize_t h = crop.shape[0], w = crop.shape[1], y, x, c
     cdef unsigned int m, v
-    if mask.shape[0] != h or mask.shape[1] != w:
-        raise ValueError("crop and mask regions differ in size")
-    if y0 < 0 or x0 < 0 or y0 + h > frame.shape[0] or x0 + w > frame.shape[1]:
-        raise ValueError("region lies outside the frame")
-    if frame.shape[2] != 3 or crop.shape[2] != 3:
-        raise ValueError("crop and frame must have 3 channels")
+    _check_regions(h, w, mask.shape[0], mask.shape[1], frame.shape[0], frame.shape[1], frame.shape[2],
+                   crop.shape[2], y0, x0)
     with nogil:
         for y in range(h):
             for x in range(w):
