@@ -26,6 +26,18 @@ def _on_sigterm(signum, frame):  # pragma: no cover - exercised via subprocess t
     raise Terminated()
 
 
+def _exit_now(code: int) -> None:
+    """Exit with `code` at once after an interrupt (cleanup already ran in the stages' context managers).
+
+    A plain sys.exit can be turned into death-by-SIGINT when the interrupt also surfaced inside a
+    finalizer during shutdown; scripts rely on the documented 130/143.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the CLI, turn known failures into one stderr line and an exit code."""
     os.environ.setdefault("GLOG_minloglevel", "2")       # quiet mediapipe's C++ logging
@@ -35,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="ditto-fast", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("ditto-fast: interrupted", err=True)
-        sys.exit(130)
+        _exit_now(130)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
@@ -44,10 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("ditto-fast: interrupted", err=True)
-        sys.exit(130)
+        _exit_now(130)
     except Terminated:
         click.echo("ditto-fast: terminated", err=True)
-        sys.exit(143)
+        _exit_now(143)
     except Exception as e:  # noqa: BLE001 - a bug: one line, traceback on request
         if os.environ.get("DITTO_FAST_DEBUG"):
             raise

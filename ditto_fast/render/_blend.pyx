@@ -6,6 +6,16 @@ from libc.stdint cimport uint8_t
 from libc.string cimport memcpy
 
 
+cdef inline uint8_t _mix(uint8_t f, uint8_t c, float m) noexcept nogil:
+    """round(f + m * (c - f)) clamped to 0..255."""
+    cdef float v = f + m * (<float>c - <float>f) + 0.5
+    if v >= 255.0:
+        return 255
+    if v <= 0.0:
+        return 0
+    return <uint8_t>v
+
+
 cdef int _check_regions(Py_ssize_t h, Py_ssize_t w, Py_ssize_t mh, Py_ssize_t mw, Py_ssize_t fh, Py_ssize_t fw,
                         Py_ssize_t fc, Py_ssize_t cc, Py_ssize_t y0, Py_ssize_t x0) except -1:
     """Raise ValueError unless the [h,w] crop/mask region fits the [fh,fw,3] frame at (y0, x0)."""
@@ -37,13 +47,7 @@ def blend_roi_f32(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, uint8
                     frame[y0 + y, x0 + x, 2] = crop[y, x, 2]
                     continue
                 for c in range(3):
-                    v = frame[y0 + y, x0 + x, c] + m * (<float>crop[y, x, c] - <float>frame[y0 + y, x0 + x, c]) + 0.5
-                    if v >= 255.0:
-                        frame[y0 + y, x0 + x, c] = 255
-                    elif v <= 0.0:
-                        frame[y0 + y, x0 + x, c] = 0
-                    else:
-                        frame[y0 + y, x0 + x, c] = <uint8_t>v
+                    frame[y0 + y, x0 + x, c] = _mix(frame[y0 + y, x0 + x, c], crop[y, x, c], m)
 
 
 def blend_roi_u8(const uint8_t[:, :, ::1] crop, const uint8_t[:, ::1] mask, uint8_t[:, :, ::1] frame,
@@ -130,13 +134,7 @@ cdef inline void _blend_band_pixel(const uint8_t[:, :, ::1] crop, const float[:,
     if m > 1.0:
         m = 1.0
     for c in range(3):
-        v = frame[fy0 + y, fx0 + x, c] + m * (<float>crop[y, x, c] - <float>frame[fy0 + y, fx0 + x, c]) + 0.5
-        if v >= 255.0:
-            frame[fy0 + y, fx0 + x, c] = 255
-        elif v <= 0.0:
-            frame[fy0 + y, fx0 + x, c] = 0
-        else:
-            frame[fy0 + y, fx0 + x, c] = <uint8_t>v
+        frame[fy0 + y, fx0 + x, c] = _mix(frame[fy0 + y, fx0 + x, c], crop[y, x, c], m)
 
 
 def blend_feathered(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, const double[::1] inv,
