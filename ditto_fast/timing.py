@@ -35,5 +35,3 @@ class StageTimer:
                     return
             yield item
 
-
-NULL_TIMER = StageTimer()

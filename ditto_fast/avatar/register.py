@@ -29,7 +29,7 @@ from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
 from ..motion.sampling import centered_mean
 from ..render.plate import open_plate_writer, write_plate_image
-from ..timing import NULL_TIMER, StageTimer
+from ..timing import StageTimer
 from .cache import AvatarWriter, validate_name
 from .source import iter_frames, open_source
 
@@ -99,12 +99,13 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
                     device: str = "auto", batch_size: int | None = None,
                     progress: ProgressFactory | None = None,
-                    timer: StageTimer = NULL_TIMER, config: RegisterConfig | None = None) -> Path:
+                    timer: StageTimer | None = None, config: RegisterConfig | None = None) -> Path:
     """Register an anchor video or image; returns the avatar directory (appears only when complete).
 
     `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write, cache_write.
     """
     cfg = config or RegisterConfig()
+    timer = timer or StageTimer()
     smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
     max_size = max_size or cfg.max_size
     batch_size = batch_size or cfg.batch_size

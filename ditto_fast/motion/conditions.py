@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, InputError, UsageError
+from ..render.plate import mirror_index
 
 EMOTIONS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise", "contempt")
 PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
@@ -76,11 +77,8 @@ def emotion_schedule(emotion: str, n: int) -> np.ndarray:
 
 
 def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
-    """Index of the source frame for each output frame, looping 0..n-1,n-1..0,0.. (ping-pong)."""
-    if n_src <= 1:
-        return np.zeros(n_out, np.int64)
-    i = np.arange(n_out) % (2 * n_src)
-    return np.where(i < n_src, i, 2 * n_src - 1 - i)
+    """Source frame for each output frame, in the plate reader's ping-pong order (render.plate.mirror_index)."""
+    return np.fromiter((mirror_index(i, max(1, n_src)) for i in range(n_out)), np.int64, n_out)
 
 
 def build_conditions(audio_feat: np.ndarray, parts: tuple[str, ...], emotion: np.ndarray,
