@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from .errors import UsageError
@@ -27,3 +30,16 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     if precision == "fp16" and device.type == "cpu":
         raise UsageError("--precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
     return PRECISIONS[precision]
+
+
+@contextmanager
+def numpy_blas_single_threaded() -> Iterator[None]:
+    """numpy's BLAS (OpenBLAS) on one thread for the duration; torch's own thread pool is not touched.
+
+    Our numpy matrix work is tiny (landmarks, 3x3 transforms), but after each call OpenBLAS's idle
+    workers spin-yield and take a core from torch, mediapipe and ffmpeg.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield

@@ -2,7 +2,7 @@
 """ditto-fast benchmarks. Each subcommand prints a table and writes JSON (default bench_out/<name>.json).
 
     python scripts/benchmark.py networks [--quick]
-    python scripts/benchmark.py register [--quick]
+    python scripts/benchmark.py register [--quick] [--tiny]
     python scripts/benchmark.py motion   [--quick]
     python scripts/benchmark.py render   [--quick]
     python scripts/benchmark.py all      [--quick]
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import platform
 import sys
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("suite", choices=[*SUITES, "all"])
     ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller inputs")
     ap.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for JSON results")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny networks where a suite allows it (register: non-network stages at full length)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         for mod_name in SUITES[suite]:
             print(f"\n== {suite}: {mod_name}", flush=True)
             mod = importlib.import_module(mod_name)
-            results[mod_name] = mod.run(str(args.out / f"{mod_name}.json"), quick=args.quick)
+            extra = {"tiny": True} if args.tiny and "tiny" in inspect.signature(mod.run).parameters else {}
+            results[mod_name] = mod.run(str(args.out / f"{mod_name}.json"), quick=args.quick, **extra)
     path = args.out / f"{args.suite}.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"\nwrote {path}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import pickle
 import time
@@ -48,12 +49,10 @@ def write_avatar(root: Path, name: str = "ruby", n: int = 5, tail=TAIL, is_image
     meta = make_meta(n, rng, is_image, fingerprints)
     f_s_data = rng.standard_normal((n, *tail)).astype(np.float16)
     with AvatarWriter(name, force=force, root=root) as w:
-        f_s = w.open_f_s(allocate or n, tail)
+        w.open_f_s(allocate or n, tail)
         for i in range(0, n, 2):  # in batches, as registration does
-            if i % 4:
-                f_s[i : i + 2] = f_s_data[i : i + 2]  # straight into the memmap
-            else:
-                w.write_f_s(i, f_s_data[i : i + 2].astype(np.float32))
+            batch = f_s_data[i : i + 2]
+            w.write_f_s(i, batch if i % 4 else batch.astype(np.float32))
         w.plate_path(is_image).write_bytes(rng.bytes(3000) + name.encode())
         d = w.finish(meta)
     return d, meta, f_s_data
@@ -157,7 +156,8 @@ def test_registration_style_meta(tmp_path):
     meta["crop"]["params"] = np.zeros((1, 4))
     meta.update(format_version=99, created="yesterday", warnings=["blurry"], size=(1280, 720))
     with AvatarWriter("still", root=tmp_path) as w:
-        w.open_f_s(1, TAIL)[:] = 0.5
+        w.open_f_s(1, TAIL)
+        w.write_f_s(0, np.full((1, *TAIL), 0.5, np.float32))
         w.plate_path(True).write_bytes(b"png")
         w.finish(meta)
     av = load_avatar("still", root=tmp_path)
@@ -168,14 +168,15 @@ def test_registration_style_meta(tmp_path):
     meta.update(fps=30.0, size=(64, 32))
     with AvatarWriter("still", root=tmp_path, force=True) as w:
         w.open_f_s(1, TAIL)
+        w.write_f_s(0, np.zeros((1, *TAIL), np.float16))
         w.plate_path(True).write_bytes(b"png")
         w.finish(meta)
     av = load_avatar("still", root=tmp_path)
     assert av.fps == 30.0 and av.size == (64, 32)
 
 
-def test_f_s_trimmed_to_meta_frames(tmp_path):
-    """open_f_s() may over-allocate (unknown frame count); finish() trims to N."""
+def test_f_s_holds_the_rows_written(tmp_path):
+    """open_f_s() takes an upper bound (unknown frame count); the file holds the N rows written."""
     d, _, f_s_data = write_avatar(tmp_path, n=5, allocate=9)
     av = load_avatar(d, verify="full")
     assert av.f_s.shape == (5, *TAIL)
@@ -183,18 +184,33 @@ def test_f_s_trimmed_to_meta_frames(tmp_path):
     assert np.load(d / "f_s.npy").shape == (5, *TAIL)
 
 
-def test_write_f_s_releases_pages_and_keeps_data(tmp_path, monkeypatch):
-    monkeypatch.setattr(cache, "_RELEASE_BYTES", 1)  # unmap after every batch
+def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch):
+    """Rows go to the file in order (dropping written pages as it goes); the running sha256 is the data's."""
+    monkeypatch.setattr(cache, "_RELEASE_BYTES", 1)  # drop pages after every batch
     released = []
-    real = AvatarWriter.release_f_s_pages
-    monkeypatch.setattr(AvatarWriter, "release_f_s_pages", lambda self: (released.append(1), real(self)))
+    real = cache._FeatureFile._release
+    monkeypatch.setattr(cache._FeatureFile, "_release", lambda self: (released.append(1), real(self)))
     d, _, f_s_data = write_avatar(tmp_path, n=7)
-    assert len(released) == 2  # batches at rows 0 and 4 went through write_f_s
+    assert len(released) == 4  # batches at rows 0, 2, 4, 6
     np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), f_s_data)
-    with pytest.raises(IndexError):
+    rec = load_avatar(d).meta["checksums"]["f_s.npy"]
+    raw = (d / "f_s.npy").read_bytes()
+    assert rec["sha256_offset"] == cache.F_S_HEADER_BYTES and rec["size"] == len(raw)
+    assert rec["sha256"] == hashlib.sha256(raw[cache.F_S_HEADER_BYTES:]).hexdigest()
+    assert raw[cache.F_S_HEADER_BYTES:] == f_s_data.tobytes()
+    with pytest.raises(IndexError, match="out of range"):
         with AvatarWriter("x", root=tmp_path) as w:
             w.open_f_s(2, TAIL)
+            w.write_f_s(0, np.zeros((3, *TAIL), np.float16))
+    with pytest.raises(IndexError, match="in order"):
+        with AvatarWriter("x", root=tmp_path) as w:
+            w.open_f_s(4, TAIL)
             w.write_f_s(1, np.zeros((2, *TAIL), np.float16))
+    with pytest.raises(ValueError, match="rows must be"):
+        with AvatarWriter("x", root=tmp_path) as w:
+            w.open_f_s(4, TAIL)
+            w.write_f_s(0, np.zeros((2, 3, 3), np.float16))
+    assert store_entries(tmp_path) == ["ruby"]
 
 
 def test_finish_rejects_bad_meta(tmp_path):
@@ -250,7 +266,8 @@ def test_pickle_holds_only_arrays_and_plain_containers(tmp_path):
 
     walk(body)
     assert set(body["checksums"]) == {"f_s.npy", "plate.mp4"}
-    assert body["checksums"]["f_s.npy"]["sha256"] == cache.file_sha256(d / "f_s.npy")
+    rec = body["checksums"]["f_s.npy"]
+    assert rec["sha256"] == cache.file_sha256(d / "f_s.npy", rec["sha256_offset"])
 
 
 # ----------------------------------------------------------------------------- safe pickle
@@ -455,6 +472,7 @@ def test_concurrent_writer_loses_cleanly(tmp_path):
     with pytest.raises(UsageError, match="exists"):
         with AvatarWriter("ruby", root=tmp_path) as w:
             w.open_f_s(2, TAIL)
+            w.write_f_s(0, np.zeros((2, *TAIL), np.float16))
             w.plate_path(False).write_bytes(b"p")
             write_avatar(tmp_path, n=2, seed=4)  # another process wins the race
             w.finish(make_meta(2, rng))
@@ -518,8 +536,8 @@ def test_exception_inside_writer_leaves_store_unchanged(tmp_path, exc_type, forc
     with pytest.raises(exc_type):
         with AvatarWriter(name, force=force, root=tmp_path) as w:
             assert w.tmp_dir.name.startswith(f".tmp-{name}-") and w.tmp_dir.parent == tmp_path / "avatars"
-            f_s = w.open_f_s(3, TAIL)
-            f_s[:2] = 1.0
+            w.open_f_s(3, TAIL)
+            w.write_f_s(0, np.ones((2, *TAIL), np.float16))
             w.plate_path(False).write_bytes(b"partial")
             raise exc_type("interrupted")
     assert store_entries(tmp_path) == ["ruby"]

@@ -16,14 +16,15 @@ Public API
 - ``validate_name(name) -> str``: ``[A-Za-z0-9_-]{1,64}`` or UsageError.
 - ``AvatarWriter(name, force=False, root=None)``: context manager writing one avatar into a
   temporary sibling ``<root>/avatars/.tmp-<name>-<random>``; ``tmp_dir``,
-  ``open_f_s(n_frames, shape_tail=(32, 16, 64, 64)) -> np.memmap``, ``write_f_s(start, batch)``
-  (fill in batches with flat memory), ``plate_path(is_image)``,
+  ``open_f_s(max_frames, shape_tail=(32, 16, 64, 64))``, ``write_f_s(start, batch)`` (rows in order,
+  streamed to the file with flat memory and hashed as they go), ``plate_path(is_image)``,
   ``finish(meta)`` (see ``AvatarWriter.finish`` for the keys of ``meta``). The avatar appears
   under its name only when complete (rename; with ``force`` an atomic exchange where the OS
   supports it). Any exception in the with-block removes the temporary directory.
 - ``load_avatar(name_or_dir, expected_fingerprints=None, verify="size", root=None) -> Avatar``.
   ``verify``: ``"light"`` (structure and file sizes), ``"size"`` (+ f_s header and a sampled
-  "quick" sha256 of each file; the default, a few MB read), ``"full"`` (+ full sha256).
+  "quick" sha256 of each file; the default, a few MB read), ``"full"`` (+ full sha256; for f_s.npy
+  the sha256 covers the array data after its fixed 128-byte header, recorded as ``sha256_offset``).
 - ``list_avatars(root=None) -> list[dict]``, ``avatar_info(name, verify="size", root=None) -> dict``,
   ``remove_avatar(name, root=None) -> Path``.
 
@@ -37,7 +38,6 @@ import ctypes
 import errno
 import fcntl
 import hashlib
-import mmap as mmap_mod
 import os
 import pickle
 import re
@@ -89,7 +89,8 @@ _QUICK_EDGE = 1 << 20  # bytes hashed at the head and the tail of a file
 _QUICK_BLOCK = 1 << 16  # bytes of each sampled block in between
 _QUICK_SAMPLES = 16
 _HASH_CHUNK = 1 << 22
-_RELEASE_BYTES = 64 << 20  # write_f_s() unmaps written pages after this many bytes
+_RELEASE_BYTES = 64 << 20  # write_f_s() starts write-back and drops written pages after this many bytes
+F_S_HEADER_BYTES = 128     # f_s.npy header (magic, version, dict padded with spaces); data starts here
 
 
 # ----------------------------------------------------------------------------- paths and names
@@ -139,10 +140,11 @@ def _damaged(name: str, adir: Path, detail: str, source: str | None = None) -> A
 
 
 # ----------------------------------------------------------------------------- checksums
-def file_sha256(path: Path) -> str:
-    """Full sha256 of a file, read in 4 MiB chunks."""
+def file_sha256(path: Path, offset: int = 0) -> str:
+    """sha256 of a file from byte `offset` to its end, read in 4 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
+        f.seek(offset)
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -168,6 +170,16 @@ def quick_hash(path: Path) -> str:
 
 def _file_record(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": file_sha256(path), "quick": quick_hash(path)}
+
+
+def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """An .npy version 1.0 header for a C-order array, padded to exactly F_S_HEADER_BYTES."""
+    text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                 "shape": tuple(int(v) for v in shape)}).encode("latin1")
+    room = F_S_HEADER_BYTES - 10          # magic (6) + version (2) + header length (2)
+    if len(text) + 1 > room:
+        raise ValueError(f"f_s shape {shape} does not fit a {F_S_HEADER_BYTES}-byte header")
+    return b"\x93NUMPY\x01\x00" + room.to_bytes(2, "little") + text + b" " * (room - len(text) - 1) + b"\n"
 
 
 def combined_fingerprint(fingerprints: dict[str, str]) -> str:
@@ -327,13 +339,72 @@ def _check_body(body: Any) -> None:
         raise ValueError("plate record is wrong")
     for fname in (F_S_NAME, body["plate"]):
         rec = body["checksums"][fname]
-        if not (isinstance(rec["size"], int) and isinstance(rec["sha256"], str) and isinstance(rec["quick"], str)):
+        if not (isinstance(rec["size"], int) and isinstance(rec["sha256"], str) and isinstance(rec["quick"], str)
+                and isinstance(rec.get("sha256_offset", 0), int)):
             raise ValueError(f"checksum record of {fname} is wrong")
     if len(body["size"]) != 2 or float(body["fps"]) <= 0:
         raise ValueError("size or fps is wrong")
 
 
 # ----------------------------------------------------------------------------- writing
+class _FeatureFile:
+    """f_s.npy being written: rows appended in order with pwrite, hashed as they go, header set at the end."""
+
+    def __init__(self, path: Path, max_rows: int, tail: tuple[int, ...]) -> None:
+        self.path, self.max_rows, self.tail = path, max_rows, tail
+        self.row_bytes = int(np.prod(tail)) * F_S_DTYPE.itemsize
+        self.rows = 0
+        self._hash = hashlib.sha256()
+        self._unreleased = 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.pwrite(self._fd, _npy_header((max_rows, *tail), F_S_DTYPE), 0)
+
+    def append(self, start: int, batch: np.ndarray) -> None:
+        """Write rows [start, start + B) (start == rows so far) as float16."""
+        rows = np.ascontiguousarray(batch, dtype=F_S_DTYPE)
+        if rows.shape[1:] != self.tail:
+            raise ValueError(f"f_s rows must be [B, {', '.join(map(str, self.tail))}], got {list(rows.shape)}")
+        stop = start + len(rows)
+        if start != self.rows:
+            raise IndexError(f"f_s rows are written in order: expected row {self.rows}, got {start}")
+        if stop > self.max_rows:
+            raise IndexError(f"rows {start}:{stop} out of range for {self.max_rows} frames")
+        data = memoryview(rows).cast("B")
+        offset = F_S_HEADER_BYTES + start * self.row_bytes
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self._fd, data[done:], offset + done)
+        self._hash.update(data)
+        self.rows = stop
+        self._unreleased += len(data)
+        if self._unreleased >= _RELEASE_BYTES:
+            self._release()
+
+    def _release(self) -> None:
+        """Start write-back of what was written and drop clean pages from the page cache."""
+        self._unreleased = 0
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def finish(self, n: int) -> dict[str, Any]:
+        """Write the header for n rows (n must equal the rows written), fsync, close; the checksum record."""
+        try:
+            if n != self.rows:
+                raise ValueError(f"meta has {n} frames but f_s has {self.rows} rows written "
+                                 f"(opened for at most {self.max_rows})")
+            os.pwrite(self._fd, _npy_header((n, *self.tail), F_S_DTYPE), 0)
+            os.fsync(self._fd)
+        finally:
+            self.close()
+        return {"size": F_S_HEADER_BYTES + n * self.row_bytes, "sha256": self._hash.hexdigest(),
+                "sha256_offset": F_S_HEADER_BYTES, "quick": quick_hash(self.path)}
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class AvatarWriter:
     """Context manager that writes one avatar to a temporary directory and renames it into place."""
 
@@ -344,8 +415,7 @@ class AvatarWriter:
         self.final_dir = self.adir / self.name
         self.tmp_dir: Path | None = None
         self._lock_fd: int | None = None
-        self._f_s: np.memmap | None = None
-        self._unwritten = 0
+        self._f_s: _FeatureFile | None = None
         self._finished = False
 
     def __enter__(self) -> "AvatarWriter":
@@ -374,6 +444,8 @@ class AvatarWriter:
 
     def _discard(self) -> None:
         """Remove the temporary directory and release its lock."""
+        if self._f_s is not None:
+            self._f_s.close()
         self._f_s = None
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
@@ -386,48 +458,30 @@ class AvatarWriter:
             raise RuntimeError("AvatarWriter is not open; use it as a context manager")
         return self.tmp_dir
 
-    def open_f_s(self, n_frames: int, shape_tail: tuple[int, ...] = F_S_TAIL_FULL) -> np.memmap:
-        """Create f_s.npy as a writable float16 memmap [n_frames, *shape_tail] to fill in batches.
+    def open_f_s(self, max_frames: int, shape_tail: tuple[int, ...] = F_S_TAIL_FULL) -> None:
+        """Start f_s.npy for at most max_frames rows [*shape_tail] float16, filled by write_f_s().
 
-        n_frames may be an upper bound: finish() trims the file to the frame count of its meta.
+        max_frames may be an upper bound: the file holds the rows written, and finish() records
+        that count (which must equal the meta's frame count) in its header.
         """
         tmp = self._need_tmp()
         if self._f_s is not None:
             raise RuntimeError("open_f_s() was already called")
         shape_tail = tuple(int(s) for s in shape_tail)
-        if int(n_frames) < 1 or len(shape_tail) != 4 or min(shape_tail) < 1:
-            raise ValueError(f"f_s shape must be [N>=1, C, D, H, W], got {(n_frames, *shape_tail)}")
-        self._f_s = np.lib.format.open_memmap(
-            tmp / F_S_NAME, mode="w+", dtype=F_S_DTYPE, shape=(int(n_frames), *shape_tail)
-        )  # [N, C, D, 64, 64] float16, sparse until written
-        return self._f_s
+        if int(max_frames) < 1 or len(shape_tail) != 4 or min(shape_tail) < 1:
+            raise ValueError(f"f_s shape must be [N>=1, C, D, H, W], got {(max_frames, *shape_tail)}")
+        self._f_s = _FeatureFile(tmp / F_S_NAME, int(max_frames), shape_tail)
 
     def write_f_s(self, start: int, batch: np.ndarray) -> None:
-        """Store f_s rows [start, start + B) and drop written pages from this process's memory.
+        """Append f_s rows [start, start + B); start must be the number of rows written so far.
 
-        batch: [B, C, D, 64, 64] (any float dtype; cast to float16). Assigning into the memmap
-        from open_f_s() directly also works, but the mapped pages then count in the process's RSS
-        until the kernel writes them back; this keeps registration memory flat in the frame count.
+        batch: [B, C, D, 64, 64] (any float dtype; cast to float16). Rows go to the file with
+        pwrite (nothing stays mapped in this process) and into a running sha256, so finish()
+        neither re-reads nor re-hashes the file.
         """
         if self._f_s is None:
             raise RuntimeError("write_f_s() before open_f_s()")
-        stop = start + len(batch)
-        if start < 0 or stop > self._f_s.shape[0]:
-            raise IndexError(f"rows {start}:{stop} out of range for {self._f_s.shape[0]} frames")
-        self._f_s[start:stop] = batch
-        self._unwritten += int(np.prod(batch.shape)) * F_S_DTYPE.itemsize
-        if self._unwritten >= _RELEASE_BYTES:
-            self.release_f_s_pages()
-
-    def release_f_s_pages(self) -> None:
-        """Flush the f_s memmap to the file and unmap its resident pages (the data stays in the file)."""
-        if self._f_s is None:
-            return
-        self._f_s.flush()
-        mm = getattr(self._f_s, "_mmap", None)
-        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap_mod, "MADV_DONTNEED"):
-            mm.madvise(mmap_mod.MADV_DONTNEED)
-        self._unwritten = 0
+        self._f_s.append(start, batch)
 
     def plate_path(self, is_image: bool) -> Path:
         """Where registration writes the background plate (plate.png for an image, else plate.mp4)."""
@@ -461,7 +515,7 @@ class AvatarWriter:
         return self.final_dir
 
     def _build_body(self, tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
-        """Validate meta, trim and sync f_s, checksum files; return the pickle body."""
+        """Validate meta, complete and sync f_s, checksum files; return the pickle body."""
         x_in = meta["x_s_info"]
         n = int(np.asarray(meta["M_c2o"]).shape[0])
         x_s_info = {k: _frame_array(x_in[k], n, t, np.dtype(np.float32), f"x_s_info[{k}]")
@@ -470,16 +524,6 @@ class AvatarWriter:
         sc = np.asarray(meta["sc"], dtype=np.float32).reshape(SC_SHAPE)
         is_image = bool(meta["is_image"])
 
-        f_s = self._f_s
-        self._f_s = None
-        if n < 1 or n > f_s.shape[0]:
-            raise ValueError(f"meta has {n} frames but f_s was opened for {f_s.shape[0]}")
-        f_s.flush()
-        allocated, f_s_shape = f_s.shape[0], (n, *f_s.shape[1:])
-        del f_s
-        if n < allocated:
-            _trim_npy(tmp / F_S_NAME, n)
-
         plate_name = PLATE_IMAGE if is_image else PLATE_VIDEO
         other = PLATE_VIDEO if is_image else PLATE_IMAGE
         plate = tmp / plate_name
@@ -487,8 +531,7 @@ class AvatarWriter:
             raise ValueError(f"the plate was not written to {plate}")
         if (tmp / other).exists():
             raise ValueError(f"both plate files exist in {tmp}; write only {plate_name}")
-        for p in (tmp / F_S_NAME, plate):
-            _fsync_path(p)
+        _fsync_path(plate)
 
         source = _plain(dict(meta["source"]), "source")
         source.setdefault("n_frames", n)
@@ -498,6 +541,12 @@ class AvatarWriter:
         fps = float(meta.get("fps", CACHE_FPS))
         extra = _plain(dict(meta.get("extra", {})), "extra")
         extra.update({k: _plain(v, k) for k, v in meta.items() if k not in _META_KEYS})
+        crop = _plain(dict(meta.get("crop", {})), "crop")
+        fingerprints = {str(k): str(v) for k, v in dict(meta["fingerprints"]).items()}
+        f_s = self._f_s
+        self._f_s = None
+        f_s_record = f_s.finish(n)          # header for n rows, fsync'd; sha256 of the rows as written
+        f_s_shape = (n, *f_s.tail)
         body = {
             "format_version": FORMAT_VERSION,
             "name": self.name,
@@ -508,14 +557,14 @@ class AvatarWriter:
             "fps": fps,
             "size": size,
             "source": source,
-            "fingerprints": {str(k): str(v) for k, v in dict(meta["fingerprints"]).items()},
+            "fingerprints": fingerprints,
             "random_weights": bool(meta.get("random_weights", False)),
-            "crop": _plain(dict(meta.get("crop", {})), "crop"),
+            "crop": crop,
             "x_s_info": x_s_info,
             **frame,
             "sc": sc,
             "plate": plate_name,
-            "checksums": {F_S_NAME: _file_record(tmp / F_S_NAME), plate_name: _file_record(plate)},
+            "checksums": {F_S_NAME: f_s_record, plate_name: _file_record(plate)},
             "extra": extra,
         }
         _check_body(body)
@@ -569,29 +618,6 @@ def _envelope(body: dict[str, Any]) -> bytes:
     env = {"kind": ENVELOPE_KIND, "format_version": FORMAT_VERSION,
            "body_sha256": hashlib.sha256(raw).hexdigest(), "body": raw}
     return pickle.dumps(env, protocol=5)
-
-
-def _trim_npy(path: Path, n: int) -> None:
-    """Rewrite an .npy header to n leading rows (same header length) and truncate the data."""
-    with open(path, "r+b") as f:
-        version = np.lib.format.read_magic(f)
-        shape, fortran, dtype = np.lib.format._read_array_header(f, version)
-        offset = f.tell()
-        if fortran or shape[0] < n:
-            raise ValueError(f"{path}: cannot trim a {shape} array to {n} rows")
-        if shape[0] == n:
-            return
-        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-                  "shape": (n, *shape[1:])}
-        text = repr(header).encode("latin1")
-        hlen_size = 2 if version == (1, 0) else 4
-        room = offset - 6 - 2 - hlen_size  # magic (6) + version (2) + length field
-        if len(text) + 1 > room:
-            raise ValueError(f"{path}: header too small to trim")
-        text = text + b" " * (room - len(text) - 1) + b"\n"
-        f.seek(6 + 2 + hlen_size)
-        f.write(text)
-        f.truncate(offset + n * int(np.prod(shape[1:])) * dtype.itemsize)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -679,7 +705,7 @@ def _check_files(name: str, d: Path, body: dict[str, Any], verify: str) -> np.nd
             raise _damaged(name, d, f"{fname} has {size} bytes, expected {rec['size']}", src)
         if verify == "size" and quick_hash(p) != rec["quick"]:
             raise _damaged(name, d, f"{fname} fails its checksum", src)
-        if verify == "full" and file_sha256(p) != rec["sha256"]:
+        if verify == "full" and file_sha256(p, rec.get("sha256_offset", 0)) != rec["sha256"]:
             raise _damaged(name, d, f"{fname} fails its checksum", src)
     try:
         f_s = np.load(d / F_S_NAME, mmap_mode="r", allow_pickle=False)

@@ -22,18 +22,20 @@ import torch
 from .. import models
 from ..checkpoints import find_checkpoints
 from ..config import RegisterConfig
-from ..devices import resolve_device
+from ..devices import numpy_blas_single_threaded, resolve_device
 from ..errors import InputError
 from ..face.crop import crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
+from ..memory import serve_frames_from_mmap
 from ..motion.sampling import centered_mean
-from ..render.plate import open_plate_writer, write_plate_image
+from ..render.plate import write_plate_image
 from ..timing import StageTimer
 from .cache import AvatarWriter, validate_name
-from .source import iter_frames, open_source
+from .source import SourceFrames, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
+_MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read
 Step = Callable[..., object]
 ProgressFactory = Callable[[int, str], Step]
 
@@ -59,9 +61,9 @@ class Extractors:
 class _FeatureSink:
     """Collects 256x256 crops into batches, runs the extractors, writes f_s rows and keeps x_s_info."""
 
-    def __init__(self, nets: Extractors, writer: AvatarWriter, n_max: int, batch_size: int, step: Step,
+    def __init__(self, nets: Extractors, writer: AvatarWriter, n_cap: int, batch_size: int, step: Step,
                  timer: StageTimer):
-        self.nets, self.writer, self.n_max, self.batch_size = nets, writer, n_max, batch_size
+        self.nets, self.writer, self.n_cap, self.batch_size = nets, writer, n_cap, batch_size
         self.step, self.timer = step, timer
         self.batch: list[np.ndarray] = []
         self.done = 0
@@ -79,7 +81,7 @@ class _FeatureSink:
             f_s, info = self.nets(np.stack(self.batch))
         with self.timer("cache_write"):
             if self.done == 0:
-                self.writer.open_f_s(self.n_max, f_s.shape[1:])
+                self.writer.open_f_s(self.n_cap, f_s.shape[1:])
             self.writer.write_f_s(self.done, f_s)
         for k in INFO_KEYS:
             self.infos[k].append(info[k])
@@ -103,6 +105,8 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
     """Register an anchor video or image; returns the avatar directory (appears only when complete).
 
     `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write, cache_write.
+    A video is decoded once, by one ffmpeg process that also encodes the plate; plate_write is the
+    wait for that encoder to finish after the last frame.
     """
     cfg = config or RegisterConfig()
     timer = timer or StageTimer()
@@ -114,22 +118,27 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
     info, image = open_source(source, max_size)
     cs = find_checkpoints(checkpoints, need_hubert=False, networks=("appearance_extractor", "motion_extractor"))
     half = max(1, smooth_crop) // 2
-    # frame-count upper bound for the f_s memory map (trimmed to the real count when finishing)
-    n_max = 1 if info.is_image else info.est_frames + 50
+    # frames expected (for the progress bar; a video's duration is only an estimate) and allowed
+    n_est = 1 if info.is_image else info.est_frames
+    n_cap = 1 if info.is_image else (max_frames if max_frames is not None else _MAX_FRAMES)
     if max_frames is not None:
-        n_max = min(n_max, max_frames)
+        n_est = min(n_est, max_frames)
     with AvatarWriter(name, force=force) as writer, ExitStack() as stack:   # name/store checked first
+        stack.enter_context(numpy_blas_single_threaded())
         nets = Extractors(cs.files, resolve_device(device))
-        sink = _FeatureSink(nets, writer, n_max, batch_size, (progress or _no_progress)(n_max, "register"), timer)
+        sink = _FeatureSink(nets, writer, n_cap, batch_size, (progress or _no_progress)(n_est, "register"), timer)
         tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source)))
         caught = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always")
         plate = writer.plate_path(info.is_image)
         if info.is_image:
             write_plate_image(image, plate)
-            plate_writer = None
+            reader = None
         else:
-            plate_writer = stack.enter_context(open_plate_writer(plate, info.size, fps=25))
+            # every large buffer mmap'd: without it heap fragmentation grew RSS by ~0.35 MB a frame
+            serve_frames_from_mmap()
+            # frames alive at once: the queue (at most half + 1) and the one being read
+            reader = stack.enter_context(SourceFrames(info, max_frames, ring=half + 3, plate=plate))
 
         params: list[np.ndarray] = []          # raw crop parameters per frame [4]
         smoothed: list[np.ndarray] = []
@@ -149,18 +158,18 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
                     eo, eb = eye_features(landmarks_in_crop(lmk, M, 512)[None])
                     eyes.append((eo[0], eb[0]))
                     crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
-                if plate_writer is not None:
-                    with timer("plate_write"):
-                        plate_writer.write(frame)
                 sink.add(crop256)
 
-        frames = iter([image]) if info.is_image else iter_frames(info, n_max)
+        frames = iter([image]) if reader is None else iter(reader)
         for i, frame in enumerate(timer.iterate(frames, "decode")):
             with timer("landmarks"):
                 lmk = tracker(frame, i).astype(np.float32)
                 params.append(np.asarray(crop_params(lmk, cfg.crop_scale, cfg.crop_vx, cfg.crop_vy), np.float64))
             queue.append((i, frame, lmk))
             emit(ending=False)
+        if reader is not None:
+            with timer("plate_write"):
+                reader.finish()
         if not params:
             raise InputError(f"{source}: the video has no frames; re-export it")
         emit(ending=True)
@@ -187,9 +196,6 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
             "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "warnings": sorted({str(w.message) for w in caught}),
         }
-        if plate_writer is not None:
-            with timer("plate_write"):
-                plate_writer.close()
         with timer("cache_write"):
             writer.finish(meta)
     return writer.final_dir

@@ -1,4 +1,4 @@
-"""Open a registration source by content (image or video) and stream its frames, resized, at 25 fps."""
+"""Open a registration source by content (image or video); stream a video's frames at 25 fps and write its plate."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..inputs import check_input_file
-from ..memory import serve_frames_from_mmap
+from ..ffpipe import RawVideoPipe, TruncatedFrame
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
 
@@ -85,24 +85,60 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
                       max(1, int(round(duration * FPS)))), None
 
 
-def iter_frames(info: SourceInfo, max_frames: int | None = None) -> Iterator[np.ndarray]:
-    """Stream RGB uint8 frames [H,W,3] of a video source, resampled to 25 fps and resized; never all in RAM."""
-    import imageio_ffmpeg
+class SourceFrames:
+    """A video source decoded once by one ffmpeg process: RGB frames resampled to 25 fps and resized, read
+    into a ring of `ring` preallocated buffers; the same process encodes those frames as the plate.
 
-    serve_frames_from_mmap()
-    w, h = info.size
-    vf = f"fps={FPS},scale={w}:{h}:flags=area"
-    gen = imageio_ffmpeg.read_frames(str(info.path), output_params=["-vf", vf])
-    try:
-        next(gen)
-        for i, buf in enumerate(gen):
-            if max_frames is not None and i >= max_frames:
-                break
-            if len(buf) != w * h * 3:
-                break  # truncated tail
-            yield np.frombuffer(buf, np.uint8).reshape(h, w, 3)
-    except RuntimeError as e:
-        raise InputError(f"{info.path}: video is truncated or corrupt ({str(e).strip().splitlines()[-1][:120]}); "
-                         "re-export it") from None
-    finally:
-        gen.close()
+    Iterating yields [H, W, 3] uint8 views into the ring: a frame stays valid until `ring` - 1 more have
+    been yielded, so a caller keeping frames in a queue must keep fewer than `ring`. `finish()` waits
+    for ffmpeg and so for a complete plate; `close()` (or leaving the `with` block) stops it.
+    """
+
+    def __init__(self, info: SourceInfo, max_frames: int | None = None, ring: int = 2,
+                 plate: str | Path | None = None) -> None:
+        from ..render.plate import plate_encoder_args
+
+        if info.is_image:
+            raise ValueError("SourceFrames reads videos; an image source is a single frame")
+        w, h = info.size
+        chain = f"[0:v:0]fps={FPS},scale={w}:{h}:flags=area"
+        limit = ["-frames:v", str(int(max_frames))] if max_frames is not None else []
+        if plate is None:
+            args = ["-i", str(info.path), "-filter_complex", f"{chain},format=rgb24[rgb]"]
+        else:
+            args = ["-i", str(info.path), "-filter_complex",
+                    f"{chain},split=2[a][b];[a]format=rgb24[rgb];[b]format=yuv420p[yuv]",
+                    "-map", "[yuv]", *limit, *plate_encoder_args(), str(plate)]
+        args += ["-map", "[rgb]", *limit, "-f", "rawvideo", "pipe:1"]
+        self.info = info
+        self.count = 0
+        self._ring = np.empty((max(2, int(ring)), h, w, 3), np.uint8)   # [R, H, W, 3]
+        self._pipe = RawVideoPipe(args)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        while True:
+            buf = self._ring[self.count % len(self._ring)]
+            try:
+                if not self._pipe.read_into(buf):
+                    return
+            except TruncatedFrame:
+                return     # a cut-off last frame: the frames before it stand
+            self.count += 1
+            yield buf
+
+    def finish(self) -> None:
+        """Wait for ffmpeg to end (plate complete); InputError if it failed."""
+        code, err = self._pipe.wait()
+        if code != 0:
+            raise InputError(f"{self.info.path}: video is truncated or corrupt ({err or f'ffmpeg exit {code}'}); "
+                             "re-export it")
+
+    def close(self) -> None:
+        """Stop ffmpeg (if running) and free the pipe."""
+        self._pipe.close()
+
+    def __enter__(self) -> "SourceFrames":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""ffmpeg child processes whose raw video output is read straight into caller-owned frame buffers."""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import tempfile
+
+import imageio_ffmpeg
+import numpy as np
+
+F_SETPIPE_SZ = 1031        # fcntl command (Linux): resize a pipe
+PIPE_BYTES = 1 << 20       # 1 MiB pipe: a 1080p RGB frame arrives in ~6 reads instead of ~95
+
+
+class TruncatedFrame(EOFError):
+    """The stream ended part-way through a frame."""
+
+
+class RawVideoPipe:
+    """One ffmpeg process (own session, stderr to a file) writing raw frames to its stdout.
+
+    `args` are ffmpeg's arguments after the global options; one output must be `pipe:1`.
+    """
+
+    def __init__(self, args: list[str]) -> None:
+        cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", *args]
+        self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      start_new_session=True, bufsize=0)
+        try:
+            fcntl.fcntl(self._proc.stdout.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass   # a smaller pipe only costs more reads
+
+    def read_into(self, buf: np.ndarray) -> bool:
+        """Fill the contiguous array `buf` with the next frame; False at a clean end of stream.
+
+        Raises TruncatedFrame when the stream stops mid-frame.
+        """
+        view = memoryview(buf).cast("B")
+        got, size = 0, len(view)
+        read = self._proc.stdout.readinto
+        while got < size:
+            n = read(view[got:])
+            if not n:
+                if got:
+                    raise TruncatedFrame(f"stream ended after {got} of {size} bytes of a frame")
+                return False
+            got += n
+        return True
+
+    def wait(self) -> tuple[int, str]:
+        """Wait for ffmpeg to exit (all its outputs complete); returns (exit code, last stderr line)."""
+        code = self._proc.wait()
+        return code, self.last_error()
+
+    def last_error(self) -> str:
+        """ffmpeg's last non-empty stderr line, shortened (empty if none)."""
+        self._stderr.seek(0)
+        lines = [ln.strip() for ln in self._stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        return lines[-1][:160] if lines else ""
+
+    def close(self) -> None:
+        """Stop ffmpeg if it is still running and release the pipe and the stderr file."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.stdout.close()
+        self._proc.wait()
+        self._stderr.close()
