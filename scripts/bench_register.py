@@ -34,17 +34,23 @@ def run(out_json: str | None, quick: bool = False, tiny: bool | None = None) -> 
             stats, rss = run_child(CHILD.format(video=str(video), ckpt=str(ckpt)), {"DITTO_FAST_HOME": home})
         per = {k: 1000 * v / stats["frames"] for k, v in stats["stages"].items()}
         non_net = sum(v for k, v in per.items() if k != "networks")
+        # the whole call (start-up, model loading, waiting for ffmpeg at the end) minus the networks
+        wall_non_net = (1000 * stats["wall"] - per.get("networks", 0) * stats["frames"]) / stats["frames"]
         result["runs"][n] = {"frames": stats["frames"], "wall_s": stats["wall"], "ms_per_frame": per,
-                             "non_network_ms_per_frame": non_net, "avatar_load_s": stats["load_s"],
+                             "non_network_ms_per_frame": non_net,
+                             "wall_minus_networks_ms_per_frame": wall_non_net, "avatar_load_s": stats["load_s"],
                              "peak_rss_mib": rss}
     a, b = (result["runs"][n] for n in lengths)
     result["rss_growth"] = b["peak_rss_mib"] / a["peak_rss_mib"] - 1
     print(f"{'frames':>7} {'decode':>7} {'landmk':>7} {'crop+eye':>8} {'plate':>7} {'cache':>7} {'nets':>8} "
-          f"{'non-net':>8} {'load s':>7} {'RSS MiB':>8}   (ms/frame; {result['networks']} networks)")
+          f"{'non-net':>8} {'wall-net':>8} {'load s':>7} {'RSS MiB':>8}   (ms/frame; {result['networks']} networks)")
     for n, r in result["runs"].items():
         p = r["ms_per_frame"]
         print(f"{n:>7} {p.get('decode', 0):7.1f} {p.get('landmarks', 0):7.1f} {p.get('crop_eyes', 0):8.1f} "
               f"{p.get('plate_write', 0):7.1f} {p.get('cache_write', 0):7.1f} {p.get('networks', 0):8.1f} "
-              f"{r['non_network_ms_per_frame']:8.1f} {r['avatar_load_s']:7.3f} {r['peak_rss_mib']:8.0f}")
+              f"{r['non_network_ms_per_frame']:8.1f} {r['wall_minus_networks_ms_per_frame']:8.1f} "
+              f"{r['avatar_load_s']:7.3f} {r['peak_rss_mib']:8.0f}")
+    print("non-net: the stages other than the networks (target <= 25 ms/frame); wall-net: the whole call's wall time\n"
+          "less the networks, start-up and the plate encoder's tail included")
     print(f"peak RSS {lengths[1]} vs {lengths[0]} frames: {100 * result['rss_growth']:+.1f}% (target within 15%)")
     return save(out_json, result)

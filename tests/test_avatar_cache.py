@@ -184,14 +184,17 @@ def test_f_s_holds_the_rows_written(tmp_path):
     assert np.load(d / "f_s.npy").shape == (5, *TAIL)
 
 
-def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch):
-    """Rows go to the file in order (dropping written pages as it goes); the running sha256 is the data's."""
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-io", "page-cache"])
+def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch, direct):
+    """Rows go to the file in order (direct I/O, or the page cache dropping written pages as it goes);
+    the running sha256 is the data's."""
+    monkeypatch.setattr(cache, "_DIRECT_IO", direct)
     monkeypatch.setattr(cache, "_RELEASE_BYTES", 1)  # drop pages after every batch
     released = []
     real = cache._FeatureFile._release
     monkeypatch.setattr(cache._FeatureFile, "_release", lambda self: (released.append(1), real(self)))
     d, _, f_s_data = write_avatar(tmp_path, n=7)
-    assert len(released) == 4  # batches at rows 0, 2, 4, 6
+    assert len(released) == (0 if direct else 4)  # batches at rows 0, 2, 4, 6
     np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), f_s_data)
     rec = load_avatar(d).meta["checksums"]["f_s.npy"]
     raw = (d / "f_s.npy").read_bytes()
@@ -211,6 +214,22 @@ def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch):
             w.open_f_s(4, TAIL)
             w.write_f_s(0, np.zeros((2, 3, 3), np.float16))
     assert store_entries(tmp_path) == ["ruby"]
+
+
+def test_f_s_buffer_filled_in_place(tmp_path):
+    """Rows filled in f_s_buffer() (page-aligned) are written as they are, batch after batch."""
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((5, *TAIL)).astype(np.float16)
+    with AvatarWriter("inplace", root=tmp_path) as w:
+        w.open_f_s(5, TAIL)
+        for i, j in ((0, 3), (3, 5)):
+            rows = w.f_s_buffer(j - i)
+            assert rows.shape == (j - i, *TAIL) and rows.dtype == np.float16 and rows.ctypes.data % 4096 == 0
+            rows[:] = data[i:j]
+            w.write_f_s(i, rows)
+        w.plate_path(False).write_bytes(b"p")
+        d = w.finish(make_meta(5, rng))
+    np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), data)
 
 
 def test_finish_rejects_bad_meta(tmp_path):

@@ -51,9 +51,10 @@ class Extractors:
                                   for m in (self.appearance, self.motion))
 
     @torch.inference_mode()
-    def __call__(self, crops256: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, crops256: np.ndarray) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        """f_s [B,C,D,64,64] (a tensor on the device) and x_s_info arrays for a batch of crops [B,256,256,3]."""
         x = torch.from_numpy(crops256).to(self.device).permute(0, 3, 1, 2).float() / 255.0  # [B,3,256,256]
-        f_s = self.appearance(x).to(torch.float16).cpu().numpy()                          # [B,C,D,64,64]
+        f_s = self.appearance(x)
         out = self.motion(x)
         return f_s, {k: out[k].float().cpu().numpy() for k in INFO_KEYS}
 
@@ -79,10 +80,12 @@ class _FeatureSink:
             return
         with self.timer("networks"):
             f_s, info = self.nets(np.stack(self.batch))
-        with self.timer("cache_write"):
             if self.done == 0:
-                self.writer.open_f_s(self.n_cap, f_s.shape[1:])
-            self.writer.write_f_s(self.done, f_s)
+                self.writer.open_f_s(self.n_cap, tuple(f_s.shape[1:]))
+            rows = self.writer.f_s_buffer(len(f_s))
+            torch.from_numpy(rows).copy_(f_s)      # to the host as float16, straight into the write buffer
+        with self.timer("cache_write"):
+            self.writer.write_f_s(self.done, rows)
         for k in INFO_KEYS:
             self.infos[k].append(info[k])
         self.done += len(self.batch)
