@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import fcntl
+import re
 import subprocess
 import tempfile
+from typing import IO
 
 import imageio_ffmpeg
 import numpy as np
 
 F_SETPIPE_SZ = 1031        # fcntl command (Linux): resize a pipe
 PIPE_BYTES = 1 << 20       # 1 MiB pipe: a 1080p RGB frame arrives in ~6 reads instead of ~95
+
+
+def last_stderr_line(stderr_file: IO[bytes]) -> str:
+    """The last non-empty line ffmpeg wrote to `stderr_file`, without its "[... @ 0x...] " context prefix."""
+    try:
+        stderr_file.seek(0)
+        lines = [ln.strip() for ln in stderr_file.read().decode("utf-8", "replace").splitlines()]
+    except (OSError, ValueError):
+        return ""
+    lines = [ln for ln in lines if ln]
+    return re.sub(r"^\[[^\]]*@ 0x[0-9a-fA-F]+\]\s*", "", lines[-1]) if lines else ""
 
 
 class TruncatedFrame(EOFError):
@@ -56,10 +69,8 @@ class RawVideoPipe:
         return code, self.last_error()
 
     def last_error(self) -> str:
-        """ffmpeg's last non-empty stderr line, shortened (empty if none)."""
-        self._stderr.seek(0)
-        lines = [ln.strip() for ln in self._stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-        return lines[-1][:160] if lines else ""
+        """ffmpeg's last stderr line, shortened (empty if none)."""
+        return last_stderr_line(self._stderr)[:160]
 
     def close(self) -> None:
         """Stop ffmpeg if it is still running and release the pipe and the stderr file."""

@@ -375,11 +375,6 @@ class _FeatureFile:
                 pass   # e.g. tmpfs: buffered writes
         os.pwrite(self._fd, _npy_header((max_rows, *tail), F_S_DTYPE), 0)
 
-    @property
-    def direct(self) -> bool:
-        """True while rows are written with direct I/O."""
-        return self._direct >= 0
-
     def append(self, start: int, batch: np.ndarray) -> None:
         """Write rows [start, start + B) (start == rows so far) as float16."""
         rows = np.ascontiguousarray(batch, dtype=F_S_DTYPE)

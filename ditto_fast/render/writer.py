@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -13,6 +12,7 @@ import imageio_ffmpeg
 import numpy as np
 
 from ditto_fast.errors import DittoError, InputError
+from ditto_fast.ffpipe import last_stderr_line
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -152,16 +152,6 @@ class VideoWriter:
         self._proc.wait()
         self._cleanup_files()
 
-    def _last_stderr_line(self) -> str:
-        try:
-            self._stderr.seek(0)
-            lines = [ln.strip() for ln in self._stderr.read().decode("utf-8", "replace").splitlines()]
-        except (OSError, ValueError):
-            return ""
-        lines = [ln for ln in lines if ln]
-        # drop ffmpeg's "[out#0/mp4 @ 0x55...] " context prefix
-        return re.sub(r"^\[[^\]]*@ 0x[0-9a-fA-F]+\]\s*", "", lines[-1]) if lines else ""
-
     def _fail(self, reason: str | None = None) -> None:
         """Abort and raise the error naming the output file and ffmpeg's last complaint."""
         if self._proc.poll() is None:
@@ -170,7 +160,7 @@ class VideoWriter:
             except subprocess.TimeoutExpired:
                 pass
         if reason is None:
-            reason = self._last_stderr_line() or f"ffmpeg exited with status {self._proc.poll()}"
+            reason = last_stderr_line(self._stderr) or f"ffmpeg exited with status {self._proc.poll()}"
         self.abort()
         raise InputError(f"writing {self.out_path} failed: {reason} "
                          f"(check free disk space and that the directory is writable)")
