@@ -7,6 +7,7 @@ import hashlib
 import os
 import pickle
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -187,7 +188,7 @@ def test_f_s_holds_the_rows_written(tmp_path):
 @pytest.mark.parametrize("direct", [True, False], ids=["direct-io", "page-cache"])
 def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch, direct):
     """Rows go to the file in order (direct I/O, or the page cache dropping written pages as it goes);
-    the running sha256 is the data's."""
+    the CRC-32 of each row is taken as it is written."""
     monkeypatch.setattr(cache, "_DIRECT_IO", direct)
     monkeypatch.setattr(cache, "_RELEASE_BYTES", 1)  # drop pages after every batch
     released = []
@@ -198,9 +199,10 @@ def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch, direct):
     np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), f_s_data)
     rec = load_avatar(d).meta["checksums"]["f_s.npy"]
     raw = (d / "f_s.npy").read_bytes()
-    assert rec["sha256_offset"] == cache.F_S_HEADER_BYTES and rec["size"] == len(raw)
-    assert rec["sha256"] == hashlib.sha256(raw[cache.F_S_HEADER_BYTES:]).hexdigest()
+    assert rec["rows_offset"] == cache.F_S_HEADER_BYTES and rec["size"] == len(raw)
     assert raw[cache.F_S_HEADER_BYTES:] == f_s_data.tobytes()
+    assert rec["row_crc32"].dtype == np.uint32
+    assert rec["row_crc32"].tolist() == [zlib.crc32(row.tobytes()) for row in f_s_data]
     with pytest.raises(IndexError, match="out of range"):
         with AvatarWriter("x", root=tmp_path) as w:
             w.open_f_s(2, TAIL)
@@ -286,7 +288,9 @@ def test_pickle_holds_only_arrays_and_plain_containers(tmp_path):
     walk(body)
     assert set(body["checksums"]) == {"f_s.npy", "plate.mp4"}
     rec = body["checksums"]["f_s.npy"]
-    assert rec["sha256"] == cache.file_sha256(d / "f_s.npy", rec["sha256_offset"])
+    row_bytes = int(np.prod(TAIL)) * 2
+    assert (rec["row_crc32"] == cache.row_crc32(d / "f_s.npy", rec["rows_offset"], row_bytes, 2)).all()
+    assert body["checksums"]["plate.mp4"]["sha256"] == cache.file_sha256(d / "plate.mp4")
 
 
 # ----------------------------------------------------------------------------- safe pickle
@@ -453,13 +457,45 @@ def test_checksum_failure_same_size(tmp_path):
         f.seek(off)
         f.write(bytes([b[0] ^ 0xFF]))
     load_avatar("ruby", root=tmp_path, verify="size")  # the documented trade-off of the quick check
-    with pytest.raises(AvatarError, match=r"damaged \(f_s.npy fails its checksum\).*re-register"):
+    frame = (off - cache.F_S_HEADER_BYTES) // (4 << 20)
+    with pytest.raises(AvatarError, match=rf"damaged \(f_s.npy fails its checksum at frame {frame}\).*re-register"):
         load_avatar("ruby", root=tmp_path, verify="full")
     with open(p, "r+b") as f:  # damage at the head is caught by the default quick check
         f.seek(200)
         f.write(b"\x01\x02\x03")
     with pytest.raises(AvatarError, match="f_s.npy fails its checksum"):
         load_avatar("ruby", root=tmp_path)
+
+
+def test_full_check_names_damaged_frames(tmp_path):
+    """verify='full' checks each f_s row's CRC-32 and names the first damaged frame and how many more."""
+    d, _, _ = write_avatar(tmp_path, n=6)
+    p = d / "f_s.npy"
+    row = int(np.prod(TAIL)) * 2
+    with open(p, "r+b") as f:
+        for k in (2, 4):
+            f.seek(cache.F_S_HEADER_BYTES + k * row + row // 2)
+            f.write(b"\x55\xaa")
+    with pytest.raises(AvatarError, match=r"f_s.npy fails its checksum at frame 2 and 1 more\)"):
+        load_avatar("ruby", root=tmp_path, verify="full")
+
+
+def test_legacy_whole_file_sha256_record(tmp_path):
+    """Caches written before per-row CRCs (one sha256 of the rows after the header) still verify in full."""
+    d, _, _ = write_avatar(tmp_path, n=3)
+    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
+    body = safe_pickle.loads(env["body"])
+    rec = body["checksums"]["f_s.npy"]
+    body["checksums"]["f_s.npy"] = {"size": rec["size"], "quick": rec["quick"], "sha256_offset": cache.F_S_HEADER_BYTES,
+                                    "sha256": cache.file_sha256(d / "f_s.npy", cache.F_S_HEADER_BYTES)}
+    raw = pickle.dumps(body, protocol=5)
+    _rewrite_envelope(d, body=raw, body_sha256=hashlib.sha256(raw).hexdigest())
+    assert load_avatar("ruby", root=tmp_path, verify="full").n_frames == 3
+    with open(d / "f_s.npy", "r+b") as f:
+        f.seek(cache.F_S_HEADER_BYTES + 5000)
+        f.write(b"\x01")
+    with pytest.raises(AvatarError, match=r"damaged \(f_s.npy fails its checksum\)"):
+        load_avatar("ruby", root=tmp_path, verify="full")
 
 
 def test_plate_checks(tmp_path):

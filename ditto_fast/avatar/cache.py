@@ -23,8 +23,10 @@ Public API
   supports it). Any exception in the with-block removes the temporary directory.
 - ``load_avatar(name_or_dir, expected_fingerprints=None, verify="size", root=None) -> Avatar``.
   ``verify``: ``"light"`` (structure and file sizes), ``"size"`` (+ f_s header and a sampled
-  "quick" sha256 of each file; the default, a few MB read), ``"full"`` (+ full sha256; for f_s.npy
-  the sha256 covers the array data after its fixed 4096-byte header, recorded as ``sha256_offset``).
+  "quick" sha256 of each file; the default, a few MB read), ``"full"`` (+ every byte: the plate's
+  sha256, and for f_s.npy a CRC-32 per frame row, ``row_crc32`` [N] uint32, of the rows after the
+  fixed 4096-byte header (``rows_offset``), so a damaged cache names its first bad frame; caches
+  written before per-row CRCs carry one sha256 of the rows instead, checked the same way).
 - ``list_avatars(root=None) -> list[dict]``, ``avatar_info(name, verify="size", root=None) -> dict``,
   ``remove_avatar(name, root=None) -> Path``.
 
@@ -47,6 +49,7 @@ import shutil
 import tempfile
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -151,6 +154,19 @@ def file_sha256(path: Path, offset: int = 0) -> str:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def row_crc32(path: Path, offset: int, row_bytes: int, n_rows: int) -> np.ndarray:
+    """CRC-32 of each of n_rows rows of row_bytes bytes from byte `offset` of a file: [n_rows] uint32."""
+    out = np.zeros(n_rows, np.uint32)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        buf = bytearray(row_bytes)
+        for i in range(n_rows):
+            if f.readinto(buf) != row_bytes:
+                raise EOFError(f"{path} ends inside row {i}")
+            out[i] = zlib.crc32(buf)
+    return out
 
 
 def quick_hash(path: Path) -> str:
@@ -342,8 +358,11 @@ def _check_body(body: Any) -> None:
         raise ValueError("plate record is wrong")
     for fname in (F_S_NAME, body["plate"]):
         rec = body["checksums"][fname]
-        if not (isinstance(rec["size"], int) and isinstance(rec["sha256"], str) and isinstance(rec["quick"], str)
-                and isinstance(rec.get("sha256_offset", 0), int)):
+        crcs = rec.get("row_crc32")
+        whole = isinstance(rec.get("sha256"), str) and isinstance(rec.get("sha256_offset", 0), int)
+        rows = fname == F_S_NAME and isinstance(crcs, np.ndarray) and crcs.dtype == np.uint32 \
+            and crcs.shape == (n,) and isinstance(rec.get("rows_offset"), int)
+        if not (isinstance(rec["size"], int) and isinstance(rec["quick"], str) and (whole or rows)):
             raise ValueError(f"checksum record of {fname} is wrong")
     if len(body["size"]) != 2 or float(body["fps"]) <= 0:
         raise ValueError("size or fps is wrong")
@@ -351,7 +370,7 @@ def _check_body(body: Any) -> None:
 
 # ----------------------------------------------------------------------------- writing
 class _FeatureFile:
-    """f_s.npy being written: rows appended in order, hashed as they go, the header set at the end.
+    """f_s.npy being written: rows appended in order, each row's CRC-32 taken as it goes, the header set at the end.
 
     Rows go out with direct I/O (O_DIRECT, from a page-aligned staging buffer) where the file
     system allows it: 4 MiB a frame then costs no page-cache copy, no write-back later and no long
@@ -363,7 +382,7 @@ class _FeatureFile:
         self.path, self.max_rows, self.tail = path, max_rows, tail
         self.row_bytes = int(np.prod(tail)) * F_S_DTYPE.itemsize
         self.rows = 0
-        self._hash = hashlib.sha256()
+        self._crcs: list[int] = []
         self._unreleased = 0
         self._stage: mmap.mmap | None = None
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -398,7 +417,8 @@ class _FeatureFile:
             self._unreleased += len(data)
             if self._unreleased >= _RELEASE_BYTES:
                 self._release()
-        self._hash.update(data)
+        rb = self.row_bytes
+        self._crcs.extend(zlib.crc32(data[k:k + rb]) for k in range(0, len(data), rb))
         self.rows = stop
 
     def buffer(self, n_rows: int) -> np.ndarray:
@@ -433,8 +453,8 @@ class _FeatureFile:
             os.fsync(self._fd)
         finally:
             self.close()
-        return {"size": F_S_HEADER_BYTES + n * self.row_bytes, "sha256": self._hash.hexdigest(),
-                "sha256_offset": F_S_HEADER_BYTES, "quick": quick_hash(self.path)}
+        return {"size": F_S_HEADER_BYTES + n * self.row_bytes, "row_crc32": np.array(self._crcs, np.uint32),
+                "rows_offset": F_S_HEADER_BYTES, "quick": quick_hash(self.path)}
 
     def close(self) -> None:
         for fd in (self._fd, self._direct):
@@ -527,8 +547,8 @@ class AvatarWriter:
         """Append f_s rows [start, start + B); start must be the number of rows written so far.
 
         batch: [B, C, D, 64, 64] (any float dtype; cast to float16). Rows go to the file with
-        pwrite (nothing stays mapped in this process) and into a running sha256, so finish()
-        neither re-reads nor re-hashes the file.
+        pwrite (nothing stays mapped in this process), each row's CRC-32 taken on the way, so
+        finish() neither re-reads nor re-hashes the file.
         """
         if self._f_s is None:
             raise RuntimeError("write_f_s() before open_f_s()")
@@ -596,7 +616,7 @@ class AvatarWriter:
         fingerprints = {str(k): str(v) for k, v in dict(meta["fingerprints"]).items()}
         f_s = self._f_s
         self._f_s = None
-        f_s_record = f_s.finish(n)          # header for n rows, fsync'd; sha256 of the rows as written
+        f_s_record = f_s.finish(n)          # header for n rows, fsync'd; CRC-32 of each row as written
         f_s_shape = (n, *f_s.tail)
         body = {
             "format_version": FORMAT_VERSION,
@@ -756,8 +776,8 @@ def _check_files(name: str, d: Path, body: dict[str, Any], verify: str) -> np.nd
             raise _damaged(name, d, f"{fname} has {size} bytes, expected {rec['size']}", src)
         if verify == "size" and quick_hash(p) != rec["quick"]:
             raise _damaged(name, d, f"{fname} fails its checksum", src)
-        if verify == "full" and file_sha256(p, rec.get("sha256_offset", 0)) != rec["sha256"]:
-            raise _damaged(name, d, f"{fname} fails its checksum", src)
+        if verify == "full":
+            _check_full(name, d, p, rec, body, src)
     try:
         f_s = np.load(d / F_S_NAME, mmap_mode="r", allow_pickle=False)
     except Exception as exc:  # bad header, truncated data
@@ -767,6 +787,24 @@ def _check_files(name: str, d: Path, body: dict[str, Any], verify: str) -> np.nd
             name, d, f"{F_S_NAME} is {f_s.dtype}{list(f_s.shape)}, expected float16{list(body['f_s_shape'])}", src
         )
     return f_s  # [N, C, D, 64, 64] float16, read-only memmap
+
+
+def _check_full(name: str, d: Path, p: Path, rec: dict[str, Any], body: dict[str, Any], src: str | None) -> None:
+    """Every byte of one file against its record: per-row CRC-32s (f_s.npy) or one sha256."""
+    if "row_crc32" in rec:
+        want = rec["row_crc32"]
+        shape = tuple(body["f_s_shape"])
+        row_bytes = int(np.prod(shape[1:])) * F_S_DTYPE.itemsize
+        try:
+            got = row_crc32(p, rec["rows_offset"], row_bytes, len(want))
+        except EOFError:
+            raise _damaged(name, d, f"{p.name} is cut short", src) from None
+        bad = np.flatnonzero(got != want)
+        if len(bad):
+            raise _damaged(name, d, f"{p.name} fails its checksum at frame {bad[0]}"
+                           + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""), src)
+    elif file_sha256(p, rec.get("sha256_offset", 0)) != rec["sha256"]:
+        raise _damaged(name, d, f"{p.name} fails its checksum", src)
 
 
 def _check_level(verify: str | bool) -> str:

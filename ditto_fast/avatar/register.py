@@ -7,7 +7,6 @@ tracked; nothing else is kept per frame except landmarks-sized arrays.
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections import deque
 from contextlib import ExitStack
@@ -31,7 +30,7 @@ from ..memory import serve_frames_from_mmap
 from ..motion.sampling import centered_mean
 from ..render.plate import write_plate_image
 from ..timing import StageTimer
-from .cache import AvatarWriter, validate_name
+from .cache import AvatarWriter, file_sha256, validate_name
 from .source import SourceFrames, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
@@ -183,7 +182,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
         if n > 1:
             x_s_info = {k: centered_mean(v, smooth_info) for k, v in x_s_info.items()}
         meta = {
-            "source": {"path": str(source.resolve()), "sha256": _sha256(source), "fps": info.src_fps,
+            "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
                        "size": list(info.size), "source_size": list(info.src_size), "frames": n},
             "fps": 25.0, "size": list(info.size),
             "fingerprints": cs.avatar_fingerprints(),
@@ -203,10 +202,3 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
             writer.finish(meta)
     return writer.final_dir
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
