@@ -1,7 +1,8 @@
-"""Registration source reading: one ffmpeg pass gives the RGB frames (into a ring of buffers) and the plate."""
+"""Registration source reading: one ffmpeg pass gives the yuv420p frames (into a ring of buffers) and the plate."""
 
 from __future__ import annotations
 
+import subprocess
 from collections import deque
 
 import imageio_ffmpeg
@@ -11,6 +12,7 @@ import pytest
 from ditto_fast.avatar.source import SourceFrames, open_source
 from ditto_fast.ffpipe import RawVideoPipe
 from ditto_fast.render.plate import PLATE_KEYINT, PlateReader
+from ditto_fast.yuv import YuvFrame
 
 
 def _reference_frames(path, size) -> list[np.ndarray]:
@@ -19,6 +21,20 @@ def _reference_frames(path, size) -> list[np.ndarray]:
     gen = imageio_ffmpeg.read_frames(str(path), output_params=["-vf", f"fps=25,scale={w}:{h}:flags=area"])
     next(gen)
     return [np.frombuffer(b, np.uint8).reshape(h, w, 3).copy() for b in gen]
+
+
+def _reference_yuv(path, size) -> list[np.ndarray]:
+    """The source decoded independently to yuv420p (same 25 fps + area scale): [H * 3/2, W] per frame."""
+    w, h = size
+    pipe = RawVideoPipe(["-i", str(path), "-vf", f"fps=25,scale={w}:{h}:flags=area", "-f", "rawvideo",
+                         "-pix_fmt", "yuv420p", "pipe:1"])
+    frames = []
+    try:
+        while pipe.read_into(buf := np.empty((h * 3 // 2, w), np.uint8)):
+            frames.append(buf)
+    finally:
+        pipe.close()
+    return frames
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -43,18 +59,20 @@ def test_frame_stays_valid_while_ring_minus_one_more_are_read_and_plate_matches(
     info, _ = open_source(anchor_video, 1280)          # resized: 1280x720
     assert info.size == (1280, 720)
     ref = _reference_frames(anchor_video, info.size)
+    ref_yuv = _reference_yuv(anchor_video, info.size)
     plate = tmp_path / "plate.mp4"
-    held: deque[tuple[int, np.ndarray]] = deque()
-    with SourceFrames(info, ring=3, plate=plate) as src:
+    held: deque[tuple[int, YuvFrame]] = deque()
+    with SourceFrames(info, ring=3, plate=plate, ahead=4) as src:
         for i, frame in enumerate(src):
-            assert frame.shape == (720, 1280, 3) and frame.dtype == np.uint8
+            assert frame.shape == (720, 1280, 3) and frame.buffer.shape == (1080, 1280)
             held.append((i, frame))
             if len(held) > 3:                          # ring 3: this frame and the two before are intact
                 held.popleft()
             for j, f in held:
-                np.testing.assert_array_equal(f, ref[j])
+                np.testing.assert_array_equal(f.buffer, ref_yuv[j])
+            assert _psnr(frame.rgb(), ref[i]) > 40.0   # RGB as ffmpeg's own reader gives it
         src.finish()
-    assert src.count == len(ref) == 25
+    assert src.count == len(ref) == len(ref_yuv) == 25
     with PlateReader(plate, src.count) as reader:
         for k in (0, 7, 24, 13):                       # includes a backward seek
             assert _psnr(reader.frame(k), ref[k]) > 40.0
@@ -68,6 +86,30 @@ def test_max_frames_limits_frames_and_plate(anchor_video, tmp_path):
         n = sum(1 for _ in src)
         src.finish()
     assert n == 7 and _count_frames(plate) == 7
+
+
+def test_ffmpeg_works_ahead_of_the_reader(tmp_path):
+    """With `ahead` frames of queue, ffmpeg keeps decoding and encoding the plate while the reader is busy
+    elsewhere (the plate's first one-second chunk of 25 frames is written after one frame is read);
+    with a queue of 1 it stops a few frames ahead."""
+    import time
+
+    from synthetic import write_anchor_video
+
+    src_path = write_anchor_video(tmp_path / "src.mp4", 50, size=(640, 360), face_px=80)
+    info, _ = open_source(src_path, 640)
+    for ahead, expect_chunk in ((40, True), (1, False)):
+        plate = tmp_path / f"plate{ahead}.mp4"
+        with SourceFrames(info, ring=2, plate=plate, ahead=ahead) as src:
+            frames = iter(src)
+            next(frames)
+            deadline = time.monotonic() + (30 if expect_chunk else 1.5)
+            while time.monotonic() < deadline and not (plate.is_file() and plate.stat().st_size > 1000):
+                time.sleep(0.05)                        # the reader is busy elsewhere: no frame read
+            assert (plate.stat().st_size > 1000) == expect_chunk and src.count == 1
+            assert sum(1 for _ in frames) == 49
+            src.finish()
+        assert _count_frames(plate) == 50
 
 
 def test_without_plate_and_image_refused(anchor_video, tmp_path):
@@ -95,3 +137,30 @@ def test_plate_keyframes_allow_exact_seeks(anchor_video, tmp_path):
     with PlateReader(plate, src.count) as reader:
         for k in (PLATE_KEYINT + 3, 2, PLATE_KEYINT):
             assert _psnr(reader.frame(k), ref[k]) > 40.0
+
+
+@pytest.mark.parametrize("tags", [[], ["-colorspace", "bt709"], ["-pix_fmt", "yuvj420p", "-colorspace", "bt470bg"]],
+                         ids=["untagged", "bt709", "full-range"])
+def test_rgb_matches_ffmpeg_and_the_plate_for_each_colour_matrix(tmp_path, tags):
+    """Frames turned to RGB here agree with ffmpeg's own RGB decode of the source and of the plate:
+    the source's colour matrix is followed (a BT.601 reading of a BT.709 source is off by up to ~20 levels)."""
+    from synthetic import write_anchor_video
+
+    base = write_anchor_video(tmp_path / "base.mp4", 3, size=(640, 360), face_px=120)
+    src_path = tmp_path / "tagged.mp4"
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(base), "-c:v", "libx264", "-crf", "12",
+                    *(tags or ["-pix_fmt", "yuv420p"]), str(src_path)], check=True)
+    info, _ = open_source(src_path, 640)
+    assert info.colorspace == (tags[-1] if tags else None)
+    plate = tmp_path / "plate.mp4"
+    with SourceFrames(info, plate=plate) as src:
+        ours = [f.rgb() for f in src]
+        src.finish()
+    ref = _reference_frames(src_path, info.size)
+    assert len(ours) == len(ref) == 3
+    for a, b in zip(ours, ref):
+        diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+        assert diff.mean() < 0.9 and diff.max() <= 4, (diff.mean(), diff.max())   # wrong matrix: mean 1.3
+    with PlateReader(plate, 3) as reader:
+        for k in range(3):
+            assert _psnr(reader.frame(k), ours[k]) > 40.0

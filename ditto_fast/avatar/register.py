@@ -30,6 +30,7 @@ from ..memory import serve_frames_from_mmap
 from ..motion.sampling import centered_mean
 from ..render.plate import write_plate_image
 from ..timing import StageTimer
+from ..yuv import YuvFrame
 from .cache import AvatarWriter, file_sha256, validate_name
 from .source import SourceFrames, open_source
 
@@ -139,13 +140,15 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
         else:
             # every large buffer mmap'd: without it heap fragmentation grew RSS by ~0.35 MB a frame
             serve_frames_from_mmap()
-            # frames alive at once: the queue (at most half + 1) and the one being read
-            reader = stack.enter_context(SourceFrames(info, max_frames, ring=half + 3, plate=plate))
+            # frames alive at once: the queue (at most half + 1) and the one being read; ffmpeg may
+            # decode the next batch while the networks run on this one
+            reader = stack.enter_context(SourceFrames(info, max_frames, ring=half + 3, plate=plate,
+                                                      ahead=batch_size + 2))
 
         params: list[np.ndarray] = []          # raw crop parameters per frame [4]
         smoothed: list[np.ndarray] = []
         eyes: list[tuple[np.ndarray, np.ndarray]] = []
-        queue: deque[tuple[int, np.ndarray, np.ndarray]] = deque()    # (index, frame, landmarks)
+        queue: deque[tuple[int, np.ndarray | YuvFrame, np.ndarray]] = deque()    # (index, frame, landmarks)
 
         def emit(ending: bool) -> None:
             """Crop and featurize queued frames whose look-ahead window is complete."""

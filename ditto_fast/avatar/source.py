@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -13,6 +15,7 @@ import numpy as np
 from ..errors import InputError
 from ..inputs import check_input_file
 from ..ffpipe import RawVideoPipe, TruncatedFrame
+from ..yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
 
@@ -28,6 +31,7 @@ class SourceInfo:
     size: tuple[int, int]         # (w, h) after resizing: long side <= max_size, even dims
     src_fps: float
     est_frames: int               # frames at 25 fps (exact for images)
+    colorspace: str | None = None  # the video stream's colorspace tag (bt709, smpte170m, ...), None if untagged
 
 
 def target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
@@ -82,49 +86,73 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
     duration = float(meta.get("duration") or 0.0)
     tw, th = target_size(w, h, max_size)
     return SourceInfo(path, False, (w, h), (tw, th), float(meta.get("fps") or FPS),
-                      max(1, int(round(duration * FPS)))), None
+                      max(1, int(round(duration * FPS))), _colorspace_tag(path)), None
+
+
+def _colorspace_tag(path: Path) -> str | None:
+    """The first video stream's colorspace tag as ffmpeg describes it ("bt709", "bt470bg", ...), or None."""
+    import imageio_ffmpeg
+
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
+                         capture_output=True, text=True, errors="replace")
+    # e.g. "Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown, progressive), ..."
+    m = re.search(r"Stream #.*?: Video: [^,]+(?:\([^)]*\))*, \w+\(([^)]*)\)", res.stderr)
+    for part in (t.strip() for t in m.group(1).split(",")) if m else ():
+        tag = part.split("/")[0]
+        if tag not in ("tv", "pc", "progressive", "unknown") and not tag.startswith(("top", "bottom")):
+            return tag
+    return None
 
 
 class SourceFrames:
-    """A video source decoded once by one ffmpeg process: RGB frames resampled to 25 fps and resized, read
-    into a ring of `ring` preallocated buffers; the same process encodes those frames as the plate.
+    """A video source decoded once by one ffmpeg process: frames resampled to 25 fps and resized, as
+    yuv420p (limited range, the source's colour matrix) read into a ring of `ring` preallocated
+    buffers; the same process encodes those very frames as the plate.
 
-    Iterating yields [H, W, 3] uint8 views into the ring: a frame stays valid until `ring` - 1 more have
-    been yielded, so a caller keeping frames in a queue must keep fewer than `ring`. `finish()` waits
-    for ffmpeg and so for a complete plate; `close()` (or leaving the `with` block) stops it.
+    Iterating yields YuvFrame views into the ring: a frame stays valid until `ring` - 1 more have been
+    yielded, so a caller keeping frames in a queue must keep fewer than `ring`. ffmpeg may decode up
+    to `ahead` frames beyond the one last read (it works while the caller does something else, e.g.
+    runs the networks). `finish()` waits for ffmpeg and so for a complete plate; `close()` (or
+    leaving the `with` block) stops it.
     """
 
     def __init__(self, info: SourceInfo, max_frames: int | None = None, ring: int = 2,
-                 plate: str | Path | None = None) -> None:
+                 plate: str | Path | None = None, ahead: int = 8) -> None:
         from ..render.plate import plate_encoder_args
 
         if info.is_image:
             raise ValueError("SourceFrames reads videos; an image source is a single frame")
         w, h = info.size
-        chain = f"[0:v:0]fps={FPS},scale={w}:{h}:flags=area"
+        matrix = matrix_for_tag(info.colorspace)
+        # the matrix ffmpeg would use anyway, stated, and tagged so the plate decodes with it too; full
+        # range (yuvj) sources are brought to limited range, as broadcast video is
+        chain = (f"[0:v:0]fps={FPS},scale={w}:{h}:flags=area:out_color_matrix={matrix}:out_range=tv,"
+                 f"setparams=colorspace={COLORSPACE_TAG[matrix]}:range=tv,format=yuv420p")
         limit = ["-frames:v", str(int(max_frames))] if max_frames is not None else []
         if plate is None:
-            args = ["-i", str(info.path), "-filter_complex", f"{chain},format=rgb24[rgb]"]
+            args = ["-i", str(info.path), "-filter_complex", f"{chain}[raw]"]
         else:
-            args = ["-i", str(info.path), "-filter_complex",
-                    f"{chain},split=2[a][b];[a]format=rgb24[rgb];[b]format=yuv420p[yuv]",
-                    "-map", "[yuv]", *limit, *plate_encoder_args(), str(plate)]
-        args += ["-map", "[rgb]", *limit, "-f", "rawvideo", "pipe:1"]
+            args = ["-i", str(info.path), "-filter_complex", f"{chain},split=2[raw][enc]",
+                    "-map", "[enc]", *limit, *plate_encoder_args(), str(plate)]
+        # the raw output's queue lets ffmpeg run `ahead` frames (1.5 bytes a pixel each) in front of the reader
+        args += ["-map", "[raw]", *limit, "-thread_queue_size", str(max(1, int(ahead))),
+                 "-f", "rawvideo", "pipe:1"]
         self.info = info
         self.count = 0
-        self._ring = np.empty((max(2, int(ring)), h, w, 3), np.uint8)   # [R, H, W, 3]
+        bufs = np.empty((max(2, int(ring)), h * 3 // 2, w), np.uint8)   # [R, H * 3/2, W] I420
+        self._ring = [YuvFrame(b, w, h, matrix) for b in bufs]
         self._pipe = RawVideoPipe(args)
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[YuvFrame]:
         while True:
-            buf = self._ring[self.count % len(self._ring)]
+            frame = self._ring[self.count % len(self._ring)]
             try:
-                if not self._pipe.read_into(buf):
+                if not self._pipe.read_into(frame.buffer):
                     return
             except TruncatedFrame:
                 return     # a cut-off last frame: the frames before it stand
             self.count += 1
-            yield buf
+            yield frame
 
     def finish(self) -> None:
         """Wait for ffmpeg to end (plate complete); InputError if it failed."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from ..yuv import YuvFrame, frame_region
+
 # Eye centre per eye: the two corners and the middle of each lid; mouth centre: the two corners.
 EYE_POINTS = ((33, 133, 159, 145), (362, 263, 386, 374))
 MOUTH_CORNERS = (61, 291)
@@ -150,10 +152,23 @@ def crop_matrix(lmk: np.ndarray, dsize: int = DSIZE, scale: float = SCALE, vx: f
     return params_to_matrix(crop_params(lmk, scale=scale, vx=vx, vy=vy), dsize)
 
 
-def warp_crop(frame: np.ndarray, M_c2o: np.ndarray, dsize: int = DSIZE) -> np.ndarray:
-    """The dsize x dsize crop [dsize, dsize, C] uint8 of a frame [H, W, C]; outside the frame is black."""
+def warp_crop(frame: np.ndarray | YuvFrame, M_c2o: np.ndarray, dsize: int = DSIZE) -> np.ndarray:
+    """The dsize x dsize crop [dsize, dsize, C] uint8 of a frame [H, W, C] or a YuvFrame; outside the frame is black.
+
+    Only the part of the frame the crop covers is read (and, for a YuvFrame, converted to RGB); the
+    result is the same as warping the whole frame.
+    """
+    M = np.asarray(M_c2o, dtype=np.float64)[:2].copy()
+    h, w = frame.shape[:2]
+    corners = np.array([[0, 0, 1], [dsize, 0, 1], [0, dsize, 1], [dsize, dsize, 1]], np.float64) @ M.T
+    # bilinear taps reach one pixel past a sample; one more for rounding
+    x0, y0 = (max(0, int(np.floor(v)) - 2) for v in corners.min(0))
+    x1, y1 = min(w, int(np.ceil(corners[:, 0].max())) + 3), min(h, int(np.ceil(corners[:, 1].max())) + 3)
+    if x1 <= x0 or y1 <= y0:
+        return np.zeros((dsize, dsize, frame.shape[2]), np.uint8)
+    M[:, 2] -= (x0, y0)
     return cv2.warpAffine(
-        np.ascontiguousarray(frame), np.asarray(M_c2o, dtype=np.float64)[:2], (dsize, dsize),
+        np.ascontiguousarray(frame_region(frame, x0, y0, x1, y1)), M, (dsize, dsize),
         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_CONSTANT, borderValue=0,
     )
 

@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 
 from ..errors import NoFaceError
+from ..yuv import YuvFrame, frame_region, frame_rgb
 from .crop import face_size
 
 CROP_FACTOR = 2.0          # mesh crop side / face size
@@ -34,7 +35,8 @@ class MultipleFacesWarning(UserWarning):
     """More than one face was found; the largest is used."""
 
 
-def _square_crop(frame: np.ndarray, cx: float, cy: float, side: float) -> tuple[np.ndarray, float, float, float]:
+def _square_crop(frame: np.ndarray | YuvFrame, cx: float, cy: float,
+                 side: float) -> tuple[np.ndarray, float, float, float]:
     """(crop [R, R, 3], x0, y0, px per crop px): a square around (cx, cy), black outside the frame."""
     h, w = frame.shape[:2]
     c = max(int(round(side)), 16)
@@ -42,7 +44,7 @@ def _square_crop(frame: np.ndarray, cx: float, cy: float, side: float) -> tuple[
     out = np.zeros((c, c, 3), dtype=np.uint8)
     ax, ay, bx, by = max(x0, 0), max(y0, 0), min(x0 + c, w), min(y0 + c, h)
     if bx > ax and by > ay:
-        out[ay - y0:by - y0, ax - x0:bx - x0] = frame[ay:by, ax:bx]
+        out[ay - y0:by - y0, ax - x0:bx - x0] = frame_region(frame, ax, ay, bx, by)
     while out.shape[0] >= 2 * MESH_PX:    # halve with a Gaussian first, so bilinear does not alias
         out = cv2.pyrDown(out)
     if out.shape[0] != MESH_PX:
@@ -157,21 +159,24 @@ class FaceTracker:
         self._last = None
 
     # -- per frame ----------------------------------------------------------------------------
-    def __call__(self, frame_rgb: np.ndarray, index: int) -> np.ndarray:
-        """Landmarks [478, 3] (pixels) of the largest face in frame `index`; NoFaceError if none."""
+    def __call__(self, frame_rgb: np.ndarray | YuvFrame, index: int) -> np.ndarray:
+        """Landmarks [478, 3] (pixels) of the largest face in frame `index` (RGB uint8 [H, W, 3] or a
+        YuvFrame); NoFaceError if none."""
         if self._quiet_calls > 0:      # the mesh logs once more when it first projects a face
             self._quiet_calls -= 1
             with _native_stderr_silenced():
                 return self._track(frame_rgb, index)
         return self._track(frame_rgb, index)
 
-    def _track(self, frame_rgb: np.ndarray, index: int) -> np.ndarray:
-        """Landmarks [478, 3] float32 in frame pixels for frame `index` (RGB uint8 [H, W, 3])."""
+    def _track(self, frame_rgb: np.ndarray | YuvFrame, index: int) -> np.ndarray:
+        """Landmarks [478, 3] float32 in frame pixels for frame `index`."""
         if self._mesh is None:
             raise RuntimeError("FaceTracker is closed")
-        frame = np.ascontiguousarray(frame_rgb)
-        if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
-            raise ValueError(f"frame must be uint8 [H, W, 3], got {frame.dtype} {frame.shape}")
+        frame = frame_rgb
+        if not isinstance(frame, YuvFrame):
+            frame = np.ascontiguousarray(frame)
+            if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
+                raise ValueError(f"frame must be uint8 [H, W, 3], got {frame.dtype} {frame.shape}")
         lmk = None
         if self._last is not None:
             lmk = self._mesh_around_landmarks(frame, self._last)
@@ -190,7 +195,7 @@ class FaceTracker:
     def _where(self) -> str:
         return f"{self.source}: " if self.source else ""
 
-    def _mesh_in(self, frame: np.ndarray, cx: float, cy: float, side: float) -> np.ndarray | None:
+    def _mesh_in(self, frame: np.ndarray | YuvFrame, cx: float, cy: float, side: float) -> np.ndarray | None:
         """Mesh on a square crop around (cx, cy); landmarks [478, 3] in frame pixels or None."""
         crop, x0, y0, k = _square_crop(frame, cx, cy, side)
         res = self._mesh.process(crop)
@@ -203,13 +208,14 @@ class FaceTracker:
         pts[:, 1] += y0
         return pts.astype(np.float32)     # [478, 3]
 
-    def _mesh_around_landmarks(self, frame: np.ndarray, lmk: np.ndarray) -> np.ndarray | None:
+    def _mesh_around_landmarks(self, frame: np.ndarray | YuvFrame, lmk: np.ndarray) -> np.ndarray | None:
         lo, hi = lmk[:, :2].min(0), lmk[:, :2].max(0)
         c = (lo + hi) / 2
         return self._mesh_in(frame, float(c[0]), float(c[1]), CROP_FACTOR * float((hi - lo).max()))
 
-    def _detect_boxes(self, frame: np.ndarray) -> list[np.ndarray]:
+    def _detect_boxes(self, frame: np.ndarray | YuvFrame) -> list[np.ndarray]:
         """Face boxes (x0, y0, x1, y1) in frame pixels, largest first, from the whole frame and tiles."""
+        frame = frame_rgb(frame)
         h, w = frame.shape[:2]
         boxes: list[np.ndarray] = []
         for x0, y0, x1, y1 in _tiles(h, w, TILE_PER_FACE * self.min_face_px):
@@ -227,7 +233,7 @@ class FaceTracker:
                 boxes.append(b + np.array([x0, y0, x0, y0]))
         return _merge_boxes(boxes)
 
-    def _detect(self, frame: np.ndarray, index: int) -> np.ndarray:
+    def _detect(self, frame: np.ndarray | YuvFrame, index: int) -> np.ndarray:
         """Landmarks of the largest detected face on which the mesh succeeds; NoFaceError if none."""
         boxes = self._detect_boxes(frame)
         if len(boxes) > 1:

@@ -1,0 +1,96 @@
+"""4:2:0 video frames kept as YUV and turned into RGB only where they are looked at.
+
+Registration needs RGB only around the face (the mesh crop, the 512 crop) and, now and then, the
+whole frame (face detection). Taking frames from ffmpeg as yuv420p halves the bytes through the
+pipe and skips a full-frame colour conversion; the regions are converted here the way ffmpeg's own
+yuv420p -> rgb24 conversion does it (the stream's colour matrix, limited range, each chroma sample
+covering 2x2 pixels), to within 3 levels, so these pixels match what the plate decodes to.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+# colour matrices by ffmpeg's `scale` filter name: (Kr, Kb); and the colorspace tag that names each
+_KR_KB = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722), "bt2020": (0.2627, 0.0593),
+          "smpte240m": (0.212, 0.087), "fcc": (0.30, 0.11)}
+COLORSPACE_TAG = {"bt601": "smpte170m", "bt709": "bt709", "bt2020": "bt2020nc", "smpte240m": "smpte240m",
+                  "fcc": "fcc"}
+# ffmpeg's integer conversion truncates where cv2.transform rounds: with this offset the levels match
+# ffmpeg's to within 3 (mean 0.7) on BT.601 and BT.709 sources, and 16..235 grey still maps to 0..255
+_FFMPEG_BIAS = -0.3    # not -0.5: cv2.transform's fixed point would then turn 235 into 254
+
+
+def matrix_for_tag(colorspace: str | None) -> str:
+    """The matrix ffmpeg converts with for a stream's colorspace tag: its own for BT.709, BT.2020,
+    SMPTE 240M and FCC; BT.601 for the rest (BT.470BG, SMPTE 170M, untagged, RGB)."""
+    tag = (colorspace or "").lower()
+    if tag.startswith("bt2020"):
+        return "bt2020"
+    return tag if tag in ("bt709", "smpte240m", "fcc") else "bt601"
+
+
+def yuv_to_rgb_matrix(matrix: str = "bt601", full_range: bool = False) -> np.ndarray:
+    """[3, 4] float32 affine map from (Y, U, V) levels to (R, G, B) levels, for cv2.transform."""
+    kr, kb = _KR_KB[matrix]
+    kg = 1.0 - kr - kb
+    ys, cs, y0 = (1.0, 1.0, 0.0) if full_range else (255 / 219, 255 / 224, 16.0)
+    m = np.array([[ys, 0.0, cs * 2 * (1 - kr)],
+                  [ys, -cs * 2 * (1 - kb) * kb / kg, -cs * 2 * (1 - kr) * kr / kg],
+                  [ys, cs * 2 * (1 - kb), 0.0]])
+    off = -m @ np.array([y0, 128.0, 128.0]) + _FFMPEG_BIAS
+    return np.hstack([m, off[:, None]]).astype(np.float32)
+
+
+class YuvFrame:
+    """One I420 frame ([H * 3 / 2, W] uint8: Y, then U and V at half size) that gives RGB by region.
+
+    The buffer is not copied: the frame is valid as long as the buffer holds it.
+    """
+
+    def __init__(self, buf: np.ndarray, width: int, height: int, matrix: str = "bt601",
+                 full_range: bool = False) -> None:
+        if width % 2 or height % 2 or buf.shape != (height * 3 // 2, width) or buf.dtype != np.uint8:
+            raise ValueError(f"an I420 buffer for {width}x{height} must be uint8 [{height * 3 // 2}, {width}]")
+        self.width, self.height = width, height
+        self.buffer = buf
+        self.y = buf[:height]                                              # [H, W]
+        chroma = buf[height:].reshape(2, height // 2, width // 2)          # U, V: [H/2, W/2] each
+        self.u, self.v = chroma[0], chroma[1]
+        self.matrix = yuv_to_rgb_matrix(matrix, full_range)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(H, W, 3), the shape of the RGB frame."""
+        return self.height, self.width, 3
+
+    def region(self, x0: int, y0: int, x1: int, y1: int) -> np.ndarray:
+        """RGB pixels [y1 - y0, x1 - x0, 3] uint8 of the region; it must lie inside the frame."""
+        if not (0 <= x0 <= x1 <= self.width and 0 <= y0 <= y1 <= self.height):
+            raise ValueError(f"region ({x0}, {y0})-({x1}, {y1}) is outside the {self.width}x{self.height} frame")
+        xa, ya, xb, yb = x0 & ~1, y0 & ~1, x1 + (x1 & 1), y1 + (y1 & 1)     # whole chroma samples
+        if xb <= xa or yb <= ya:
+            return np.zeros((y1 - y0, x1 - x0, 3), np.uint8)
+        size = (xb - xa, yb - ya)
+        u = cv2.resize(self.u[ya // 2:yb // 2, xa // 2:xb // 2], size, interpolation=cv2.INTER_NEAREST)
+        v = cv2.resize(self.v[ya // 2:yb // 2, xa // 2:xb // 2], size, interpolation=cv2.INTER_NEAREST)
+        rgb = cv2.transform(cv2.merge([np.ascontiguousarray(self.y[ya:yb, xa:xb]), u, v]), self.matrix)
+        return rgb[y0 - ya:y1 - ya, x0 - xa:x1 - xa]
+
+    def rgb(self) -> np.ndarray:
+        """The whole frame as RGB [H, W, 3] uint8 (a new array)."""
+        return self.region(0, 0, self.width, self.height)
+
+
+
+def frame_region(frame: np.ndarray | YuvFrame, x0: int, y0: int, x1: int, y1: int) -> np.ndarray:
+    """RGB pixels of a region inside an RGB array [H, W, 3] or a YuvFrame (a view for an array)."""
+    if isinstance(frame, YuvFrame):
+        return frame.region(x0, y0, x1, y1)
+    return frame[y0:y1, x0:x1]
+
+
+def frame_rgb(frame: np.ndarray | YuvFrame) -> np.ndarray:
+    """The whole frame as an RGB array [H, W, 3] uint8."""
+    return frame.rgb() if isinstance(frame, YuvFrame) else frame
