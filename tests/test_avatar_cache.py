@@ -234,6 +234,42 @@ def test_f_s_buffer_filled_in_place(tmp_path):
     np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), data)
 
 
+def test_caller_may_reuse_its_array_after_write_f_s(tmp_path):
+    """Rows from the caller's own array are copied before write_f_s() returns (the write runs behind)."""
+    rng = np.random.default_rng(6)
+    data = rng.standard_normal((6, *TAIL)).astype(np.float16)
+    scratch = np.empty((2, *TAIL), np.float16)
+    with AvatarWriter("reuse", root=tmp_path) as w:
+        w.open_f_s(6, TAIL)
+        for i in range(0, 6, 2):
+            scratch[:] = data[i:i + 2]
+            w.write_f_s(i, scratch)
+            scratch[:] = 0                       # changed at once: the file must still get the rows
+        w.plate_path(False).write_bytes(b"p")
+        d = w.finish(make_meta(6, rng))
+    np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), data)
+
+
+def test_write_error_surfaces_and_leaves_nothing(tmp_path, monkeypatch):
+    """A failed row write (disk full) is raised by the next write_f_s() or by finish(); the store stays clean."""
+    import errno as _errno
+
+    def full(fd, data, offset):
+        raise OSError(_errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache, "_pwrite_all", full)
+    rng = np.random.default_rng(8)
+    for n_batches in (1, 2):
+        with pytest.raises(OSError, match="No space left"):
+            with AvatarWriter("full", root=tmp_path) as w:
+                w.open_f_s(4, TAIL)
+                for b in range(n_batches):
+                    w.write_f_s(2 * b, np.zeros((2, *TAIL), np.float16))
+                w.plate_path(False).write_bytes(b"p")
+                w.finish(make_meta(2 * n_batches, rng))
+        assert store_entries(tmp_path) == []
+
+
 def test_finish_rejects_bad_meta(tmp_path):
     rng = np.random.default_rng(1)
     meta = make_meta(4, rng)

@@ -50,6 +50,7 @@ import tempfile
 import time
 import uuid
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -376,6 +377,10 @@ class _FeatureFile:
     system allows it: 4 MiB a frame then costs no page-cache copy, no write-back later and no long
     fsync at the end. Elsewhere they are written through the page cache, with write-back started
     and written pages dropped every _RELEASE_BYTES.
+
+    The CRCs and the write of one batch run on a single writer thread while the caller goes on (both
+    release the GIL); at most one batch is in flight, the caller fills the other of two staging
+    buffers meanwhile, and a write error is raised by the next append() or by finish().
     """
 
     def __init__(self, path: Path, max_rows: int, tail: tuple[int, ...]) -> None:
@@ -384,7 +389,10 @@ class _FeatureFile:
         self.rows = 0
         self._crcs: list[int] = []
         self._unreleased = 0
-        self._stage: mmap.mmap | None = None
+        self._stages: list[mmap.mmap | None] = [None, None]
+        self._free = 0                          # the staging buffer buffer() hands out next
+        self._pending: Future | None = None     # the batch being written
+        self._writer: ThreadPoolExecutor | None = None
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._direct = -1
         if _DIRECT_IO and self.row_bytes % F_S_HEADER_BYTES == 0:
@@ -395,7 +403,7 @@ class _FeatureFile:
         os.pwrite(self._fd, _npy_header((max_rows, *tail), F_S_DTYPE), 0)
 
     def append(self, start: int, batch: np.ndarray) -> None:
-        """Write rows [start, start + B) (start == rows so far) as float16."""
+        """Queue rows [start, start + B) (start == rows so far) for writing as float16; returns at once."""
         rows = np.ascontiguousarray(batch, dtype=F_S_DTYPE)
         if rows.shape[1:] != self.tail:
             raise ValueError(f"f_s rows must be [B, {', '.join(map(str, self.tail))}], got {list(rows.shape)}")
@@ -404,38 +412,57 @@ class _FeatureFile:
             raise IndexError(f"f_s rows are written in order: expected row {self.rows}, got {start}")
         if stop > self.max_rows:
             raise IndexError(f"rows {start}:{stop} out of range for {self.max_rows} frames")
-        data = memoryview(rows).cast("B")
-        offset = F_S_HEADER_BYTES + start * self.row_bytes
+        n = len(rows) * self.row_bytes
+        k = self._free
+        if not self._holds(k, rows):            # the caller's own array: it may change it once we return
+            stage = self.buffer(len(rows))
+            np.copyto(stage, rows)
+        self._wait()                            # the other buffer's write is done: at most one in flight
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="f_s-writer")
+        view = memoryview(self._stages[k])[:n]
+        self._pending = self._writer.submit(self._write, view, F_S_HEADER_BYTES + start * self.row_bytes)
+        self._free = 1 - k
+        self.rows = stop
+
+    def _holds(self, k: int, rows: np.ndarray) -> bool:
+        """True if rows start at the beginning of staging buffer k."""
+        stage = self._stages[k]
+        return stage is not None and rows.ctypes.data == np.frombuffer(stage, np.uint8).ctypes.data
+
+    def buffer(self, n_rows: int) -> np.ndarray:
+        """A page-aligned float16 [n_rows, *tail] staging array: rows filled in place are written without a copy.
+
+        Valid until the next append(); two buffers alternate, so one fills while the other is written.
+        """
+        n = n_rows * self.row_bytes
+        k = self._free
+        if self._stages[k] is None or len(self._stages[k]) < n:
+            self._stages[k] = mmap.mmap(-1, n)          # anonymous mappings start on a page boundary
+        return np.frombuffer(self._stages[k], F_S_DTYPE, count=n // F_S_DTYPE.itemsize).reshape(n_rows, *self.tail)
+
+    def _write(self, data: memoryview, offset: int) -> list[int]:
+        """(writer thread) The rows' CRC-32s, then the rows to the file: direct I/O, else the page cache."""
+        rb = self.row_bytes
+        crcs = [zlib.crc32(data[k:k + rb]) for k in range(0, len(data), rb)]
         if self._direct >= 0:
             try:
-                self._write_direct(data, offset)
+                _pwrite_all(self._direct, data, offset)
+                return crcs
             except OSError:    # the file system refused direct I/O after all
                 os.close(self._direct)
                 self._direct = -1
-        if self._direct < 0:
-            _pwrite_all(self._fd, data, offset)
-            self._unreleased += len(data)
-            if self._unreleased >= _RELEASE_BYTES:
-                self._release()
-        rb = self.row_bytes
-        self._crcs.extend(zlib.crc32(data[k:k + rb]) for k in range(0, len(data), rb))
-        self.rows = stop
+        _pwrite_all(self._fd, data, offset)
+        self._unreleased += len(data)
+        if self._unreleased >= _RELEASE_BYTES:
+            self._release()
+        return crcs
 
-    def buffer(self, n_rows: int) -> np.ndarray:
-        """A page-aligned float16 [n_rows, *tail] staging array: rows filled in place are written without a copy."""
-        n = n_rows * self.row_bytes
-        if self._stage is None or len(self._stage) < n:
-            self._stage = mmap.mmap(-1, n)          # anonymous mappings start on a page boundary
-        return np.frombuffer(self._stage, F_S_DTYPE, count=n // F_S_DTYPE.itemsize).reshape(n_rows, *self.tail)
-
-    def _write_direct(self, data: memoryview, offset: int) -> None:
-        """Write data with the O_DIRECT descriptor, through the staging buffer unless it is already there."""
-        n = len(data)
-        src = np.frombuffer(data, np.uint8)
-        if self._stage is None or src.ctypes.data != np.frombuffer(self._stage, np.uint8).ctypes.data:
-            stage = self.buffer(n // self.row_bytes)
-            np.copyto(stage.reshape(-1).view(np.uint8), src)
-        _pwrite_all(self._direct, memoryview(self._stage)[:n], offset)
+    def _wait(self) -> None:
+        """Wait for the batch in flight; keep its CRCs or raise its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._crcs.extend(pending.result())
 
     def _release(self) -> None:
         """Start write-back of what was written and drop clean pages from the page cache."""
@@ -446,6 +473,7 @@ class _FeatureFile:
     def finish(self, n: int) -> dict[str, Any]:
         """Write the header for n rows (n must equal the rows written), fsync, close; the checksum record."""
         try:
+            self._wait()
             if n != self.rows:
                 raise ValueError(f"meta has {n} frames but f_s has {self.rows} rows written "
                                  f"(opened for at most {self.max_rows})")
@@ -457,11 +485,16 @@ class _FeatureFile:
                 "rows_offset": F_S_HEADER_BYTES, "quick": quick_hash(self.path)}
 
     def close(self) -> None:
+        """Let a write in flight end (its error is dropped), stop the writer thread, close the file."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        self._pending = None
         for fd in (self._fd, self._direct):
             if fd >= 0:
                 os.close(fd)
         self._fd = self._direct = -1
-        self._stage = None       # unmapped once no array handed out by buffer() refers to it
+        self._stages = [None, None]   # unmapped once no array handed out by buffer() refers to them
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
