@@ -18,7 +18,7 @@ wall = time.perf_counter() - t0
 loads = []
 for _ in range(5):
     a = time.perf_counter(); av = load_avatar(d); loads.append(time.perf_counter() - a)
-kids = resource.getrusage(resource.RUSAGE_CHILDREN)      # the ffmpeg process that decoded and encoded the plate
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)      # ffmpeg: the decode + plate process and two short probes
 print(json.dumps({{"wall": wall, "frames": av.n_frames, "stages": dict(t.seconds), "cpu": dict(t.cpu_seconds),
                   "ffmpeg_cpu": kids.ru_utime + kids.ru_stime, "ffmpeg_rss_mib": kids.ru_maxrss / 1024,
                   "load_s": min(loads)}}))

@@ -250,6 +250,74 @@ def test_caller_may_reuse_its_array_after_write_f_s(tmp_path):
     np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), data)
 
 
+def test_writer_thread_contract(tmp_path, monkeypatch):
+    """With the writer held mid-write: the caller's array was copied, the next f_s_buffer() is the other
+    staging buffer, re-passing the buffer in flight is refused, and leaving the block waits for the write."""
+    import threading
+
+    real = cache._pwrite_all
+    gate, writing, wrote = threading.Event(), threading.Event(), []
+
+    def held(fd, data, offset):
+        writing.set()
+        assert gate.wait(10)
+        real(fd, data, offset)
+        wrote.append(offset)
+
+    monkeypatch.setattr(cache, "_pwrite_all", held)
+    rng = np.random.default_rng(9)
+    data = rng.standard_normal((4, *TAIL)).astype(np.float16)
+    with AvatarWriter("held", root=tmp_path) as w:
+        w.open_f_s(4, TAIL)
+        scratch = data[:2].copy()
+        w.write_f_s(0, scratch)
+        assert writing.wait(10)
+        scratch[:] = 0                                   # the write has not happened yet
+        first = w._f_s._stages[0]
+        rows = w.f_s_buffer(2)
+        assert rows.ctypes.data != np.frombuffer(first, np.uint8).ctypes.data
+        with pytest.raises(ValueError, match="still being written"):
+            w.write_f_s(2, np.frombuffer(first, np.float16, count=rows.size).reshape(rows.shape))
+        rows[:] = data[2:]
+        gate.set()
+        w.write_f_s(2, rows)
+        w.plate_path(False).write_bytes(b"p")
+        d = w.finish(make_meta(4, rng))
+    np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), data)
+
+    # an exception while a write is held: leaving the block waits for it before removing the directory
+    gate.clear()
+    writing.clear()
+    wrote.clear()
+    threading.Timer(0.3, gate.set).start()
+    with pytest.raises(RuntimeError, match="boom"):
+        with AvatarWriter("held2", root=tmp_path) as w:
+            w.open_f_s(2, TAIL)
+            w.write_f_s(0, data[:2])
+            assert writing.wait(10)
+            raise RuntimeError("boom")
+    assert len(wrote) == 1 and store_entries(tmp_path) == ["held"]
+
+
+def test_direct_io_refused_midway_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    """If the direct-I/O write fails (EINVAL), the writer thread switches to buffered writes for good."""
+    import errno as _errno
+
+    real, calls = cache._pwrite_all, []
+
+    def first_fails(fd, data, offset):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(_errno.EINVAL, "Invalid argument")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(cache, "_DIRECT_IO", True)
+    monkeypatch.setattr(cache, "_pwrite_all", first_fails)
+    d, _, f_s_data = write_avatar(tmp_path, n=5)
+    np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), f_s_data)
+    assert calls[0] != calls[1] and len(set(calls[1:])) == 1     # direct descriptor once, then the buffered one
+
+
 def test_write_error_surfaces_and_leaves_nothing(tmp_path, monkeypatch):
     """A failed row write (disk full) is raised by the next write_f_s() or by finish(); the store stays clean."""
     import errno as _errno

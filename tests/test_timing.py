@@ -15,9 +15,9 @@ def test_stage_timer_counts_wall_and_cpu_per_stage():
         while time.process_time() - c0 < 0.05:    # 50 ms of CPU
             pass
     with t("sleep"):
-        time.sleep(0.05)
+        time.sleep(0.2)
     assert t.cpu_seconds["busy"] >= 0.05 and t.seconds["busy"] >= 0.05
-    assert t.seconds["sleep"] >= 0.05 and t.cpu_seconds["sleep"] < 0.02
+    assert t.seconds["sleep"] >= 0.2 and t.cpu_seconds["sleep"] < 0.1   # process-wide: other threads may tick
 
 
 def test_iterate_times_the_producer_only():

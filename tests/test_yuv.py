@@ -63,6 +63,8 @@ def test_region_is_the_slice_of_the_whole_frame():
     (320.0, 240.0, 200.0, 0.1),       # inside the frame
     (30.0, 400.0, 300.0, -0.3),       # hanging over the left and bottom edges
     (-900.0, -900.0, 100.0, 0.0),     # entirely outside: black
+    (320.3, 240.7, 60.0, 0.2),        # zoomed in (crop side < dsize): needs the bilinear margin
+    (620.0, 10.0, 200.0, 0.4),        # over the right and top edges
 ])
 def test_warp_crop_of_a_region_equals_the_whole_frame_warp(params):
     w, h = 640, 480

@@ -94,7 +94,7 @@ _QUICK_EDGE = 1 << 20  # bytes hashed at the head and the tail of a file
 _QUICK_BLOCK = 1 << 16  # bytes of each sampled block in between
 _QUICK_SAMPLES = 16
 _HASH_CHUNK = 1 << 22
-_RELEASE_BYTES = 64 << 20  # write_f_s() starts write-back and drops written pages after this many bytes
+_RELEASE_BYTES = 64 << 20  # buffered f_s writes start write-back and drop written pages after this many bytes
 F_S_HEADER_BYTES = 4096    # f_s.npy header (magic, version, dict padded with spaces): the rows start on a
                            # page boundary, as direct I/O needs
 _DIRECT_IO = hasattr(os, "O_DIRECT")   # write f_s rows past the page cache where the file system allows
@@ -160,11 +160,11 @@ def file_sha256(path: Path, offset: int = 0) -> str:
 def row_crc32(path: Path, offset: int, row_bytes: int, n_rows: int) -> np.ndarray:
     """CRC-32 of each of n_rows rows of row_bytes bytes from byte `offset` of a file: [n_rows] uint32."""
     out = np.zeros(n_rows, np.uint32)
-    with open(path, "rb", buffering=0) as f:
+    with open(path, "rb") as f:
         f.seek(offset)
         buf = bytearray(row_bytes)
         for i in range(n_rows):
-            if f.readinto(buf) != row_bytes:
+            if f.readinto(buf) != row_bytes:     # a buffered file reads until full or at the end
                 raise EOFError(f"{path} ends inside row {i}")
             out[i] = zlib.crc32(buf)
     return out
@@ -359,11 +359,15 @@ def _check_body(body: Any) -> None:
         raise ValueError("plate record is wrong")
     for fname in (F_S_NAME, body["plate"]):
         rec = body["checksums"][fname]
+        if not isinstance(rec, dict):
+            raise TypeError(f"checksum record of {fname} is not a dict")
         crcs = rec.get("row_crc32")
-        whole = isinstance(rec.get("sha256"), str) and isinstance(rec.get("sha256_offset", 0), int)
-        rows = fname == F_S_NAME and isinstance(crcs, np.ndarray) and crcs.dtype == np.uint32 \
-            and crcs.shape == (n,) and isinstance(rec.get("rows_offset"), int)
-        if not (isinstance(rec["size"], int) and isinstance(rec["quick"], str) and (whole or rows)):
+        if crcs is not None:   # per-row CRCs (f_s.npy); else one sha256 of the file or of its rows
+            ok = fname == F_S_NAME and isinstance(crcs, np.ndarray) and crcs.dtype == np.uint32 \
+                and crcs.shape == (n,) and isinstance(rec.get("rows_offset"), int)
+        else:
+            ok = isinstance(rec.get("sha256"), str) and isinstance(rec.get("sha256_offset", 0), int)
+        if not (isinstance(rec["size"], int) and isinstance(rec["quick"], str) and ok):
             raise ValueError(f"checksum record of {fname} is wrong")
     if len(body["size"]) != 2 or float(body["fps"]) <= 0:
         raise ValueError("size or fps is wrong")
@@ -414,6 +418,9 @@ class _FeatureFile:
             raise IndexError(f"rows {start}:{stop} out of range for {self.max_rows} frames")
         n = len(rows) * self.row_bytes
         k = self._free
+        if self._pending is not None and self._overlaps(1 - k, rows):
+            raise ValueError("these f_s rows are in the buffer still being written; take a fresh f_s_buffer() "
+                             "for every batch")
         if not self._holds(k, rows):            # the caller's own array: it may change it once we return
             stage = self.buffer(len(rows))
             np.copyto(stage, rows)
@@ -424,6 +431,14 @@ class _FeatureFile:
         self._pending = self._writer.submit(self._write, view, F_S_HEADER_BYTES + start * self.row_bytes)
         self._free = 1 - k
         self.rows = stop
+
+    def _overlaps(self, k: int, rows: np.ndarray) -> bool:
+        """True if rows lie (partly) in staging buffer k."""
+        stage = self._stages[k]
+        if stage is None:
+            return False
+        lo = np.frombuffer(stage, np.uint8).ctypes.data
+        return rows.ctypes.data < lo + len(stage) and lo < rows.ctypes.data + rows.nbytes
 
     def _holds(self, k: int, rows: np.ndarray) -> bool:
         """True if rows start at the beginning of staging buffer k."""
@@ -571,7 +586,11 @@ class AvatarWriter:
         self._f_s = _FeatureFile(tmp / F_S_NAME, int(max_frames), shape_tail)
 
     def f_s_buffer(self, n_rows: int) -> np.ndarray:
-        """A float16 [n_rows, C, D, H, W] array to fill and pass to write_f_s(), which then writes it without a copy."""
+        """A float16 [n_rows, C, D, H, W] array to fill and pass to write_f_s(), which then writes it without a copy.
+
+        Ask for a fresh one for every batch: the array handed to write_f_s() is still being written
+        until the next write_f_s() returns, and passing it again is refused.
+        """
         if self._f_s is None:
             raise RuntimeError("f_s_buffer() before open_f_s()")
         return self._f_s.buffer(n_rows)
@@ -579,9 +598,10 @@ class AvatarWriter:
     def write_f_s(self, start: int, batch: np.ndarray) -> None:
         """Append f_s rows [start, start + B); start must be the number of rows written so far.
 
-        batch: [B, C, D, 64, 64] (any float dtype; cast to float16). Rows go to the file with
-        pwrite (nothing stays mapped in this process), each row's CRC-32 taken on the way, so
-        finish() neither re-reads nor re-hashes the file.
+        batch: [B, C, D, 64, 64] (any float dtype; cast to float16). The rows' CRC-32s and their
+        write run on a writer thread while the caller goes on (an array not from f_s_buffer() is
+        copied first, so the caller may change it at once); finish() neither re-reads nor re-hashes
+        the file. A failed write is raised by the next write_f_s() or by finish().
         """
         if self._f_s is None:
             raise RuntimeError("write_f_s() before open_f_s()")
@@ -824,7 +844,7 @@ def _check_files(name: str, d: Path, body: dict[str, Any], verify: str) -> np.nd
 
 def _check_full(name: str, d: Path, p: Path, rec: dict[str, Any], body: dict[str, Any], src: str | None) -> None:
     """Every byte of one file against its record: per-row CRC-32s (f_s.npy) or one sha256."""
-    if "row_crc32" in rec:
+    if isinstance(rec.get("row_crc32"), np.ndarray):
         want = rec["row_crc32"]
         shape = tuple(body["f_s_shape"])
         row_bytes = int(np.prod(shape[1:])) * F_S_DTYPE.itemsize
@@ -922,8 +942,16 @@ def list_avatars(root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     return rows
 
 
+def _checksum_summary(rec: dict[str, Any]) -> dict[str, Any]:
+    """A checksum record for display: per-row CRCs shown as their count."""
+    out = {k: v for k, v in rec.items() if k != "row_crc32"}
+    if "row_crc32" in rec:
+        out["row_crc32"] = f"{len(rec['row_crc32'])} rows"
+    return out
+
+
 def avatar_info(name: str, verify: str | bool = "size", root: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Details of one avatar (verify True or "full" checks the full sha256 of every file)."""
+    """Details of one avatar (verify True or "full" checks every byte: the plate's sha256, f_s.npy's row CRCs)."""
     level = _check_level(verify)
     av = load_avatar(name, verify=level, root=root)
     b = av.meta
@@ -937,7 +965,7 @@ def avatar_info(name: str, verify: str | bool = "size", root: str | os.PathLike 
         source=b["source"],
         crop=b["crop"],
         fingerprints=av.fingerprints,
-        checksums=b["checksums"],
+        checksums={f: _checksum_summary(rec) for f, rec in b["checksums"].items()},
         verified=level,
     )
     return info

@@ -89,17 +89,25 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
                       max(1, int(round(duration * FPS))), _colorspace_tag(path)), None
 
 
+# colorspace tags as ffmpeg prints them in a stream description
+_COLORSPACES = frozenset({"bt709", "bt470bg", "smpte170m", "bt2020nc", "bt2020c", "smpte240m", "fcc", "gbr",
+                          "ycgco", "ycgco-re", "ycgco-ro", "chroma-derived-nc", "chroma-derived-c", "ictcp",
+                          "ipt-c2"})
+
+
 def _colorspace_tag(path: Path) -> str | None:
     """The first video stream's colorspace tag as ffmpeg describes it ("bt709", "bt470bg", ...), or None."""
     import imageio_ffmpeg
 
     res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
                          capture_output=True, text=True, errors="replace")
-    # e.g. "Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown, progressive), ..."
-    m = re.search(r"Stream #.*?: Video: [^,]+(?:\([^)]*\))*, \w+\(([^)]*)\)", res.stderr)
+    # e.g. "Stream #0:0[0x1](und): Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown,
+    # progressive), 1920x1080 [SAR 1:1 DAR 16:9], ..."
+    line = next((ln for ln in res.stderr.splitlines() if re.search(r"Stream #.*: Video: ", ln)), "")
+    m = re.search(r"Video: [^,]+(?:\([^)]*\))*, [\w-]+\(([^)]*)\)", line)
     for part in (t.strip() for t in m.group(1).split(",")) if m else ():
         tag = part.split("/")[0]
-        if tag not in ("tv", "pc", "progressive", "unknown") and not tag.startswith(("top", "bottom")):
+        if tag in _COLORSPACES:
             return tag
     return None
 

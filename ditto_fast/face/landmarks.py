@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 
 from ..errors import NoFaceError
-from ..yuv import YuvFrame, frame_region, frame_rgb
+from ..yuv import YuvFrame, frame_region, frame_rgb as whole_rgb
 from .crop import face_size
 
 CROP_FACTOR = 2.0          # mesh crop side / face size
@@ -215,7 +215,7 @@ class FaceTracker:
 
     def _detect_boxes(self, frame: np.ndarray | YuvFrame) -> list[np.ndarray]:
         """Face boxes (x0, y0, x1, y1) in frame pixels, largest first, from the whole frame and tiles."""
-        frame = frame_rgb(frame)
+        frame = whole_rgb(frame)
         h, w = frame.shape[:2]
         boxes: list[np.ndarray] = []
         for x0, y0, x1, y1 in _tiles(h, w, TILE_PER_FACE * self.min_face_px):
