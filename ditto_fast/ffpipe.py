@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 import subprocess
 import tempfile
@@ -13,6 +14,13 @@ import numpy as np
 
 F_SETPIPE_SZ = 1031        # fcntl command (Linux): resize a pipe
 PIPE_BYTES = 1 << 20       # 1 MiB pipe: a 1080p RGB frame arrives in ~6 reads instead of ~95
+
+
+def video_stream_line(path: str | os.PathLike) -> str | None:
+    """ffmpeg's one-line description of the first video stream of `path` ("Stream #0:0...: Video: h264 ..."), or None."""
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
+                         capture_output=True, text=True, errors="replace")
+    return next((ln for ln in res.stderr.splitlines() if re.search(r"Stream #.*: Video: ", ln)), None)
 
 
 def last_stderr_line(stderr_file: IO[bytes]) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -14,7 +13,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..inputs import check_input_file
-from ..ffpipe import RawVideoPipe, TruncatedFrame
+from ..ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
 from ..yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
@@ -97,13 +96,9 @@ _COLORSPACES = frozenset({"bt709", "bt470bg", "smpte170m", "bt2020nc", "bt2020c"
 
 def _colorspace_tag(path: Path) -> str | None:
     """The first video stream's colorspace tag as ffmpeg describes it ("bt709", "bt470bg", ...), or None."""
-    import imageio_ffmpeg
-
-    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
-                         capture_output=True, text=True, errors="replace")
     # e.g. "Stream #0:0[0x1](und): Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown,
     # progressive), 1920x1080 [SAR 1:1 DAR 16:9], ..."
-    line = next((ln for ln in res.stderr.splitlines() if re.search(r"Stream #.*: Video: ", ln)), "")
+    line = video_stream_line(path) or ""
     m = re.search(r"Video: [^,]+(?:\([^)]*\))*, [\w-]+\(([^)]*)\)", line)
     for part in (t.strip() for t in m.group(1).split(",")) if m else ():
         tag = part.split("/")[0]

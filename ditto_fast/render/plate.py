@@ -13,16 +13,14 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cv2
-import imageio_ffmpeg
 import numpy as np
 
 from ditto_fast.errors import AvatarError
-from ditto_fast.ffpipe import RawVideoPipe, TruncatedFrame
+from ditto_fast.ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
 from ditto_fast.render.writer import VideoWriter
 
 PLATE_KEYINT = 25          # keyframe interval of written plates == default read block
@@ -43,9 +41,7 @@ def mirror_index(i: int, n: int) -> int:
 
 def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], float]:
     """((width, height), fps) of the first video stream, from ffmpeg's stream description."""
-    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
-                         capture_output=True, text=True, errors="replace")
-    line = next((ln for ln in res.stderr.splitlines() if re.search(r"Stream #.*: Video:", ln)), None)
+    line = video_stream_line(path)
     size = re.search(r", (\d{2,5})x(\d{2,5})", line) if line else None
     if size is None:
         raise AvatarError(f"{path}: not a readable video plate; re-register the avatar")
