@@ -75,13 +75,12 @@ class YuvFrame:
         size = (xb - xa, yb - ya)
         u = cv2.resize(self.u[ya // 2:yb // 2, xa // 2:xb // 2], size, interpolation=cv2.INTER_NEAREST)
         v = cv2.resize(self.v[ya // 2:yb // 2, xa // 2:xb // 2], size, interpolation=cv2.INTER_NEAREST)
-        rgb = cv2.transform(cv2.merge([np.ascontiguousarray(self.y[ya:yb, xa:xb]), u, v]), self.matrix)
+        rgb = cv2.transform(cv2.merge([self.y[ya:yb, xa:xb], u, v]), self.matrix)
         return rgb[y0 - ya:y1 - ya, x0 - xa:x1 - xa]
 
     def rgb(self) -> np.ndarray:
         """The whole frame as RGB [H, W, 3] uint8 (a new array)."""
         return self.region(0, 0, self.width, self.height)
-
 
 
 def frame_region(frame: np.ndarray | YuvFrame, x0: int, y0: int, x1: int, y1: int) -> np.ndarray:

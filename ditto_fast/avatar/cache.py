@@ -17,7 +17,7 @@ Public API
 - ``AvatarWriter(name, force=False, root=None)``: context manager writing one avatar into a
   temporary sibling ``<root>/avatars/.tmp-<name>-<random>``; ``tmp_dir``,
   ``open_f_s(max_frames, shape_tail=(32, 16, 64, 64))``, ``write_f_s(start, batch)`` (rows in order,
-  streamed to the file with flat memory and hashed as they go), ``plate_path(is_image)``,
+  streamed to the file with flat memory, CRC-32 per row, on a writer thread), ``plate_path(is_image)``,
   ``finish(meta)`` (see ``AvatarWriter.finish`` for the keys of ``meta``). The avatar appears
   under its name only when complete (rename; with ``force`` an atomic exchange where the OS
   supports it). Any exception in the with-block removes the temporary directory.
@@ -432,18 +432,19 @@ class _FeatureFile:
         self._free = 1 - k
         self.rows = stop
 
+    def _stage_address(self, k: int) -> int | None:
+        """Memory address of staging buffer k, None if it was never made."""
+        stage = self._stages[k]
+        return None if stage is None else np.frombuffer(stage, np.uint8).ctypes.data
+
     def _overlaps(self, k: int, rows: np.ndarray) -> bool:
         """True if rows lie (partly) in staging buffer k."""
-        stage = self._stages[k]
-        if stage is None:
-            return False
-        lo = np.frombuffer(stage, np.uint8).ctypes.data
-        return rows.ctypes.data < lo + len(stage) and lo < rows.ctypes.data + rows.nbytes
+        lo = self._stage_address(k)
+        return lo is not None and rows.ctypes.data < lo + len(self._stages[k]) and lo < rows.ctypes.data + rows.nbytes
 
     def _holds(self, k: int, rows: np.ndarray) -> bool:
         """True if rows start at the beginning of staging buffer k."""
-        stage = self._stages[k]
-        return stage is not None and rows.ctypes.data == np.frombuffer(stage, np.uint8).ctypes.data
+        return rows.ctypes.data == self._stage_address(k)
 
     def buffer(self, n_rows: int) -> np.ndarray:
         """A page-aligned float16 [n_rows, *tail] staging array: rows filled in place are written without a copy.
@@ -623,7 +624,7 @@ class AvatarWriter:
           M_c2o [N,3,3]   eye_open [N,2]   eye_ball [N,6]   sc [63]   is_image: bool
           random_weights: bool   extra: dict (optional, plain data; unknown keys are added to it)
         format_version and created are set here (values given in meta are ignored).
-        N must not exceed the frames given to open_f_s(); a smaller N trims f_s.npy.
+        N must equal the f_s rows written (at most the frames given to open_f_s()).
         """
         tmp = self._need_tmp()
         if self._f_s is None:
