@@ -16,6 +16,7 @@ import pytest
 
 from conftest import ANCHOR_MOTION
 from ditto_fast.avatar.cache import list_avatars, load_avatar
+from ditto_fast.avatar.register import source_statistics
 from synthetic import Motion, astronaut_canvas, write_anchor_video
 
 
@@ -44,7 +45,7 @@ def test_cache_round_trip(video_avatar):
     assert np.isfinite(av.f_s[:]).all() and float(np.abs(av.f_s[:]).max()) > 0
     assert av.M_c2o.shape == (25, 3, 3) and av.eye_open.shape == (25, 2) and av.eye_ball.shape == (25, 6)
     assert av.x_s_info["pitch"].shape == (25, 66) and av.x_s_info["kp"].shape == (25, 63)
-    np.testing.assert_array_equal(av.sc, av.x_s_info["kp"][0])
+    assert av.sc.shape == (63,) and not np.allclose(av.sc, av.x_s_info["kp"][0])   # sc is frame 0 unsmoothed
     assert av.random_weights and av.plate_path.name == "plate.mp4"
     assert (av.eye_open > 0).all()                      # the astronaut's eyes are open
     import imageio_ffmpeg
@@ -53,6 +54,19 @@ def test_cache_round_trip(video_avatar):
     assert frames == 25
     rows = {r["name"]: r for r in list_avatars()}
     assert rows["anchor"]["frames"] == 25 and rows["anchor"]["resolution"] == "1920x1080"
+
+
+def test_source_statistics_cut_the_window_at_the_ends_and_keep_frame_0_raw():
+    rng = np.random.default_rng(0)
+    raw = {"kp": rng.normal(size=(20, 63)).astype(np.float32), "yaw": rng.normal(size=(20, 66)).astype(np.float32)}
+    smoothed, sc = source_statistics(raw, 13)
+    np.testing.assert_array_equal(sc, raw["kp"][0])
+    for k, v in raw.items():
+        np.testing.assert_allclose(smoothed[k][0], v[:7].mean(0), rtol=1e-5, atol=1e-6)     # frames 0..6
+        np.testing.assert_allclose(smoothed[k][10], v[4:17].mean(0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(smoothed[k][19], v[13:].mean(0), rtol=1e-5, atol=1e-6)    # frames 13..19
+    one = {k: v[:1] for k, v in raw.items()}
+    np.testing.assert_array_equal(source_statistics(one, 13)[0]["kp"], one["kp"])          # an image: as is
 
 
 def _run(args: list[str], env_home: Path, ckpt: Path, **kw) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections import deque
 
+import cv2
 import imageio_ffmpeg
 import numpy as np
 import pytest
@@ -164,3 +165,34 @@ def test_rgb_matches_ffmpeg_and_the_plate_for_each_colour_matrix(tmp_path, tags)
     with PlateReader(plate, 3) as reader:
         for k in range(3):
             assert _psnr(reader.frame(k), ours[k]) > 40.0
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "webp"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_images_are_read_upright_by_their_exif_orientation(tmp_path, fmt, orientation):
+    from PIL import Image, ImageOps
+
+    rng = np.random.default_rng(orientation)
+    stored = np.kron(rng.integers(0, 256, (6, 10, 3)), np.ones((8, 8, 1))).astype(np.uint8)  # 48x80 blocks
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"o{orientation}.{fmt}"
+    Image.fromarray(stored).save(path, exif=exif.tobytes(), **({} if fmt == "png" else {"quality": 100}))
+    info, img = open_source(path, 1920)
+    with Image.open(path) as im:
+        expected = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    assert info.is_image and img.shape == expected.shape
+    assert img.shape[:2] == ((48, 80) if orientation < 5 else (80, 48))
+    assert info.size == (img.shape[1], img.shape[0])
+    assert np.abs(img.astype(np.int16) - expected).mean() < 3     # lossy formats decode a little differently
+
+
+def test_16_bit_images_use_the_fixed_scale_not_their_own_maximum(tmp_path):
+    ramp = (np.arange(64 * 64).reshape(64, 64) * 7).astype(np.uint16)      # max 28665, far below 65535
+    path = tmp_path / "deep.png"
+    cv2.imwrite(str(path), np.dstack([ramp, ramp // 2, ramp // 3]))
+    _, img = open_source(path, 1920)
+    assert img.dtype == np.uint8
+    expected = np.dstack([ramp // 3, ramp // 2, ramp]) / 256.0          # RGB, 16 -> 8 bits
+    assert np.abs(img - expected).max() <= 1
+    assert img.max() <= 112                                             # not stretched to 255

@@ -2,22 +2,97 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
 
 from ditto_fast.motion.conditions import (build_conditions, condition_parts, emotion_schedule, emotion_vector,
                                           mirror_indices)
-from ditto_fast.motion.sampling import MotionSampler, centered_mean, window_starts
+from ditto_fast.motion.sampling import MotionSampler, window_starts
+from ditto_fast.smoothing import centred_mean, smooth_range
 from ditto_fast.errors import CheckpointError, InputError, UsageError
 
 
-@pytest.mark.parametrize("n", [1, 2, 79, 80, 81, 150, 151, 220, 221, 1000])
-def test_windows_cover_every_frame(n):
+def _window_vectors() -> tuple[dict, object]:
+    """The window-loop vectors and the fake LMDM that made them (skip when ../shared is absent)."""
+    from conftest import PARITY as parity
+    if not (parity / "sampler_seed0.npz").exists():
+        pytest.skip(f"window-loop vectors not found at {parity}")
+    spec = importlib.util.spec_from_file_location("parity_fake_lmdm", parity / "fake_lmdm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with np.load(parity / "sampler_seed0.npz") as z:
+        return {k: z[k] for k in z.files}, mod.fake_lmdm
+
+
+def _fake_sampler(fake_lmdm, params: dict):
+    return lambda cond_frame, cond, gen: torch.from_numpy(fake_lmdm(params, cond_frame.numpy(), cond.numpy()))
+
+
+def test_sampler_matches_dittos_window_loop_on_the_parity_vectors():
+    vec, fake_lmdm = _window_vectors()
+    sampler = MotionSampler(_fake_sampler(fake_lmdm, {k: vec[k] for k in "ABc"}))
+    assert len(vec["ns"]) >= 10
+    for n in vec["ns"]:
+        got = sampler(vec[f"cond_{n}"], vec[f"x0_{n}"], torch.Generator())
+        ref = vec[f"motion_{n}"]
+        assert got.shape == ref.shape
+        assert np.abs(got - ref).max() <= 1e-4, f"{n} frames: max error {np.abs(got - ref).max():.3g}"
+
+
+def _literal_loop(sample, cond, x0, window, overlap, k, dims):
+    """Ditto's offline loop read literally: grow a list of frames, fuse, smooth the seam, smooth all at the end."""
+    def smooth(seq, s, e):
+        src = [f.copy() for f in seq]
+        for i in range(s, e):
+            lo, hi = max(0, i - k // 2), min(len(seq), i + k // 2 + 1)
+            seq[i][:dims] = np.mean([f[:dims] for f in src[lo:hi]], axis=0)
+
+    n, keep, seq, kp = len(cond), window - overlap, None, x0
+    idx = 0
+    while idx < n:
+        chunk = list(cond[idx:idx + window])
+        chunk += [chunk[-1]] * (window - len(chunk))
+        pred = [f.astype(np.float32) for f in sample(kp, np.stack(chunk))]
+        if seq is None:
+            seq = pred
+            smooth(seq, 0, len(seq))
+        else:
+            for j in range(overlap):
+                a = np.float32(j / overlap)
+                seq[len(seq) - overlap + j] = seq[len(seq) - overlap + j] * (1 - a) + pred[j] * a
+            seq += pred[overlap:]
+            smooth(seq, len(seq) - keep - overlap, len(seq) - keep + 1)
+        kp = seq[len(seq) - overlap - 1]
+        idx += keep
+    seq = seq[:n]
+    smooth(seq, 0, n)
+    return np.stack(seq)
+
+
+@pytest.mark.parametrize("window,overlap,k", [(80, 10, 3), (20, 4, 5), (12, 3, 1)])
+def test_sampler_matches_a_literal_reading_of_the_loop(window, overlap, k):
+    rng = np.random.default_rng(window)
+    d, c = 30, 5
+    a, b, bias = rng.normal(size=(d, d)) * 0.3, rng.normal(size=(c, d)) * 0.3, rng.normal(size=d)
+    ramp = np.linspace(0, 1, window)[:, None]
+    sample = lambda kp, cond: np.tanh(kp @ a)[None] + np.tanh(cond @ b) + ramp * bias
+    sampler = MotionSampler(lambda cf, cond, g: torch.from_numpy(sample(cf.numpy()[0], cond.numpy()[0])[None]),
+                            window=window, overlap=overlap, smooth_window=k, smooth_dims=20)
+    for n in (1, 2, window - overlap, window - overlap + 1, window, window + 1, 3 * window + 7):
+        cond = rng.normal(size=(n, c)).astype(np.float32)
+        x0 = rng.normal(size=d).astype(np.float32)
+        ref = _literal_loop(sample, cond, x0, window, overlap, k, 20)
+        got = sampler(cond, x0, torch.Generator())
+        np.testing.assert_allclose(got, ref, atol=1e-5, err_msg=f"{n} frames")
+
+
+@pytest.mark.parametrize("n", [1, 2, 70, 71, 80, 140, 141, 150, 151, 1000])
+def test_one_window_per_70_frames_while_frames_remain(n):
     starts = window_starts(n)
-    assert starts[0] == 0 and all(b - a == 70 for a, b in zip(starts, starts[1:]))
-    assert starts[-1] + 80 >= n                      # covered
-    assert len(starts) == 1 or starts[-2] + 80 < n   # and no window more than needed
+    assert starts == list(range(0, n, 70)) and len(starts) == -(-n // 70)
 
 
 class RecordingSampler:
@@ -38,13 +113,40 @@ def test_sampler_stitches_windows_continuously():
     rec = RecordingSampler()
     out = MotionSampler(rec, smooth_window=1)(cond, np.zeros(d, np.float32), torch.Generator().manual_seed(0))
     assert out.shape == (n, d)
-    assert len(rec.calls) == len(window_starts(n))
-    # the true motion is a ramp 0.01 * (frame + 1): each window continues from the last kept frame
+    assert len(rec.calls) == len(window_starts(n)) == 5
     ramp = 0.01 * (np.arange(n) + 1)
     np.testing.assert_allclose(out[:, 0], ramp, atol=0.02)
     assert np.abs(np.diff(out[:, 0])).max() < 0.02     # no jump at window borders
-    # second window conditioned on frame 69 of the first
-    np.testing.assert_allclose(rec.calls[1][0].numpy()[0], out[69], atol=1e-2)
+    np.testing.assert_allclose(rec.calls[1][0].numpy()[0], out[69], atol=1e-6)   # frame 69 conditions window 2
+
+
+def test_seam_weights_run_from_zero_to_nine_tenths():
+    calls = []
+
+    def constant_per_window(cond_frame, cond, gen):
+        calls.append(None)
+        return torch.full((1, 80, 4), float(len(calls)))
+
+    out = MotionSampler(constant_per_window, smooth_window=1)(np.zeros((150, 2), np.float32),
+                                                              np.zeros(4, np.float32), torch.Generator())
+    # window 1 covers 0..79, window 2 fades in over 70..79 with weights 0, 0.1, ..., 0.9
+    np.testing.assert_allclose(out[70:80, 0], 1 + np.arange(10) / 10, atol=1e-6)
+    assert (out[:70] == 1).all() and (out[80:140] == 2).all()
+
+
+def test_first_window_is_smoothed_before_it_conditions_the_second():
+    rng = np.random.default_rng(3)
+    first = rng.normal(size=(80, 265)).astype(np.float32)
+    calls = []
+
+    def sampler(cond_frame, cond, gen):
+        calls.append(cond_frame.numpy()[0].copy())
+        return torch.from_numpy(first[None].copy())
+
+    MotionSampler(sampler)(np.zeros((75, 2), np.float32), np.zeros(265, np.float32), torch.Generator())
+    assert len(calls) == 2
+    np.testing.assert_allclose(calls[1][:202], first[68:71, :202].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(calls[1][202:], first[69, 202:])
 
 
 def test_last_window_pads_by_repeating_last_condition():
@@ -63,16 +165,28 @@ def test_same_seed_same_motion_other_seed_differs():
     assert not np.array_equal(run(1), run(2))
 
 
-def test_smoothing_only_first_202_dims():
+def test_centred_mean_shortens_its_window_at_the_ends():
     x = np.random.default_rng(0).normal(size=(50, 265)).astype(np.float32)
-    sm = centered_mean(x, 3)
+    sm = centred_mean(x, 3)
     np.testing.assert_allclose(sm[10], x[9:12].mean(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(sm[0], (2 * x[0] + x[1]) / 3, rtol=1e-5, atol=1e-6)
-    x80 = np.concatenate([x, x[:30]])
-    rec = lambda cf, c, g: torch.from_numpy(x80[None].copy())
-    out = MotionSampler(rec)(np.zeros((50, 2), np.float32), np.zeros(265, np.float32), torch.Generator())
-    np.testing.assert_allclose(out[:, 202:], x[:, 202:])
-    np.testing.assert_allclose(out[:, :202], centered_mean(x[:, :202], 3), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sm[0], x[:2].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sm[-1], x[-2:].mean(0), rtol=1e-5, atol=1e-6)
+    sm13 = centred_mean(x, 13)
+    np.testing.assert_allclose(sm13[2], x[:9].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sm13[25], x[19:32].mean(0), rtol=1e-5, atol=1e-6)
+    part = x.copy()
+    smooth_range(part, 10, 20, 3, dims=202)
+    np.testing.assert_array_equal(part[:10], x[:10])
+    np.testing.assert_array_equal(part[10:20, 202:], x[10:20, 202:])
+    np.testing.assert_allclose(part[10:20, :202], sm[10:20, :202], rtol=1e-5, atol=1e-6)
+
+
+def test_only_the_pose_dims_are_smoothed():
+    x = np.random.default_rng(0).normal(size=(80, 265)).astype(np.float32)
+    out = MotionSampler(lambda cf, c, g: torch.from_numpy(x[None].copy()))(
+        np.zeros((50, 2), np.float32), np.zeros(265, np.float32), torch.Generator())
+    np.testing.assert_array_equal(out[:, 202:], x[:50, 202:])
+    assert not np.allclose(out[:, :202], x[:50, :202])
 
 
 def test_emotion_vectors_and_schedule(tmp_path):

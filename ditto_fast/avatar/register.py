@@ -27,7 +27,7 @@ from ..face.crop import crop_params, landmarks_in_crop, params_to_matrix, smooth
 from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
 from ..memory import serve_frames_from_mmap
-from ..motion.sampling import centered_mean
+from ..smoothing import centred_mean
 from ..render.plate import write_plate_image
 from ..timing import StageTimer
 from ..yuv import YuvFrame
@@ -94,6 +94,12 @@ class _FeatureSink:
 
     def x_s_info(self) -> dict[str, np.ndarray]:
         return {k: np.concatenate(v, 0).astype(np.float32) for k, v in self.infos.items()}
+
+
+def source_statistics(raw: dict[str, np.ndarray], window: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per-frame x_s_info smoothed over `window` frames (cut at the ends, as Ditto) and the shape code
+    `sc` [63]: frame 0's keypoints as extracted, before smoothing."""
+    return {k: centred_mean(v, window) for k, v in raw.items()}, raw["kp"][0].reshape(-1).copy()
 
 
 def _no_progress(total: int, label: str) -> Step:
@@ -181,9 +187,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
         sink.flush()
 
         n = len(params)
-        x_s_info = sink.x_s_info()
-        if n > 1:
-            x_s_info = {k: centered_mean(v, smooth_info) for k, v in x_s_info.items()}
+        x_s_info, sc = source_statistics(sink.x_s_info(), smooth_info)
         meta = {
             "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
                        "size": list(info.size), "source_size": list(info.src_size), "frames": n},
@@ -196,7 +200,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
             "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), 512), np.float64).reshape(n, 3, 3),
             "eye_open": np.stack([e[0] for e in eyes]).astype(np.float32),
             "eye_ball": np.stack([e[1] for e in eyes]).astype(np.float32),
-            "sc": x_s_info["kp"][0].reshape(-1).copy(), "is_image": info.is_image,
+            "sc": sc, "is_image": info.is_image,
             "random_weights": bool(nets.random_weights or cs.random_weights),
             "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "warnings": sorted({str(w.message) for w in caught}),

@@ -10,6 +10,7 @@ from typing import Iterator
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from ..errors import InputError
 from ..inputs import check_input_file
@@ -40,22 +41,36 @@ def target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
     return tw, th
 
 
+# EXIF orientation (1..8) -> the numpy operation that turns the stored pixels upright
+_UPRIGHT = {
+    2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[::-1],
+    5: lambda a: a.swapaxes(0, 1), 6: lambda a: np.rot90(a, -1),
+    7: lambda a: a[::-1, ::-1].swapaxes(0, 1), 8: lambda a: np.rot90(a, 1),
+}
+
+
+def exif_orientation(path: Path) -> int:
+    """The EXIF orientation tag of an image file (1 = as stored, also when absent or unreadable)."""
+    try:
+        with Image.open(path) as im:
+            value = im.getexif().get(0x0112, 1)
+    except (OSError, ValueError, SyntaxError):
+        return 1
+    return value if value in _UPRIGHT else 1
+
+
 def _read_image(path: Path) -> np.ndarray | None:
+    """RGB uint8 of an image file, upright by its EXIF orientation; None if `path` is not an image."""
     head = path.open("rb").read(16)
     if not any(head.startswith(m) for m in _IMAGE_MAGIC) or (head.startswith(b"RIFF") and head[8:12] != b"WEBP"):
         return None
-    img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    # colour, 8 bits (16-bit samples scaled by the fixed 1/256, as Ditto reads them), alpha dropped
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if img is None:
         raise InputError(f"{path}: image is truncated or corrupt; re-export it as PNG or JPEG")
-    if img.dtype != np.uint8:
-        img = cv2.convertScaleAbs(img, alpha=255.0 / max(1, float(img.max())))
-    if img.ndim == 2:
-        img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
-    elif img.shape[2] == 4:
-        img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGB)     # alpha dropped: the plate is opaque
-    else:
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    return img
+    img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    turn = _UPRIGHT.get(exif_orientation(path))
+    return np.ascontiguousarray(turn(img)) if turn else img
 
 
 def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray | None]:

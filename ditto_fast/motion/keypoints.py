@@ -13,6 +13,8 @@ NUM_BINS = 66
 MOTION_LAYOUT: tuple[tuple[str, int], ...] = (
     ("scale", 1), ("pitch", NUM_BINS), ("yaw", NUM_BINS), ("roll", NUM_BINS), ("t", 3), ("exp", 3 * NUM_KP),
 )
+# The leading dims of a motion vector that are smoothed over time (scale, pose, translation; not exp).
+SMOOTHED_DIMS = MOTION_DIM - 3 * NUM_KP
 
 
 def _np32(x: Any) -> np.ndarray:
