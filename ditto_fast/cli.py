@@ -11,11 +11,17 @@ from pathlib import Path
 
 import click
 
+from .config import X264_PRESETS, default
 from .errors import DittoError
 
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
 CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
-                      help="YAML overriding the defaults (see configs/default.yaml).")
+                      help="YAML overriding some settings (`ditto-fast config` prints them all).")
+
+
+def _default(section: str, key: str) -> str:
+    """' [default: VALUE]' for a help text, read from the packaged settings."""
+    return f" [default: {default(section, key)}; config {section}.{key}]"
 
 
 class Terminated(BaseException):
@@ -81,13 +87,13 @@ def cli() -> None:
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("--name", help="Avatar name [A-Za-z0-9_-]{1,64}; default: the file stem.")
 @click.option("--max-size", type=click.IntRange(64, 8192), default=None,
-              help="Long side of the frames kept; larger sources are resized [default: 1920].")
+              help="Long side of the frames kept; larger sources are resized." + _default("register", "max_size"))
 @click.option("--max-frames", type=click.IntRange(1), default=None, help="Use at most N frames.")
 @click.option("--force", is_flag=True, help="Replace an existing avatar of that name.")
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None,
               help="Checkpoint directory (default $DITTO_FAST_CHECKPOINTS or ./checkpoints).")
 @click.option("--device", type=DEVICE, default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 256), default=None, help="Crops per batch [default: 8].")
+@click.option("--batch-size", type=click.IntRange(1, 256), default=None, help="Crops per batch." + _default("register", "batch_size"))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @CONFIG
 def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet,
@@ -123,7 +129,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 @click.option("--audio", "audio_path", required=True, type=click.Path(path_type=Path), help="Speech file.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Output MP4 (default <avatar>_<audio stem>.mp4 in the current directory).")
-@click.option("--steps", type=click.IntRange(1, 1000), default=None, help="DDIM steps [default: 25].")
+@click.option("--steps", type=click.IntRange(1, 1000), default=None, help="DDIM steps." + _default("motion", "steps"))
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--emotion", default="neutral", show_default=True,
               help="angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, "
@@ -132,10 +138,10 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 @click.option("--device", type=DEVICE, default="auto", show_default=True)
 @click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto", show_default=True)
 @click.option("--batch-size", type=click.IntRange(1, 64), default=None,
-              help="Frames per warp+decode micro-batch [default: 1].")
-@click.option("--crf", type=click.IntRange(0, 51), default=None, help="H.264 quality [default: 18].")
-@click.option("--preset", default=None, help="x264 preset [default: veryfast].",
-              type=click.Choice(["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"]))
+              help="Frames per warp+decode micro-batch." + _default("render", "batch_size"))
+@click.option("--crf", type=click.IntRange(0, 51), default=None, help="H.264 quality." + _default("render", "crf"))
+@click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),
+              type=click.Choice(X264_PRESETS))
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
 @click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
@@ -154,6 +160,20 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, device, p
     if not quiet:
         click.echo(result.table, err=True)
     click.echo(str(result.output))
+
+
+# ----------------------------------------------------------------------------- config
+@cli.command("config")
+@CONFIG
+def config_cmd(config_path):
+    """Print the settings in effect (the defaults, or with --config FILE that file's overrides), as YAML."""
+    import dataclasses
+
+    import yaml
+
+    from .config import load_config
+
+    click.echo(yaml.safe_dump(dataclasses.asdict(load_config(config_path)), sort_keys=False).rstrip())
 
 
 # ----------------------------------------------------------------------------- avatars

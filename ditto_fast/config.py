@@ -1,9 +1,14 @@
-"""Typed defaults for every stage; `configs/default.yaml` (or a user YAML) overrides them."""
+"""Settings: types and allowed ranges here, values in `configs/default.yaml` (the one place defaults live).
+
+A user YAML (`--config FILE`) overrides any subset; every value is checked by type and range when
+read, and a bad one is refused naming the file and the key.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -12,71 +17,114 @@ import yaml
 from .errors import UsageError
 
 DEFAULT_YAML = Path(__file__).resolve().parent / "configs" / "default.yaml"
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
+
+
+def setting(kind: type, low: float | None = None, high: float | None = None,
+            choices: tuple[str, ...] | None = None) -> Any:
+    """A config field of type `kind`, allowed in [low, high] or among `choices`; its value comes from YAML."""
+    return field(metadata={"kind": kind, "low": low, "high": high, "choices": choices})
 
 
 @dataclass
 class RegisterConfig:
-    max_size: int = 1920          # long side of decoded frames
-    batch_size: int = 8           # crops per extractor batch
-    crop_scale: float = 2.3       # crop side / face box side
-    crop_vx: float = 0.0          # crop centre shift, fractions of the box side
-    crop_vy: float = -0.125
-    crop_smooth_window: int = 13  # frames, centred smoothing of crop parameters (video)
-    info_smooth_window: int = 13  # frames, centred mean over x_s_info (video)
-    min_face_px: int = 64
+    max_size: int = setting(int, 64, 8192)            # long side of decoded frames
+    batch_size: int = setting(int, 1, 256)            # crops per extractor batch
+    crop_scale: float = setting(float, 0.5, 10.0)     # crop side / face box side
+    crop_vx: float = setting(float, -1.0, 1.0)        # crop centre shift, fractions of the box side
+    crop_vy: float = setting(float, -1.0, 1.0)
+    crop_smooth_window: int = setting(int, 1, 101)    # frames, centred smoothing of crop parameters (video)
+    info_smooth_window: int = setting(int, 1, 101)    # frames, centred mean over x_s_info (video)
+    min_face_px: int = setting(int, 8, 4096)
 
 
 @dataclass
 class MotionConfig:
-    steps: int = 25               # DDIM steps
-    guidance: float = 2.0         # classifier-free guidance weight
-    window: int = 80              # LMDM window (frames)
-    overlap: int = 10             # frames cross-faded between windows
-    smooth_window: int = 3        # centred mean over the pose/scale/translation dims
-    smooth_dims: int = 202
+    steps: int = setting(int, 1, 1000)                # DDIM steps
+    guidance: float = setting(float, 0.0, 20.0)       # classifier-free guidance weight
+    overlap: int = setting(int, 1, 79)                # frames cross-faded between 80-frame LMDM windows
+    smooth_window: int = setting(int, 1, 31)          # centred mean over the pose/scale/translation dims
 
 
 @dataclass
 class RenderConfig:
-    batch_size: int = 1           # frames per warp+decode micro-batch
-    crf: int = 18
-    preset: str = "veryfast"
+    batch_size: int = setting(int, 1, 64)             # frames per warp+decode micro-batch
+    crf: int = setting(int, 0, 51)                    # H.264 quality
+    preset: str = setting(str, choices=X264_PRESETS)  # x264 preset
 
 
 @dataclass
 class Config:
-    register: RegisterConfig = field(default_factory=RegisterConfig)
-    motion: MotionConfig = field(default_factory=MotionConfig)
-    render: RenderConfig = field(default_factory=RenderConfig)
+    register: RegisterConfig
+    motion: MotionConfig
+    render: RenderConfig
 
 
-def _apply(obj: Any, data: dict, where: str) -> None:
-    names = {f.name: f for f in dataclasses.fields(obj)}
-    for key, value in data.items():
-        if key not in names:
-            raise UsageError(f"{where}: unknown setting {key!r}; known: {', '.join(names)}")
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise UsageError(f"{where}: {key} must be a mapping")
-            _apply(current, value, f"{where}:{key}")
-        else:
-            setattr(obj, key, value)
+_SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "render": RenderConfig}
+
+
+def _check(value: Any, meta: dict, where: str) -> Any:
+    """`value` converted to the setting's type, or UsageError naming `where` and what is allowed."""
+    kind, low, high, choices = meta["kind"], meta["low"], meta["high"], meta["choices"]
+    if choices is not None:
+        if value not in choices:
+            raise UsageError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not numeric or (kind is int and not float(value).is_integer()) or value != value:
+        raise UsageError(f"{where} must be {'an integer' if kind is int else 'a number'} in {low}..{high}, "
+                         f"got {value!r}")
+    value = kind(value)
+    if not low <= value <= high:
+        raise UsageError(f"{where} must be in {low}..{high}, got {value}")
+    return value
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the config file ({e.strerror})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of sections ({', '.join(_SECTION_CLASSES)})")
+    return data
+
+
+def _merge(values: dict[str, dict], data: dict, path: Path) -> None:
+    """Check `data` (one YAML file) key by key and write its values into `values`."""
+    for section, entries in data.items():
+        cls = _SECTION_CLASSES.get(section)
+        if cls is None:
+            raise UsageError(f"{path}: unknown section {section!r}; known: {', '.join(_SECTION_CLASSES)}")
+        if not isinstance(entries, dict):
+            raise UsageError(f"{path}: {section} must be a mapping of settings")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, value in entries.items():
+            if key not in fields:
+                raise UsageError(f"{path}: unknown setting {key!r} in {section}; known: {', '.join(fields)}")
+            values[section][key] = _check(value, fields[key].metadata, f"{path}: {section}.{key}")
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> dict[str, dict]:
+    values: dict[str, dict] = {s: {} for s in _SECTION_CLASSES}
+    _merge(values, _read_yaml(DEFAULT_YAML), DEFAULT_YAML)
+    return values
+
+
+def default(section: str, key: str) -> Any:
+    """The packaged default of one setting (for help texts)."""
+    return _defaults()[section][key]
 
 
 def load_config(path: str | Path | None = None) -> Config:
-    """Defaults, overridden by the packaged default.yaml, then by `path` when given."""
-    cfg = Config()
-    for p in (DEFAULT_YAML, Path(path) if path else None):
-        if p is None or not p.is_file():
-            if p is not None and p != DEFAULT_YAML:
-                raise UsageError(f"{p}: config file not found")
-            continue
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise UsageError(f"{p}: expected a mapping of sections")
-        _apply(cfg, data, str(p))
-    return cfg
+    """The packaged defaults, overridden by the YAML at `path` when given; every value checked."""
+    values = {s: dict(v) for s, v in _defaults().items()}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise UsageError(f"{path}: config file not found")
+        _merge(values, _read_yaml(path), path)
+    return Config(**{s: cls(**values[s]) for s, cls in _SECTION_CLASSES.items()})

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from . import models
-from .audio.decode import frame_count, load_audio
+from .audio.decode import SAMPLE_RATE, frame_count, load_audio
 from .audio.hubert import HubertFeatures
 from .avatar.cache import load_avatar
 from .checkpoints import find_checkpoints
-from .config import Config
+from .config import Config, load_config
 from .devices import resolve_device, resolve_precision
 from .errors import UsageError
 from .models.ddim import ddim_sample
@@ -99,7 +99,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
     t_start = time.perf_counter()
     serve_frames_from_mmap()
     timer = StageTimer(STAGES)
-    cfg = opts.config or Config()
+    cfg = opts.config or load_config()
     steps = cfg.motion.steps if opts.steps is None else opts.steps
     out_path = Path(opts.output) if opts.output else default_output(opts.avatar, opts.audio)
     check_output_path(out_path)
@@ -135,9 +135,10 @@ def render_video(opts: RenderOptions) -> RenderResult:
         del feats
         gen = torch.Generator(device=device).manual_seed(opts.seed)
         m = cfg.motion
-        sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, steps, g), window=m.window,
-                                overlap=m.overlap, smooth_window=m.smooth_window, smooth_dims=m.smooth_dims,
-                                device=device)
+        if m.overlap >= lmdm.seq_len:
+            raise UsageError(f"motion.overlap {m.overlap} must be below the LMDM's window of {lmdm.seq_len} frames")
+        sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, steps, g), window=lmdm.seq_len,
+                                overlap=m.overlap, smooth_window=m.smooth_window, device=device)
         motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [N, 265]
         del cond
 
@@ -148,7 +149,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
     bs = max(1, opts.batch_size or cfg.render.batch_size)
     try:
         with PlateReader(avatar.plate_path, avatar.n_frames) as plate, \
-                VideoWriter(out_path, avatar.size, fps=25, audio_path=opts.audio,
+                VideoWriter(out_path, avatar.size, fps=avatar.fps, audio_path=opts.audio,
                             crf=cfg.render.crf if opts.crf is None else opts.crf,
                             preset=opts.preset or cfg.render.preset) as writer:
             for b0 in range(0, n, bs):
@@ -174,7 +175,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
 
     wall = time.perf_counter() - t_start
     profile = {
-        "frames": n, "audio_seconds": len(audio) / 16000.0, "wall_seconds": wall, "fps": n / wall if wall else 0.0,
+        "frames": n, "audio_seconds": len(audio) / SAMPLE_RATE, "wall_seconds": wall, "fps": n / wall if wall else 0.0,
         "device": str(device), "precision": str(dtype).replace("torch.", ""), "steps": steps,
         "seed": opts.seed, "random_weights": random_weights, "output": str(out_path),
         "stages": {k: round(v, 4) for k, v in timer.seconds.items()},

@@ -20,10 +20,10 @@ import torch
 
 from .. import models
 from ..checkpoints import find_checkpoints
-from ..config import RegisterConfig
+from ..config import RegisterConfig, load_config
 from ..devices import numpy_blas_single_threaded, resolve_device
 from ..errors import InputError
-from ..face.crop import crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
+from ..face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
 from ..memory import serve_frames_from_mmap
@@ -32,7 +32,7 @@ from ..render.plate import write_plate_image
 from ..timing import StageTimer
 from ..yuv import YuvFrame
 from .cache import AvatarWriter, file_sha256, validate_name
-from .source import SourceFrames, open_source
+from .source import FPS, SourceFrames, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read
@@ -117,7 +117,7 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
     A video is decoded once, by one ffmpeg process that also encodes the plate; plate_write is the
     wait for that encoder to finish after the last frame.
     """
-    cfg = config or RegisterConfig()
+    cfg = config or load_config().register
     timer = timer or StageTimer()
     smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
     max_size = max_size or cfg.max_size
@@ -164,9 +164,9 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
                     lo, hi = max(0, i - half), min(len(params), i + half + 1)
                     p = smooth_params(np.stack(params[lo:hi]), smooth_crop)[i - lo] if hi - lo > 1 else params[i]
                     smoothed.append(p)
-                    M = params_to_matrix(p, 512)
-                    crop512 = warp_crop(frame, M, 512)
-                    eo, eb = eye_features(landmarks_in_crop(lmk, M, 512)[None])
+                    M = params_to_matrix(p, DSIZE)
+                    crop512 = warp_crop(frame, M, DSIZE)
+                    eo, eb = eye_features(landmarks_in_crop(lmk, M, DSIZE)[None])
                     eyes.append((eo[0], eb[0]))
                     crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
                 sink.add(crop256)
@@ -191,13 +191,13 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
         meta = {
             "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
                        "size": list(info.size), "source_size": list(info.src_size), "frames": n},
-            "fps": 25.0, "size": list(info.size),
+            "fps": float(FPS), "size": list(info.size),
             "fingerprints": cs.avatar_fingerprints(),
-            "crop": {"dsize": 512, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
+            "crop": {"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
                      "smooth_window": smooth_crop,
                      "params": np.stack(smoothed)},
             "x_s_info": x_s_info,
-            "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), 512), np.float64).reshape(n, 3, 3),
+            "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), DSIZE), np.float64).reshape(n, 3, 3),
             "eye_open": np.stack([e[0] for e in eyes]).astype(np.float32),
             "eye_ball": np.stack([e[1] for e in eyes]).astype(np.float32),
             "sc": sc, "is_image": info.is_image,
