@@ -1,0 +1,145 @@
+"""Batch jobs: read them (JSON lines or a folder of audio), keep their outcome, write the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import DittoError, UsageError
+
+JOB_KEYS = ("avatar", "audio", "output", "seed", "emotion", "controls", "steps")
+AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
+EXIT_SOME_FAILED = 7
+
+
+@dataclass
+class Job:
+    """One clip to render and what became of it (status: pending, done, skipped or failed)."""
+
+    index: int
+    avatar: str = ""
+    audio: Path | None = None
+    output: Path | None = None
+    seed: int = 0
+    emotion: str = "neutral"
+    controls: Path | None = None
+    steps: int | None = None
+    status: str = "pending"
+    error: str | None = None
+    exit_code: int = 0
+    frames: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def fail(self, error: DittoError | str, exit_code: int | None = None) -> None:
+        """Mark the job failed with a one-line error."""
+        self.status, self.error = "failed", str(error).splitlines()[0] if str(error) else type(error).__name__
+        self.exit_code = exit_code if exit_code is not None else getattr(error, "exit_code", 1)
+
+    def row(self) -> dict[str, Any]:
+        """The job's entry in the report."""
+        return {"index": self.index, "avatar": self.avatar, "audio": _str(self.audio), "output": _str(self.output),
+                "status": self.status, "error": self.error, "exit_code": self.exit_code, "frames": self.frames,
+                "seconds": round(self.seconds, 3), **self.extra}
+
+
+def _str(p: Path | None) -> str | None:
+    return None if p is None else str(p)
+
+
+def _job_from_line(index: int, line: str, base: Path, where: str) -> Job:
+    """A job from one JSON line; paths relative to `base`. A bad line gives a failed job, not an exception."""
+    job = Job(index)
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        job.fail(UsageError(f"{where}: not valid JSON ({e.msg}); write one JSON object per line"))
+        return job
+    if not isinstance(data, dict):
+        job.fail(UsageError(f"{where}: expected a JSON object like "
+                            '{"avatar": "ruby", "audio": "a.wav", "output": "a.mp4"}'))
+        return job
+    unknown = sorted(set(data) - set(JOB_KEYS))
+    missing = [k for k in ("avatar", "audio", "output") if not isinstance(data.get(k), str) or not data.get(k)]
+    if unknown or missing:
+        job.avatar = str(data.get("avatar", ""))
+        what = f"unknown key {unknown[0]!r} (known: {', '.join(JOB_KEYS)})" if unknown else \
+            f"{missing[0]!r} is missing or not a string"
+        job.fail(UsageError(f"{where}: {what}"))
+        return job
+    job.avatar = data["avatar"]
+    job.audio, job.output = base / data["audio"], base / data["output"]
+    if data.get("controls") is not None:
+        job.controls = base / str(data["controls"])
+    emotion = data.get("emotion", "neutral")
+    if isinstance(emotion, str) and emotion.endswith(".json") and not Path(emotion).is_absolute():
+        emotion = str(base / emotion)
+    seed, steps = data.get("seed", 0), data.get("steps")
+    if not isinstance(emotion, str):
+        job.fail(UsageError(f"{where}: emotion must be a string (a label, a mix like happy+surprise, or a .json file)"))
+    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        job.fail(UsageError(f"{where}: seed must be an integer in 0..{2**63 - 1}"))
+    elif steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000):
+        job.fail(UsageError(f"{where}: steps must be an integer in 1..1000"))
+    job.emotion, job.seed, job.steps = str(emotion), seed if isinstance(seed, int) else 0, steps
+    return job
+
+
+def read_jobs(path: str | Path) -> list[Job]:
+    """Jobs from a JSON-lines file (blank lines and lines starting with # are passed over)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: jobs file not found; give a JSON-lines file or --audio-dir") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read the jobs file ({getattr(e, 'strerror', None) or e})") from None
+    base = path.resolve().parent
+    jobs: list[Job] = []
+    for no, line in enumerate(lines, 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            jobs.append(_job_from_line(len(jobs), line, base, f"{path}:{no}"))
+    if not jobs:
+        raise UsageError(f"{path}: no jobs in the file; write one JSON object per line")
+    return jobs
+
+
+def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path) -> list[Job]:
+    """One job per audio file in `audio_dir` (sorted by name), output `<out_dir>/<stem>.mp4`."""
+    audio_dir, out_dir = Path(audio_dir), Path(out_dir)
+    if not audio_dir.is_dir():
+        raise UsageError(f"{audio_dir}: --audio-dir is not a directory")
+    files = sorted(p for p in audio_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
+    if not files:
+        raise UsageError(f"{audio_dir}: no audio files ({', '.join(AUDIO_SUFFIXES)}) in the directory")
+    return [Job(i, avatar, p, out_dir / f"{p.stem}.mp4") for i, p in enumerate(files)]
+
+
+def summary(jobs: list[Job]) -> dict[str, int]:
+    """Counts of done, skipped and failed jobs."""
+    return {s: sum(j.status == s for j in jobs) for s in ("done", "skipped", "failed")}
+
+
+def write_report(path: str | Path, jobs: list[Job]) -> None:
+    """The report JSON, replaced atomically (a reader never sees half of it)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or Path("."))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"jobs": [j.row() for j in jobs], "summary": summary(jobs)}, f, indent=2)
+            f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

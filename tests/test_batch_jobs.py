@@ -1,0 +1,82 @@
+"""Batch job files: parsing, relative paths, bad lines reported per job, the audio-folder form, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ditto_fast.batch import Job, jobs_from_dir, read_jobs, summary, write_report
+from ditto_fast.errors import UsageError
+
+
+def test_jobs_file_paths_are_relative_to_it_and_bad_lines_fail_alone(tmp_path):
+    d = tmp_path / "night"
+    d.mkdir()
+    f = d / "jobs.jsonl"
+    f.write_text("\n".join([
+        '{"avatar": "ruby", "audio": "a.wav", "output": "out/a.mp4", "seed": 3, "steps": 10}',
+        "",
+        "# a comment",
+        '{"avatar": "ruby", "audio": "b.wav", "output": "b.mp4", "emotion": "happy+surprise", "controls": "c.json"}',
+        '{"avatar": "ruby", "audio": "c.wav"',
+        '{"avatar": "ruby", "audio": "c.wav", "output": "c.mp4", "colour": "blue"}',
+        '{"avatar": "ruby", "audio": "c.wav", "output": "c.mp4", "seed": 18446744073709551616}',
+        '{"avatar": "ruby", "audio": "c.wav", "output": "c.mp4", "steps": "25"}',
+        '["not", "an", "object"]',
+        '{"audio": "c.wav", "output": "c.mp4"}',
+    ]) + "\n")
+    jobs = read_jobs(f)
+    assert [j.index for j in jobs] == list(range(8))
+    a, b = jobs[0], jobs[1]
+    assert a.status == b.status == "pending"
+    assert a.audio == d / "a.wav" and a.output == d / "out" / "a.mp4" and a.seed == 3 and a.steps == 10
+    assert b.emotion == "happy+surprise" and b.controls == d / "c.json" and b.seed == 0 and b.steps is None
+    errors = [j.error for j in jobs[2:]]
+    assert all(j.status == "failed" and j.exit_code == 2 for j in jobs[2:])
+    assert "jobs.jsonl:5" in errors[0] and "not valid JSON" in errors[0]
+    assert "unknown key 'colour'" in errors[1] and "seed must be" in errors[2] and "steps must be" in errors[3]
+    assert "expected a JSON object" in errors[4] and "'avatar' is missing" in errors[5]
+
+
+def test_jobs_file_errors(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        read_jobs(tmp_path / "none.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n# nothing\n")
+    with pytest.raises(UsageError, match="no jobs"):
+        read_jobs(tmp_path / "empty.jsonl")
+
+
+def test_audio_dir_gives_one_job_per_audio_file(tmp_path):
+    (tmp_path / "in").mkdir()
+    for name in ("b.mp3", "a.wav", "notes.txt", "c.FLAC"):
+        (tmp_path / "in" / name).write_bytes(b"x")
+    jobs = jobs_from_dir("ruby", tmp_path / "in", tmp_path / "out")
+    assert [j.audio.name for j in jobs] == ["a.wav", "b.mp3", "c.FLAC"]
+    assert [j.output for j in jobs] == [tmp_path / "out" / f"{s}.mp4" for s in "abc"]
+    assert all(j.avatar == "ruby" for j in jobs)
+    (tmp_path / "silent").mkdir()
+    with pytest.raises(UsageError, match="no audio files"):
+        jobs_from_dir("ruby", tmp_path / "silent", tmp_path)
+    with pytest.raises(UsageError, match="not a directory"):
+        jobs_from_dir("ruby", tmp_path / "missing", tmp_path)
+
+
+def test_report_is_written_whole_with_a_summary(tmp_path):
+    jobs = [Job(0, "ruby", tmp_path / "a.wav", tmp_path / "a.mp4", status="done", frames=50, seconds=1.234),
+            Job(1, "ruby", tmp_path / "b.wav", tmp_path / "b.mp4", status="skipped"), Job(2, "ruby")]
+    jobs[2].fail(UsageError("x.wav: bad\nsecond line"))
+    old = os.umask(0o022)
+    try:
+        write_report(tmp_path / "report.json", jobs)
+    finally:
+        os.umask(old)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["summary"] == summary(jobs) == {"done": 1, "skipped": 1, "failed": 1}
+    row = data["jobs"][2]
+    assert row["status"] == "failed" and row["error"] == "x.wav: bad" and row["exit_code"] == 2
+    assert set(data["jobs"][0]) >= {"index", "avatar", "audio", "output", "status", "error", "exit_code",
+                                     "frames", "seconds"}
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
