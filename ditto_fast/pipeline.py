@@ -20,18 +20,18 @@ from . import models
 from .audio.decode import frame_count, load_audio
 from .audio.hubert import HubertFeatures
 from .avatar.cache import load_avatar
+from .avatar.plate import PlateReader, mirror_indices
 from .checkpoints import find_checkpoints
 from .config import Config
 from .devices import resolve_device, resolve_precision
 from .errors import UsageError
 from .models.ddim import ddim_sample
-from .motion.conditions import build_conditions, condition_parts, emotion_schedule, mirror_indices
+from .motion.conditions import build_conditions, condition_parts, emotion_schedule
 from .motion.controls import load_controls
 from .motion.keypoints import info_to_motion, motion_to_info
 from .motion.sampling import MotionSampler
 from .motion.stitch import MotionStitch
 from .render.fused import FusedRenderer
-from .render.plate import PlateReader
 from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
 from .memory import serve_frames_from_mmap

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ditto_fast.motion.conditions import (build_conditions, condition_parts, emotion_schedule, emotion_vector,
-                                          mirror_indices)
+from ditto_fast.avatar.plate import mirror_indices
+from ditto_fast.motion.conditions import build_conditions, condition_parts, emotion_schedule, emotion_vector
 from ditto_fast.motion.sampling import MotionSampler, centered_mean, window_starts
 from ditto_fast.errors import CheckpointError, InputError, UsageError
 
