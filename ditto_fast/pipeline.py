@@ -25,9 +25,9 @@ from .checkpoints import find_checkpoints
 from .config import Config
 from .devices import resolve_device, resolve_precision
 from .errors import UsageError
-from .models.ddim import ddim_sample
 from .motion.conditions import build_conditions, condition_parts, emotion_schedule
 from .motion.controls import load_controls
+from .motion.ddim import DDIMSampler
 from .motion.keypoints import info_to_motion, motion_to_info
 from .motion.sampling import MotionSampler
 from .motion.stitch import MotionStitch
@@ -118,7 +118,6 @@ def render_video(opts: RenderOptions) -> RenderResult:
     controls = load_controls(opts.controls, n) if opts.controls else None
     with timer("load_models"):
         lmdm = models.load("lmdm", cs.files["lmdm"], device)
-        lmdm.guidance_weight = cfg.motion.guidance
         stitch_net = models.load("stitch_network", cs.files["stitch_network"], "cpu")
         renderer = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], device, dtype)
         hubert = HubertFeatures(cs.hubert_dir, device=device)
@@ -135,7 +134,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
         del feats
         gen = torch.Generator(device=device).manual_seed(opts.seed)
         m = cfg.motion
-        sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, steps, g), window=m.window,
+        sampler = MotionSampler(DDIMSampler(lmdm, steps, m.guidance), window=m.window,
                                 overlap=m.overlap, smooth_window=m.smooth_window, smooth_dims=m.smooth_dims,
                                 device=device)
         motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [N, 265]
