@@ -3,6 +3,16 @@
 One thread, frames in order, deterministic for a seed. Overlap comes only from what is already
 asynchronous: CUDA kernel launches and the ffmpeg reader/writer processes. This module owns timing,
 progress and the stage table; the stages below it never print.
+
+Stage keys of the profile and the table (wall seconds each):
+  load_models     finding the checkpoints and loading the networks and HuBERT
+  load_avatar     opening the avatar cache
+  audio_features  HuBERT features of the decoded audio
+  motion          conditions, LMDM sampling, and each frame's motion stitch
+  render          fused warp + decode on the device, crops back on the host
+  putback         pasting each crop into its background frame
+  write           the loop's ffmpeg I/O: handing each frame to the encoder and getting each background
+                  frame from the plate decoder (both are ffmpeg pipes, so both waits land here)
 """
 
 from __future__ import annotations
@@ -159,7 +169,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
                 with timer("render"):
                     crops = renderer(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
                 for j, i in enumerate(idx):
-                    with timer("write"):                 # ffmpeg I/O: plate decode here, encode below
+                    with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
                         background = plate[i]
                     with timer("putback"):
                         frame = putback(background, crops[j], avatar.M_c2o[src_idx[i]])
