@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError
+from .hubert_random import write_random_hubert
 from .models import NETWORK_NAMES, SPECS, build
 from .models.loading import META_KEY
 
@@ -138,8 +139,6 @@ def write_random(out_dir: str | os.PathLike, tiny: bool = False, seed: int = 0,
 
     `networks` / `hubert` select a subset (benchmarks); returns the checkpoint root.
     """
-    from .audio.hubert_random import write_random_hubert
-
     root = Path(out_dir)
     models_dir = root / MODELS_SUBDIR
     models_dir.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,16 @@
 One thread, frames in order, deterministic for a seed. Overlap comes only from what is already
 asynchronous: CUDA kernel launches and the ffmpeg reader/writer processes. This module owns timing,
 progress and the stage table; the stages below it never print.
+
+Stage keys of the profile and the table (wall seconds each):
+  load_models     finding the checkpoints and loading the networks and HuBERT
+  load_avatar     opening the avatar cache
+  audio_features  HuBERT features of the decoded audio
+  motion          conditions, LMDM sampling, and each frame's motion stitch
+  render          fused warp + decode on the device, crops back on the host
+  putback         pasting each crop into its background frame
+  write           the loop's ffmpeg I/O: handing each frame to the encoder and getting each background
+                  frame from the plate decoder (both are ffmpeg pipes, so both waits land here)
 """
 
 from __future__ import annotations
@@ -20,18 +30,18 @@ from . import models
 from .audio.decode import SAMPLE_RATE, frame_count, load_audio
 from .audio.hubert import HubertFeatures
 from .avatar.cache import load_avatar
+from .avatar.plate import PlateReader, mirror_indices
 from .checkpoints import find_checkpoints
 from .config import Config, load_config
 from .devices import resolve_device, resolve_precision
 from .errors import UsageError
-from .models.ddim import ddim_sample
-from .motion.conditions import build_conditions, condition_parts, emotion_schedule, mirror_indices
+from .motion.conditions import build_conditions, condition_parts, emotion_schedule
 from .motion.controls import load_controls
+from .motion.ddim import DDIMSampler
 from .motion.keypoints import info_to_motion, motion_to_info
 from .motion.sampling import MotionSampler
 from .motion.stitch import MotionStitch
 from .render.fused import FusedRenderer
-from .render.plate import PlateReader
 from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
 from .memory import serve_frames_from_mmap
@@ -118,7 +128,6 @@ def render_video(opts: RenderOptions) -> RenderResult:
     controls = load_controls(opts.controls, n) if opts.controls else None
     with timer("load_models"):
         lmdm = models.load("lmdm", cs.files["lmdm"], device)
-        lmdm.guidance_weight = cfg.motion.guidance
         stitch_net = models.load("stitch_network", cs.files["stitch_network"], "cpu")
         renderer = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], device, dtype)
         hubert = HubertFeatures(cs.hubert_dir, device=device)
@@ -137,7 +146,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
         m = cfg.motion
         if m.overlap >= lmdm.seq_len:
             raise UsageError(f"motion.overlap {m.overlap} must be below the LMDM's window of {lmdm.seq_len} frames")
-        sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, steps, g), window=lmdm.seq_len,
+        sampler = MotionSampler(DDIMSampler(lmdm, steps, m.guidance), window=lmdm.seq_len,
                                 overlap=m.overlap, smooth_window=m.smooth_window, device=device)
         motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [N, 265]
         del cond
@@ -161,7 +170,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
                 with timer("render"):
                     crops = renderer(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
                 for j, i in enumerate(idx):
-                    with timer("write"):                 # ffmpeg I/O: plate decode here, encode below
+                    with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
                         background = plate[i]
                     with timer("putback"):
                         frame = putback(background, crops[j], avatar.M_c2o[src_idx[i]])

@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import bench_common  # noqa: F401  (puts tests/ on sys.path: the reference paths are shared with the tests)
 from ditto_fast.audio.decode import frame_count, load_audio
 from ditto_fast.audio.hubert import WINDOW, HubertFeatures, pad_signal, window_starts
-from ditto_fast.audio.hubert_random import write_random_hubert
+from ditto_fast.hubert_random import write_random_hubert
+from reference import hubert_encode_windows
 
 SPEECH = Path("/work/shared/media/news_en_16k.wav")
 
@@ -48,8 +50,8 @@ def _interleaved(hf: HubertFeatures, audio: np.ndarray) -> dict:
     n_frames = frame_count(audio.shape[0])
     padded, starts = pad_signal(audio), window_starts(n_frames)
     modes = {
-        "one_by_one": lambda st: np.stack([hf._encode(padded[None, s:s + WINDOW])[0] for s in st]),
-        "batched_plain": lambda st: hf._encode(padded[st[:, None] + np.arange(WINDOW)]),
+        "one_by_one": lambda st: np.stack([hubert_encode_windows(hf, padded[None, s:s + WINDOW])[0] for s in st]),
+        "batched_plain": lambda st: hubert_encode_windows(hf, padded[st[:, None] + np.arange(WINDOW)]),
         "batched": lambda st: hf._encode_batch(padded, st),
     }
     names = list(modes)

@@ -14,8 +14,10 @@ from typing import Callable
 
 import torch
 
+import bench_common  # noqa: F401  (puts tests/ on sys.path: the reference paths are shared with the tests)
 from ditto_fast import models
-from ditto_fast.models.ddim import ddim_sample
+from ditto_fast.motion.ddim import DDIMSampler
+from reference import lmdm_two_pass
 
 
 def _time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -47,14 +49,14 @@ def _bench_dtype(dtype: torch.dtype, quick: bool) -> dict:
         enc = net.encode_condition(cond)
         out.update(_time_interleaved({
             "step_batched_s": lambda: net(x, cond_frame, cond, t),
-            "step_two_pass_s": lambda: net.forward_two_pass(x, cond_frame, cond, t),
+            "step_two_pass_s": lambda: lmdm_two_pass(net, x, cond_frame, cond, t),
             "step_batched_cached_cond_s": lambda: net.guided(x, cond_frame, enc, t),
         }, reps))
         out["ratio_two_pass_over_batched"] = out["step_two_pass_s"] / out["step_batched_s"]
         out["ratio_two_pass_over_batched_cached"] = out["step_two_pass_s"] / out["step_batched_cached_cond_s"]
         for steps in ((25,) if quick else (25, 50)):
             t0 = time.perf_counter()
-            ddim_sample(net, cond_frame, cond, steps, torch.Generator().manual_seed(1))
+            DDIMSampler(net, steps)(cond_frame, cond, torch.Generator().manual_seed(1))
             out[f"ddim_{steps}_steps_s"] = time.perf_counter() - t0
     return out
 

@@ -16,9 +16,9 @@ def run(out_json: str | None, quick: bool = False) -> dict:
     from ditto_fast.audio.decode import load_audio
     from ditto_fast.audio.hubert import HubertFeatures
     from ditto_fast.checkpoints import find_checkpoints
-    from ditto_fast.models.ddim import ddim_sample
     from ditto_fast.motion import MotionStitch, motion_to_info
     from ditto_fast.motion.conditions import build_conditions, condition_parts, emotion_schedule
+    from ditto_fast.motion.ddim import DDIMSampler
     from ditto_fast.motion.sampling import MotionSampler
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -45,7 +45,7 @@ def run(out_json: str | None, quick: bool = False) -> dict:
         parts = condition_parts(lmdm.cond_dim, feats.shape[1])
         cond = build_conditions(feats, parts, emotion_schedule("neutral", n), np.zeros((1, 2), np.float32),
                                 np.zeros((1, 6), np.float32), src["kp"].reshape(-1))
-        sampler = MotionSampler(lambda cf, c, g: ddim_sample(lmdm, cf, c, steps, g), device=device)
+        sampler = MotionSampler(DDIMSampler(lmdm, steps), device=device)
         motion = sampler(cond, info_to_motion(src), torch.Generator(device=device).manual_seed(0))
         t_lmdm = time.perf_counter() - t0
         t0 = time.perf_counter()

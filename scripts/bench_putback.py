@@ -18,10 +18,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+import bench_common  # noqa: F401  (puts tests/ on sys.path: write_plate is shared with the tests)
+from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.render import putback as pb_mod
-from ditto_fast.render.plate import PlateReader, write_plate
 from ditto_fast.render.putback import Putback, feathered_mask
 from ditto_fast.render.writer import VideoWriter
+from synthetic import write_plate
 
 W, H = 1920, 1080
 TARGET_MS = 6.0

@@ -55,6 +55,7 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
               f"{profile['fps']:.2f} fps end to end, wall {profile['wall_seconds']:.1f} s")
         for k, v in per.items():
             print(f"  {k:<16}{v:9.1f} ms/frame")
+        print("  (write = ffmpeg I/O: frames to the encoder and background frames from the plate decoder)")
         print(f"  per-frame work other than warp+decode: {result[precision]['non_render_loop_ms']:.1f} ms/frame")
     if memory:
         tiny_ckpt = checkpoints(True)

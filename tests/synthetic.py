@@ -1,5 +1,6 @@
 """Synthetic anchor footage for tests and the demo: skimage's astronaut (a real face) on a studio-like
-canvas, moved by a known similarity motion, optionally written as an H.264 MP4.
+canvas, moved by a known similarity motion, optionally written as an H.264 MP4; and `write_plate`,
+which encodes any frames as a video plate the way registration does.
 
 The astronaut picture is 512x512 with a face about ASTRONAUT_FACE_PX across (brows to chin, temple
 to temple, as ditto_fast.face.crop.face_size measures it); `Motion.scale` resizes the picture, so a
@@ -8,6 +9,9 @@ face of F px needs scale F / ASTRONAUT_FACE_PX (see `Motion.for_face`).
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -135,3 +139,41 @@ def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: t
     finally:
         writer.close()
     return path
+
+
+def write_plate(frames: Iterable[np.ndarray], path: str | Path, fps: float = 25) -> int:
+    """Encode RGB frames [H, W, 3] uint8 (even H, W) as a video plate with registration's encoder options.
+
+    Returns the frame count; on any error ffmpeg is stopped and nothing is left at `path`.
+    """
+    import imageio_ffmpeg
+
+    from ditto_fast.avatar.plate import plate_encoder_args
+
+    path = Path(path)
+    proc: subprocess.Popen | None = None
+    n = 0
+    try:
+        for frame in frames:
+            if proc is None:
+                h, w = frame.shape[:2]
+                proc = subprocess.Popen(
+                    [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-y",
+                     "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-framerate", str(fps),
+                     "-i", "pipe:0", *plate_encoder_args(), str(path)], stdin=subprocess.PIPE)
+            proc.stdin.write(np.ascontiguousarray(frame, np.uint8).tobytes())
+            n += 1
+        if proc is None:
+            raise ValueError("write_plate got no frames")
+        proc.stdin.close()
+        if proc.wait() != 0:
+            raise RuntimeError(f"ffmpeg failed writing the plate {path}")
+    except BaseException:
+        if proc is not None:
+            proc.kill()
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            proc.wait()
+        path.unlink(missing_ok=True)
+        raise
+    return n

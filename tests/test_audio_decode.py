@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -13,10 +14,17 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from ditto_fast.audio.decode import audio_duration, frame_count, load_audio
+from ditto_fast.audio.decode import frame_count, load_audio
 from ditto_fast.errors import InputError
 
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def audio_duration(path: Path) -> float:
+    """Duration in seconds as ffmpeg reports it from the container (no full decode)."""
+    res = subprocess.run([FFMPEG, "-nostdin", "-hide_banner", "-i", f"file:{path.resolve()}"], capture_output=True)
+    h, m, s = re.search(r"Duration:\s*(\d+):(\d+):(\d+(?:\.\d+)?)", res.stderr.decode("utf-8", "replace")).groups()
+    return int(h) * 3600 + int(m) * 60 + float(s)
 
 
 def sine(freq: float, rate: int, seconds: float, channels: int = 1, amp: float = 0.5) -> np.ndarray:

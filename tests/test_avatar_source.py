@@ -10,9 +10,9 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
+from ditto_fast.avatar.plate import PLATE_KEYINT, PlateReader
 from ditto_fast.avatar.source import SourceFrames, open_source
 from ditto_fast.ffpipe import RawVideoPipe
-from ditto_fast.render.plate import PLATE_KEYINT, PlateReader
 from ditto_fast.yuv import YuvFrame
 
 

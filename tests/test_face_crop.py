@@ -23,6 +23,11 @@ def astronaut_lmk(tracker) -> np.ndarray:
     return tracker(astronaut(), 0)
 
 
+def crop_matrix(lmk: np.ndarray) -> np.ndarray:
+    """M_c2o [3, 3] float64 for one frame's landmarks [478, 2|3] in frame pixels (no smoothing)."""
+    return C.params_to_matrix(C.crop_params(lmk))
+
+
 def _similarity(angle_deg: float, scale: float, t: tuple[float, float]) -> np.ndarray:
     a = np.deg2rad(angle_deg)
     c, s = np.cos(a) * scale, np.sin(a) * scale
@@ -69,8 +74,8 @@ def test_crop_follows_a_similarity(astronaut_lmk, angle_deg, scale, t):
     assert p1[2] == pytest.approx(p0[2] * scale)
     assert np.rad2deg(p1[3] - p0[3]) == pytest.approx(angle_deg)
     # the crops agree: the same landmarks land on the same crop pixels
-    in0 = C.transform_points(astronaut_lmk, C.invert(C.crop_matrix(astronaut_lmk)))
-    in1 = C.transform_points(moved, C.invert(C.crop_matrix(moved)))
+    in0 = C.transform_points(astronaut_lmk, C.invert(crop_matrix(astronaut_lmk)))
+    in1 = C.transform_points(moved, C.invert(crop_matrix(moved)))
     np.testing.assert_allclose(in0, in1, atol=1e-6)
 
 
@@ -107,7 +112,7 @@ def test_warp_crop_samples_where_the_matrix_says():
 
 
 def test_landmarks_in_crop_normalised(astronaut_lmk):
-    M = C.crop_matrix(astronaut_lmk)
+    M = crop_matrix(astronaut_lmk)
     norm = C.landmarks_in_crop(astronaut_lmk, M)
     assert norm.shape == (478, 3) and norm.dtype == np.float32
     assert norm[:, :2].min() > 0.0 and norm[:, :2].max() < 1.0

@@ -6,8 +6,9 @@ import torch
 
 from ditto_fast import models
 from ditto_fast.models import lmdm
-from ditto_fast.models.ddim import DDIMScheduler, ddim_sample
+from ditto_fast.motion.ddim import DDIMSampler, DDIMScheduler
 from conftest import assert_close_to_ref
+from reference import lmdm_two_pass, lmdm_uncond
 
 TIMESTEPS = (999, 517, 3)
 
@@ -46,7 +47,7 @@ def test_lmdm_parity(parity_net, parity_vectors, inputs, step):
     t = torch.tensor([step], dtype=torch.int64)
     with torch.no_grad():
         pred_noise, x_start = parity_net(x, cond_frame, cond, t)
-        uncond = parity_net.forward_uncond(x, cond_frame, t)
+        uncond = lmdm_uncond(parity_net, x, cond_frame, t)
     for name, got in (("pred_noise", pred_noise), ("x_start", x_start), ("uncond", uncond)):
         assert got.dtype == torch.float32
         assert_close_to_ref(got.numpy(), parity_vectors[f"lmdm.out.t{step}.{name}"], f"lmdm t{step} {name}")
@@ -79,9 +80,9 @@ def test_batched_guidance_equals_two_passes():
     t = torch.tensor([700, 40])
     with torch.no_grad():
         batched = net(x, cond_frame, cond, t)
-        separate = net.forward_two_pass(x, cond_frame, cond, t)
+        separate = lmdm_two_pass(net, x, cond_frame, cond, t)
         row1 = net(x[1:], cond_frame[1:], cond[1:], t[1:])
-        uncond = net.forward_uncond(x, cond_frame, t)
+        uncond = lmdm_uncond(net, x, cond_frame, t)
     for a, b in zip(batched, separate):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for a, b in zip(batched, row1):  # rows are independent in a batch
@@ -90,13 +91,30 @@ def test_batched_guidance_equals_two_passes():
     assert (batched[1] - uncond).abs().max() > 1e-2
 
 
+def test_guidance_is_a_call_argument():
+    net = _tiny()
+    x, cond_frame, cond = _tiny_inputs(net, batch=1)
+    t = torch.tensor([300])
+    with torch.no_grad():
+        _, default = net(x, cond_frame, cond, t)
+        _, two = net(x, cond_frame, cond, t, guidance=2.0)
+        _, one = net(x, cond_frame, cond, t, guidance=1.0)
+        cond_only = net.model_output(x, cond_frame, net.encode_condition(cond, with_null=False), t)
+        sampled = [DDIMSampler(net, 3, guidance=w)(cond_frame, cond, torch.Generator().manual_seed(5)) for w in (1.0, 2.0)]
+    assert torch.equal(default, two)
+    torch.testing.assert_close(one, cond_only, rtol=1e-5, atol=1e-5)   # weight 1: the conditional pass alone
+    assert (sampled[0] - sampled[1]).abs().max() > 1e-3
+    assert not hasattr(net, "guidance_weight")                          # nothing set on the loaded model
+
+
 def test_ddim_sample_deterministic_per_generator():
     net = _tiny()
     _, cond_frame, cond = _tiny_inputs(net, batch=1)
     with torch.no_grad():
-        a = ddim_sample(net, cond_frame, cond, 5, torch.Generator().manual_seed(7))
-        b = ddim_sample(net, cond_frame, cond, 5, torch.Generator().manual_seed(7))
-        c = ddim_sample(net, cond_frame, cond, 5, torch.Generator().manual_seed(8))
+        sample = DDIMSampler(net, 5)
+        a = sample(cond_frame, cond, torch.Generator().manual_seed(7))
+        b = sample(cond_frame, cond, torch.Generator().manual_seed(7))
+        c = sample(cond_frame, cond, torch.Generator().manual_seed(8))
     assert a.shape == (1, 80, 265) and a.dtype == torch.float32
     assert torch.equal(a, b)
     assert (a - c).abs().max() > 1e-3
@@ -109,7 +127,7 @@ def test_ddim_sample_follows_dittos_loop():
     sched.set_timesteps(4)
     g = torch.Generator().manual_seed(11)
     with torch.no_grad():
-        got = ddim_sample(net, cond_frame, cond, 4, torch.Generator().manual_seed(11))
+        got = DDIMSampler(net, 4)(cond_frame, cond, torch.Generator().manual_seed(11))
         x = torch.randn(1, 80, 265, generator=g)
         for i, (time, time_next) in enumerate(sched.time_pairs):
             pred_noise, x_start = net(x, cond_frame, cond, torch.tensor([time]))

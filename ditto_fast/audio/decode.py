@@ -10,7 +10,6 @@ call), so memory stays at the 16 kHz output plus one chunk, even for hours of au
 from __future__ import annotations
 
 import os
-import re
 import struct
 import subprocess
 import tempfile
@@ -142,25 +141,4 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
     return audio
 
 
-def audio_duration(path: str | os.PathLike) -> float:
-    """Duration in seconds as ffmpeg reports it from the container (no full decode)."""
-    path = Path(path)
-    _check_path(path)
-    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-i", f"file:{path.resolve()}"],
-                         stdin=subprocess.DEVNULL, capture_output=True)
-    text = res.stderr.decode("utf-8", "replace")
-    if not re.search(r"Stream #\S+.*: Audio:", text):
-        raise _ffmpeg_failure(path, text if "Invalid data" in text else "matches no streams")
-    m = re.search(r"Duration:\s*(\d+):(\d+):(\d+(?:\.\d+)?)", text)
-    if not m:
-        raise InputError(f"{path}: duration unknown; convert it to WAV")
-    h, mi, s = m.groups()
-    return int(h) * 3600 + int(mi) * 60 + float(s)
-
-
-def audio_frames(audio_16k: np.ndarray) -> int:
-    """Number of 25 fps frames for a decoded 16 kHz signal."""
-    return frame_count(int(audio_16k.shape[0]))
-
-
-__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "audio_duration", "audio_frames", "frame_count", "load_audio"]
+__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "frame_count", "load_audio"]

@@ -150,11 +150,6 @@ class HubertFeatures:
         return kept.reshape(kept.shape[0], FRAMES_PER_WINDOW, 2, -1).mean(dim=2).cpu().numpy()
 
     @torch.inference_mode()
-    def _encode(self, windows: np.ndarray) -> np.ndarray:
-        """Whole model on raw windows [B, 6480] -> [B, 5, hidden] float32 (Ditto's per-window call)."""
-        return self._pool(self.model(self._tensor(windows)).last_hidden_state)
-
-    @torch.inference_mode()
     def _encode_batch(self, padded: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Windows padded[s:s + 6480] for s in starts [B] -> [B, 5, hidden], sharing the front end."""
         frames = [None] * len(starts)
@@ -192,16 +187,6 @@ class HubertFeatures:
             rows = min(n_frames - row0, feats.shape[0] * FRAMES_PER_WINDOW)
             out[row0:row0 + rows] = feats.reshape(-1, self.hidden_size)[:rows]
         return out
-
-    def features_one_by_one(self, audio_16k: np.ndarray) -> np.ndarray:
-        """Reference path: Ditto's loop, one raw window per whole-model call, concatenated and cut to N."""
-        audio = np.asarray(audio_16k, dtype=np.float32)
-        n_frames = frame_count(audio.shape[0])
-        padded = pad_signal(audio)
-        chunks = [self._encode(padded[None, s:s + WINDOW])[0] for s in window_starts(n_frames)]
-        if not chunks:
-            return np.empty((0, self.hidden_size), dtype=np.float32)
-        return np.concatenate(chunks, axis=0)[:n_frames]
 
     def __call__(self, audio_16k: np.ndarray) -> np.ndarray:
         """[n] float32 16 kHz mono -> [ceil(n / 640), hidden] float32."""

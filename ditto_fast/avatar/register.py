@@ -28,10 +28,10 @@ from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
 from ..memory import serve_frames_from_mmap
 from ..smoothing import centred_mean
-from ..render.plate import write_plate_image
 from ..timing import StageTimer
 from ..yuv import YuvFrame
 from .cache import AvatarWriter, file_sha256, validate_name
+from .plate import write_plate_image
 from .source import FPS, SourceFrames, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")

@@ -16,6 +16,7 @@ from ..errors import InputError
 from ..inputs import check_input_file
 from ..ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
 from ..yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
+from .plate import plate_encoder_args
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
 
@@ -136,8 +137,6 @@ class SourceFrames:
 
     def __init__(self, info: SourceInfo, max_frames: int | None = None, ring: int = 2,
                  plate: str | Path | None = None, ahead: int = 8) -> None:
-        from ..render.plate import plate_encoder_args
-
         if info.is_image:
             raise ValueError("SourceFrames reads videos; an image source is a single frame")
         w, h = info.size

@@ -146,12 +146,6 @@ def invert(M: np.ndarray) -> np.ndarray:
     return np.linalg.inv(np.asarray(M, dtype=np.float64))
 
 
-def crop_matrix(lmk: np.ndarray, dsize: int = DSIZE, scale: float = SCALE, vx: float = VX,
-                vy: float = VY) -> np.ndarray:
-    """M_c2o [3, 3] float64 for one frame's landmarks [478, 2|3] in frame pixels (no smoothing)."""
-    return params_to_matrix(crop_params(lmk, scale=scale, vx=vx, vy=vy), dsize)
-
-
 def warp_crop(frame: np.ndarray | YuvFrame, M_c2o: np.ndarray, dsize: int = DSIZE) -> np.ndarray:
     """The dsize x dsize crop [dsize, dsize, C] uint8 of a frame [H, W, C] or a YuvFrame; outside the frame is black.
 

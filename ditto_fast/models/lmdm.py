@@ -1,9 +1,12 @@
 """LMDM: Ditto's latent motion diffusion model, a FiLM transformer decoder with rotary attention.
 
-The network predicts the clean motion window x_start from a noisy one; classifier-free guidance
-(weight 2) runs the conditional and the unconditional pass as one batch, and the predicted noise
-follows from x_start through the 1000-step cosine schedule. Parameter names follow Ditto's
-``MotionDecoder`` so the published ``lmdm_v0.4_hubert.pth`` loads unchanged.
+The network predicts the clean motion window x_start from a noisy one at timestep t; classifier-free
+guidance (weight `guidance`, 2 by default, an argument of each call) runs the conditional and the
+unconditional pass as one batch. The predicted noise follows from x_start and the noise level of t,
+which the 1000-step cosine schedule the network was trained with defines; that schedule is here
+because it is part of what the network's inputs and outputs mean. Sampling (which timesteps, the
+DDIM step) is motion/ddim.py's. Parameter names follow Ditto's ``MotionDecoder`` so the published
+``lmdm_v0.4_hubert.pth`` loads unchanged.
 """
 
 from __future__ import annotations
@@ -16,14 +19,28 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .ddim import cosine_alphas_cumprod
-
 DITTO_NUM_HEADS = 8
+DEFAULT_GUIDANCE = 2.0      # Ditto's classifier-free guidance weight
+NUM_TRAIN_TIMESTEPS = 1000
 TINY_WIDTHS = {"latent_dim": 64, "ff_size": 128, "num_layers": 2, "num_cond_layers": 1,
                "num_heads": DITTO_NUM_HEADS, "cond_dim": 32 + 8 + 2 + 6 + 63}
 
 
 # ---------------------------------------------------------------- helpers
+
+def cosine_betas(num_timesteps: int = NUM_TRAIN_TIMESTEPS, cosine_s: float = 8e-3) -> torch.Tensor:
+    """Cosine beta schedule (Nichol & Dhariwal), computed in float64 and clipped to [0, 0.999]."""
+    steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps + cosine_s
+    f = torch.cos(steps / (1 + cosine_s) * math.pi / 2).pow(2)
+    f = f / f[0]
+    return (1 - f[1:] / f[:-1]).clamp(0.0, 0.999)  # [T] float64
+
+
+def cosine_alphas_cumprod(num_timesteps: int = NUM_TRAIN_TIMESTEPS) -> torch.Tensor:
+    """Signal level of each training timestep: cumulative product of (1 - beta) in float32, as Ditto computes it."""
+    alphas = 1.0 - cosine_betas(num_timesteps).to(torch.float32)
+    return torch.cumprod(alphas, dim=0)  # [T] float32
+
 
 class FP32LayerNorm(nn.LayerNorm):
     """LayerNorm whose statistics are computed in float32 whatever the parameter dtype."""
@@ -199,15 +216,15 @@ class EncodedCondition:
 # ---------------------------------------------------------------- model
 
 class LMDM(nn.Module):
-    """(x [B,N,F], cond_frame [B,F], cond [B,N,C], t [B] int64) -> (pred_noise, x_start) [B,N,F] float32, guided."""
+    """(x [B,N,F], cond_frame [B,F], cond [B,N,C], t [B] int64, guidance=2) -> (pred_noise, x_start) [B,N,F] float32."""
 
     def __init__(self, motion_dim: int = 265, seq_len: int = 80, latent_dim: int = 512, ff_size: int = 1024,
                  num_layers: int = 8, num_cond_layers: int = 2, num_heads: int = DITTO_NUM_HEADS,
-                 cond_dim: int = 1103, guidance_weight: float = 2.0):
+                 cond_dim: int = 1103):
         super().__init__()
         d = latent_dim
         self.motion_dim, self.seq_len, self.latent_dim = motion_dim, seq_len, latent_dim
-        self.num_heads, self.cond_dim, self.guidance_weight = num_heads, cond_dim, guidance_weight
+        self.num_heads, self.cond_dim = num_heads, cond_dim
 
         self.rotary = RotaryEmbedding(d)
         self.time_mlp = nn.Sequential(nn.Identity(), nn.Linear(d, 4 * d), nn.Mish())  # [0] is the sinusoid
@@ -225,9 +242,10 @@ class LMDM(nn.Module):
                                              for _ in range(num_layers)])
         self.final_layer = nn.Linear(d, motion_dim)
 
-        ac = cosine_alphas_cumprod()  # plain tensors, not state: they are no part of the checkpoint
-        self._sqrt_recip1m_ac = torch.sqrt(1.0 / (1.0 - ac))  # [T] float32
-        self._sqrt_recipm1_ac = torch.sqrt(1.0 / ac - 1)      # [T] float32
+        # plain tensors, not state: they are no part of the checkpoint
+        self.alphas_cumprod = cosine_alphas_cumprod()                        # [T] float32
+        self._sqrt_recip1m_ac = torch.sqrt(1.0 / (1.0 - self.alphas_cumprod))  # [T] float32
+        self._sqrt_recipm1_ac = torch.sqrt(1.0 / self.alphas_cumprod - 1)      # [T] float32
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -297,33 +315,20 @@ class LMDM(nn.Module):
         b = self._sqrt_recipm1_ac.to(t.device)[t].view(-1, 1, 1)
         return a * x_t.float() - x_start / b
 
-    def guided(self, x: torch.Tensor, cond_frame: torch.Tensor, enc: EncodedCondition,
-               t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pred_noise, x_start) [B, N, F] float32 with guidance, from an encoding holding both kinds of rows."""
+    def guided(self, x: torch.Tensor, cond_frame: torch.Tensor, enc: EncodedCondition, t: torch.Tensor,
+               guidance: float = DEFAULT_GUIDANCE) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pred_noise, x_start) [B, N, F] float32 guided by weight `guidance`, from an encoding holding both kinds of rows."""
         if not (enc.num_cond and enc.num_null):
             raise ValueError("guidance needs an encoding with conditional and null rows")
         out = self.model_output(x, cond_frame, enc, t)
         cond_out, uncond_out = out[: enc.batch], out[enc.batch:]
-        x_start = uncond_out + (cond_out - uncond_out) * self.guidance_weight
+        x_start = uncond_out + (cond_out - uncond_out) * guidance
         return self.predict_noise_from_start(x, t, x_start), x_start
 
-    def forward(self, x: torch.Tensor, cond_frame: torch.Tensor, cond: torch.Tensor,
-                t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cond_frame: torch.Tensor, cond: torch.Tensor, t: torch.Tensor,
+                guidance: float = DEFAULT_GUIDANCE) -> tuple[torch.Tensor, torch.Tensor]:
         # x [B, N, F], cond_frame [B, F], cond [B, N, C], t [B] int64 -> (pred_noise, x_start) [B, N, F]
-        return self.guided(x, cond_frame, self.encode_condition(cond), t)
-
-    def forward_two_pass(self, x: torch.Tensor, cond_frame: torch.Tensor, cond: torch.Tensor,
-                         t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Same result as forward, with the conditional and unconditional passes run one after the other."""
-        cond_out = self.model_output(x, cond_frame, self.encode_condition(cond, with_null=False), t)
-        uncond_out = self.forward_uncond(x, cond_frame, t)
-        x_start = uncond_out + (cond_out - uncond_out) * self.guidance_weight
-        return self.predict_noise_from_start(x, t, x_start), x_start
-
-    def forward_uncond(self, x: torch.Tensor, cond_frame: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """The unconditional (condition dropped) raw output alone, x_start-like [B, N, F] float32."""
-        enc = self.encode_condition(None, with_cond=False, batch=x.shape[0])
-        return self.model_output(x, cond_frame, enc, t)
+        return self.guided(x, cond_frame, self.encode_condition(cond), t, guidance)
 
 
 def widths_from_state_dict(sd: dict[str, torch.Tensor]) -> dict:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..avatar.plate import mirror_indices
 from ..errors import CheckpointError, InputError, UsageError
-from ..render.plate import mirror_index
 
 EMOTIONS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise", "contempt")
 PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
@@ -74,11 +74,6 @@ def emotion_schedule(emotion: str, n: int) -> np.ndarray:
     for spec, label in (data.get("frames") or {}).items():
         out[_parse_range(str(spec), n, p)] = emotion_vector(label)
     return out
-
-
-def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
-    """Source frame for each output frame, in the plate reader's ping-pong order (render.plate.mirror_index)."""
-    return np.fromiter((mirror_index(i, max(1, n_src)) for i in range(n_out)), np.int64, n_out)
 
 
 def build_conditions(audio_feat: np.ndarray, parts: tuple[str, ...], emotion: np.ndarray,

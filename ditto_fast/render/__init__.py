@@ -1,1 +1,1 @@
-"""Render stage: fused warp+decode, putback, plate reader, writer."""
+"""Render stage: fused warp+decode, putback, writer."""

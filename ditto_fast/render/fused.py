@@ -1,4 +1,4 @@
-"""Warp network and SPADE decoder run back to back on one device; only the uint8 crop comes back."""
+"""Fused rendering: warp network and SPADE decoder back to back on one device; only the uint8 crop comes back."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from .. import models
 class FusedRenderer:
     """(f_s [B,C,D,64,64] float16, x_s [B,21,3], x_d [B,21,3]) -> uint8 crops [B,512,512,3].
 
-    The 3D feature volume f_3d stays on the device; on CUDA the source features travel through a
-    pinned staging buffer with a non-blocking copy.
+    "Fused" means the warp and the decode run back to back on the device in one call: the 3D
+    feature volume f_3d and the warped features never leave it, and the only transfer back is the
+    uint8 crop. (The two networks stay separate modules; no kernels are fused.) On CUDA the source
+    features travel in through a pinned staging buffer with a non-blocking copy.
     """
 
     def __init__(self, warp_path: str | Path, decoder_path: str | Path, device: torch.device,

@@ -51,7 +51,7 @@ class VideoWriter:
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
-                 *, keyint: int | None = None, audio_bitrate: str = "160k"):
+                 *, audio_bitrate: str = "160k"):
         self.out_path = check_output_path(out_path)
         width, height = int(size[0]), int(size[1])
         if width <= 0 or height <= 0 or width % 2 or height % 2:
@@ -81,8 +81,6 @@ class VideoWriter:
                 "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p",
                 "-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709",
                 "-color_range", "tv"]
-        if keyint is not None:
-            cmd += ["-g", str(keyint), "-keyint_min", str(keyint), "-sc_threshold", "0"]
         if audio_path is not None:
             # pad the audio with silence, then stop at the end of the video
             cmd += ["-c:a", "aac", "-b:a", audio_bitrate, "-ar", "48000", "-af", "apad", "-shortest"]

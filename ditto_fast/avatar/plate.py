@@ -1,11 +1,15 @@
-"""Background plate: write it at registration, stream it back in the avatar's mirror-loop order at render time.
+"""Background plate, the one owner of it: how registration encodes it, the mirror-loop rule, and reading it back.
+
+Registration writes a video avatar's plate with `plate_encoder_args` (or an image avatar's with
+`write_plate_image`); rendering and the condition builder walk the avatar's frames in the order
+`mirror_index` gives, and `PlateReader` streams the plate back in that order.
 
 Memory: a video plate is decoded in aligned blocks of `block_frames` frames (default 25, one second).
 Only the current block is held ([K, H, W, 3] uint8, ~155 MB for 1080p at K=25). Forward runs keep
 one ffmpeg decoder streaming block after block; a reverse run re-opens the decoder with an input
-seek (-ss) at the start of each block and serves that block backwards. Plates written by
-`write_plate` or with `plate_encoder_args` (registration) have a keyframe exactly every
-`PLATE_KEYINT` frames, so each seek lands on a keyframe and costs no extra decoding.
+seek (-ss) at the start of each block and serves that block backwards. Plates encoded with
+`plate_encoder_args` have a keyframe exactly every `PLATE_KEYINT` frames, so each seek lands on a
+keyframe and costs no extra decoding.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -21,7 +25,6 @@ import numpy as np
 
 from ditto_fast.errors import AvatarError
 from ditto_fast.ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
-from ditto_fast.render.writer import VideoWriter
 
 PLATE_KEYINT = 25          # keyframe interval of written plates == default read block
 PLATE_CRF = 16
@@ -37,6 +40,25 @@ def mirror_index(i: int, n: int) -> int:
         raise ValueError(f"plate frame count must be positive, got {n}")
     r = i % (2 * n)
     return r if r < n else 2 * n - 1 - r
+
+
+def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
+    """Source frame [n_out] int64 for each of n_out output frames, by mirror_index over n_src frames (at least 1)."""
+    return np.fromiter((mirror_index(i, max(1, n_src)) for i in range(n_out)), np.int64, n_out)
+
+
+def plate_encoder_args() -> list[str]:
+    """ffmpeg output options for a video plate: H.264 yuv420p (crf 16 ultrafast), a keyframe every PLATE_KEYINT frames."""
+    k = str(PLATE_KEYINT)
+    return ["-c:v", "libx264", "-preset", PLATE_PRESET, "-crf", str(PLATE_CRF), "-pix_fmt", "yuv420p",
+            "-g", k, "-keyint_min", k, "-sc_threshold", "0", "-an", "-movflags", "+faststart", "-f", "mp4"]
+
+
+def write_plate_image(frame_rgb: np.ndarray, path: str | os.PathLike) -> None:
+    """Write the background of an image avatar (PNG, lossless)."""
+    path = Path(path)
+    if not cv2.imwrite(str(path), cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR)):
+        raise AvatarError(f"{path}: cannot write the background image; check the avatar directory is writable")
 
 
 def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], float]:
@@ -152,42 +174,3 @@ class PlateReader:
                 raise AvatarError(f"{self.path}: plate has {start + j} frames but the avatar expects {self.n}; "
                                   f"re-register the avatar")
             self._block_len = j + 1
-
-
-def plate_encoder_args() -> list[str]:
-    """ffmpeg output options for a plate encoded from yuv420p frames (what open_plate_writer produces)."""
-    k = str(PLATE_KEYINT)
-    return ["-c:v", "libx264", "-preset", PLATE_PRESET, "-crf", str(PLATE_CRF), "-pix_fmt", "yuv420p",
-            "-g", k, "-keyint_min", k, "-sc_threshold", "0", "-an", "-movflags", "+faststart", "-f", "mp4"]
-
-
-def open_plate_writer(path: str | os.PathLike, size: tuple[int, int], fps: float = 25) -> VideoWriter:
-    """Incremental plate writer: high-quality H.264 (crf 16 ultrafast, yuv420p), a keyframe every PLATE_KEYINT frames."""
-    return VideoWriter(path, size, fps=fps, audio_path=None, crf=PLATE_CRF, preset=PLATE_PRESET, keyint=PLATE_KEYINT)
-
-
-def write_plate(frames_iter: Iterable[np.ndarray], path: str | os.PathLike, fps: float = 25) -> int:
-    """Write RGB frames [H, W, 3] uint8 (even H, W) as a video plate; returns the frame count."""
-    writer: VideoWriter | None = None
-    n = 0
-    try:
-        for frame in frames_iter:
-            if writer is None:
-                writer = open_plate_writer(path, (frame.shape[1], frame.shape[0]), fps)
-            writer.write(frame)
-            n += 1
-        if writer is None:
-            raise ValueError("write_plate got no frames")
-        writer.close()
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    return n
-
-
-def write_plate_image(frame_rgb: np.ndarray, path: str | os.PathLike) -> None:
-    """Write the background of an image avatar (PNG, lossless)."""
-    path = Path(path)
-    if not cv2.imwrite(str(path), cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR)):
-        raise AvatarError(f"{path}: cannot write the background image; check the avatar directory is writable")

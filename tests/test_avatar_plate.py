@@ -6,9 +6,10 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
+from ditto_fast.avatar.plate import PlateReader, mirror_index, write_plate_image
 from ditto_fast.errors import AvatarError
-from ditto_fast.render.plate import PlateReader, mirror_index, write_plate, write_plate_image
 from ditto_fast.render.writer import VideoWriter
+from synthetic import write_plate
 
 W, H = 64, 48
 

@@ -1,40 +1,28 @@
-"""DDIM sampling for the LMDM: Ditto's 1000-step cosine schedule, a small scheduler object and the sampling loop."""
+"""DDIM sampling for the LMDM: a small scheduler (set_timesteps / step) and the per-window sampling loop.
+
+The scheduler holds all of DDIM's maths (which timesteps, the per-step coefficients, the update);
+the network only predicts (pred_noise, x_start) at a timestep, and this module wires the two.
+"""
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
 
-NUM_TRAIN_TIMESTEPS = 1000
-
-
-def cosine_betas(num_timesteps: int = NUM_TRAIN_TIMESTEPS, cosine_s: float = 8e-3) -> torch.Tensor:
-    """Cosine beta schedule (Nichol & Dhariwal), computed in float64 and clipped to [0, 0.999]."""
-    steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps + cosine_s
-    f = torch.cos(steps / (1 + cosine_s) * math.pi / 2).pow(2)
-    f = f / f[0]
-    return (1 - f[1:] / f[:-1]).clamp(0.0, 0.999)  # [T] float64
-
-
-def cosine_alphas_cumprod(num_timesteps: int = NUM_TRAIN_TIMESTEPS) -> torch.Tensor:
-    """Cumulative product of (1 - beta) in float32, as Ditto computes it (betas cast to float32 first)."""
-    alphas = 1.0 - cosine_betas(num_timesteps).to(torch.float32)
-    return torch.cumprod(alphas, dim=0)  # [T] float32
+from ..models.lmdm import DEFAULT_GUIDANCE, cosine_alphas_cumprod
 
 
 class DDIMScheduler:
-    """DDIM over Ditto's cosine schedule, eta = 1, any number of sampling steps.
+    """DDIM over a training noise schedule (default: Ditto's 1000-step cosine one), eta = 1, any number of steps.
 
     After ``set_timesteps(n)``: ``time_pairs`` is the list of ``(t, t_next)`` with ``t_next = -1`` last;
     ``alpha_next_sqrt``, ``sigma`` and ``c`` are float32 tensors with one entry per pair but the last.
     """
 
-    def __init__(self, num_train_timesteps: int = NUM_TRAIN_TIMESTEPS, eta: float = 1.0):
-        self.num_train_timesteps = num_train_timesteps
+    def __init__(self, alphas_cumprod: torch.Tensor | None = None, eta: float = 1.0):
+        self.alphas_cumprod = cosine_alphas_cumprod() if alphas_cumprod is None else alphas_cumprod  # [T] float32
+        self.num_train_timesteps = int(self.alphas_cumprod.shape[0])
         self.eta = eta
-        self.alphas_cumprod = cosine_alphas_cumprod(num_train_timesteps)  # [T] float32
         self.time_pairs: list[tuple[int, int]] = []
         self.alpha_next_sqrt = torch.empty(0)
         self.sigma = torch.empty(0)
@@ -77,23 +65,28 @@ class DDIMScheduler:
                 + self.sigma[index].item() * noise)
 
 
-@torch.no_grad()
-def ddim_sample(net: nn.Module, cond_frame: torch.Tensor, cond: torch.Tensor, steps: int,
-                generator: torch.Generator) -> torch.Tensor:
-    """Ditto's DDIM loop: motion [B, seq_len, motion_dim] float32 for cond_frame [B, 265] and cond [B, seq_len, C].
+class DDIMSampler:
+    """One LMDM window by Ditto's DDIM loop: (cond_frame [B, F], cond [B, seq_len, C], generator) -> [B, seq_len, F].
 
-    All noise (the start and every step's) is drawn from `generator`; the condition is encoded
-    once and reused by every step.
+    All noise (the start and every step's) is drawn from the generator; the condition is encoded
+    once per window and reused by every step. Guided by weight `guidance` (Ditto's 2 by default).
     """
-    scheduler = DDIMScheduler()
-    scheduler.set_timesteps(steps)
-    batch = cond_frame.shape[0]
-    device = cond_frame.device
-    x = torch.randn((batch, net.seq_len, net.motion_dim), generator=generator, device=generator.device,
-                    dtype=torch.float32).to(device)
-    encoded = net.encode_condition(cond)
-    for i, t in enumerate(scheduler.timesteps):
-        time = torch.full((batch,), t, dtype=torch.long, device=device)
-        pred_noise, x_start = net.guided(x, cond_frame, encoded, time)
-        x = scheduler.step(pred_noise, x_start, i, generator)
-    return x  # [B, seq_len, motion_dim]
+
+    def __init__(self, net: nn.Module, steps: int, guidance: float = DEFAULT_GUIDANCE):
+        self.net, self.guidance = net, guidance
+        self.scheduler = DDIMScheduler(net.alphas_cumprod)
+        self.scheduler.set_timesteps(steps)
+
+    @torch.no_grad()
+    def __call__(self, cond_frame: torch.Tensor, cond: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Sample one motion window [B, seq_len, F] float32 for these conditions."""
+        net, scheduler = self.net, self.scheduler
+        batch, device = cond_frame.shape[0], cond_frame.device
+        x = torch.randn((batch, net.seq_len, net.motion_dim), generator=generator, device=generator.device,
+                        dtype=torch.float32).to(device)
+        encoded = net.encode_condition(cond)
+        for i, t in enumerate(scheduler.timesteps):
+            time = torch.full((batch,), t, dtype=torch.long, device=device)
+            pred_noise, x_start = net.guided(x, cond_frame, encoded, time, self.guidance)
+            x = scheduler.step(pred_noise, x_start, i, generator)
+        return x  # [B, seq_len, motion_dim] float32

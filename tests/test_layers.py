@@ -1,0 +1,55 @@
+"""The package's imports point one way: down the data flow, never from a layer to one above it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGE = REPO / "ditto_fast"
+# lowest first; a module may import from its own layer and the layers before it
+LAYERS = (
+    {"errors", "yuv", "ffpipe", "inputs", "memory", "timing", "devices", "config", "hubert_random",
+     "smoothing"},
+    {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"pipeline", "batch"},
+    {"doctor"}, {"cli"},
+)
+
+
+def _rank(module: str) -> int:
+    head = module.split(".")[1]
+    return next(i for i, layer in enumerate(LAYERS) if head in layer)
+
+
+def _imports(path: Path) -> tuple[str, set[str]]:
+    """(dotted name of the module at `path`, the ditto_fast modules it imports, relative imports resolved)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    package = parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - node.level + 1]
+            found |= {".".join(base + [node.module])} if node.module else {".".join(base + [a.name]) for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ditto_fast."):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("ditto_fast.")}
+    return ".".join(parts), found
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    upward = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "__init__.py":
+            continue
+        module, imported = _imports(path)
+        upward |= {(module, dst) for dst in imported if dst.count(".") and _rank(dst) > _rank(module)}
+    assert not upward, sorted(upward)
+
+
+def test_models_are_a_leaf():
+    for path in (PACKAGE / "models").rglob("*.py"):
+        module, imported = _imports(path)
+        outside = {m for m in imported if not m.startswith("ditto_fast.models")}
+        assert outside <= {"ditto_fast.errors"}, module
