@@ -1,15 +1,20 @@
-"""Batch jobs: read them (JSON lines or a folder of audio), keep their outcome, write the report."""
+"""`ditto-fast batch`: jobs from JSON lines or a folder of audio, all checked first, finished ones skipped,
+the rest rendered by one engine, and a report of every job's outcome."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .errors import DittoError, UsageError
+from .avatar.cache import Avatar, load_avatar
+from .errors import DittoError, Terminated, UsageError
+from .ffpipe import container_comment
+from .pipeline import Clip, Progress, Renderer, RenderSetup, check_clip
 
 JOB_KEYS = ("avatar", "audio", "output", "seed", "emotion", "controls", "steps")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
@@ -143,3 +148,91 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
+    """Check every pending job without loading a network; failed ones are marked, the rest get their Clip."""
+    avatars: dict[str, Avatar | DittoError] = {}
+    inputs = {p.resolve() for j in jobs for p in (j.audio, j.controls) if p is not None}
+    outputs: dict[Path, int] = {}
+    clips: dict[int, Clip] = {}
+    for job in jobs:
+        if job.status != "pending":
+            continue
+        try:
+            if job.avatar not in avatars:
+                try:
+                    avatars[job.avatar] = load_avatar(job.avatar,
+                                                      expected_fingerprints=setup.checkpoints.avatar_fingerprints())
+                except DittoError as e:
+                    avatars[job.avatar] = e
+            avatar = avatars[job.avatar]
+            if isinstance(avatar, DittoError):
+                raise avatar
+            out = job.output.resolve()
+            if out in outputs:
+                raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
+            if out in inputs:
+                raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
+            clips[job.index] = check_clip(avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
+                                          controls=job.controls, steps=job.steps, config=setup.config)
+            outputs[out] = job.index
+        except DittoError as e:
+            job.fail(e)
+    return clips
+
+
+def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_fast: bool = False,
+              report: str | Path | None = None, progress: Progress | None = None,
+              on_job: Callable[[Job], None] | None = None) -> list[Job]:
+    """Check all jobs, skip those whose output was made from the same inputs (unless `force`), render the rest
+    with one engine. The report (if any) is rewritten after every job and when interrupted."""
+    clips = check_jobs(jobs, setup)
+    for job in jobs:
+        clip = clips.get(job.index)
+        if clip is not None and not force and job.output.exists() and \
+                container_comment(job.output) == setup.digest(clip, job.emotion, job.controls):
+            job.status, job.frames = "skipped", clip.frames
+    todo = [j for j in jobs if j.status == "pending"]
+    total = sum(clips[j.index].frames for j in todo)
+    done_frames = 0
+    try:
+        if report:
+            write_report(report, jobs)
+        renderer = Renderer(setup=setup) if todo else None
+        for job in todo:
+            if fail_fast and any(j.status == "failed" for j in jobs):
+                job.fail(f"not run: an earlier job failed (--fail-fast)", EXIT_SOME_FAILED)
+                continue
+            t0 = time.perf_counter()
+            base = done_frames
+            tick = (lambda d, n, b=base: progress(b + d, total)) if progress else None
+            try:
+                result = renderer.render(job.avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
+                                         controls=job.controls, steps=job.steps, progress=tick)
+                job.status, job.frames = "done", result.profile["frames"]
+            except DittoError as e:
+                job.fail(e)
+            except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs
+                job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1", 1)
+            job.seconds = time.perf_counter() - t0
+            done_frames = base + clips[job.index].frames
+            if on_job:
+                on_job(job)
+            if report:
+                write_report(report, jobs)
+    except BaseException as e:
+        if isinstance(e, DittoError):
+            why, code = str(e), e.exit_code
+        else:
+            code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Terminated) else 1
+            why = "interrupted before it finished; run the batch again to resume" if code != 1 else \
+                f"not run: internal error {type(e).__name__}: {e}"
+        for job in jobs:
+            if job.status == "pending":
+                job.fail(why, code)
+        raise
+    finally:
+        if report:
+            write_report(report, jobs)
+    return jobs

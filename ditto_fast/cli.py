@@ -7,12 +7,13 @@ import os
 import signal
 import sys
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from .config import X264_PRESETS, default
-from .errors import DittoError
+from .errors import DittoError, Terminated
 
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
 CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
@@ -22,10 +23,6 @@ CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path)
 def _default(section: str, key: str) -> str:
     """' [default: VALUE]' for a help text, read from the packaged settings."""
     return f" [default: {default(section, key)}; config {section}.{key}]"
-
-
-class Terminated(BaseException):
-    """Raised in the main thread on SIGTERM so cleanup runs as for Ctrl-C."""
 
 
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised via subprocess tests
@@ -80,6 +77,33 @@ def main(argv: list[str] | None = None) -> None:
 @click.version_option(package_name="ditto-fast")
 def cli() -> None:
     """ditto-fast: lip-synced talking-anchor videos from a registered avatar and a speech file."""
+
+
+@contextmanager
+def _bar(label: str, quiet: bool, unit: str = "frame"):
+    """A progress callback (done, total) drawing one tqdm bar on stderr; a no-op when quiet."""
+    if quiet:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc=label, unit=unit, dynamic_ncols=True, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write `data` as JSON to `path` atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- register
@@ -149,17 +173,85 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 def render(avatar, audio_path, output, steps, seed, emotion, controls, device, precision, batch_size, crf,
            preset, checkpoints_dir, profile, quiet, config_path):
     """Render AUDIO spoken by AVATAR into an MP4 (written to a temporary name, renamed when complete)."""
+    from .avatar.cache import load_avatar
+    from .checkpoints import find_checkpoints
     from .config import load_config
-    from .pipeline import RenderOptions, render_video
+    from .memory import serve_frames_from_mmap
+    from .pipeline import Renderer, check_clip, default_output, stage_table
 
-    opts = RenderOptions(avatar=avatar, audio=audio_path, output=output, steps=steps, seed=seed,
-                         emotion=emotion, controls=controls, device=device, precision=precision,
-                         batch_size=batch_size, crf=crf, preset=preset, checkpoints=checkpoints_dir,
-                         profile=profile, quiet=quiet, config=load_config(config_path))
-    result = render_video(opts)
+    config = load_config(config_path)
+    output = output or default_output(avatar, audio_path)
+    cs = find_checkpoints(checkpoints_dir)
+    # every input checked before the networks load
+    check_clip(load_avatar(avatar, expected_fingerprints=cs.avatar_fingerprints()), audio_path, output, seed=seed,
+               emotion=emotion, controls=controls, steps=steps, config=config)
+    serve_frames_from_mmap()
+    renderer = Renderer(cs, device=device, precision=precision, config=config, batch_size=batch_size, crf=crf,
+                        preset=preset)
+    with _bar("render", quiet) as bar:
+        result = renderer.render(avatar, audio_path, output, seed=seed, emotion=emotion, controls=controls,
+                                 steps=steps, progress=bar)
+    result.profile["stages"]["load_models"] = round(renderer.load_seconds, 4)
+    if profile:
+        _write_json(profile, result.profile)
     if not quiet:
-        click.echo(result.table, err=True)
+        click.echo(stage_table(result.profile), err=True)
     click.echo(str(result.output))
+
+
+# ----------------------------------------------------------------------------- batch
+@cli.command()
+@click.argument("jobs_file", required=False, type=click.Path(path_type=Path))
+@click.option("--avatar", help="With --audio-dir: the avatar for every job.")
+@click.option("--audio-dir", type=click.Path(path_type=Path), help="One job per audio file in this folder.")
+@click.option("--out-dir", type=click.Path(path_type=Path), help="With --audio-dir: where <stem>.mp4 go.")
+@click.option("--report", type=click.Path(path_type=Path), default=None,
+              help="Write every job's outcome here as JSON (rewritten after each job).")
+@click.option("--force", is_flag=True, help="Render again jobs whose output was made from the same inputs.")
+@click.option("--fail-fast", is_flag=True, help="Stop rendering after the first failed job.")
+@click.option("--device", type=DEVICE, default="auto", show_default=True)
+@click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto", show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 64), default=None,
+              help="Frames per warp+decode micro-batch." + _default("render", "batch_size"))
+@click.option("--crf", type=click.IntRange(0, 51), default=None, help="H.264 quality." + _default("render", "crf"))
+@click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),
+              type=click.Choice(X264_PRESETS))
+@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
+@click.option("--quiet", is_flag=True, help="No progress bar or job table.")
+@CONFIG
+def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, device, precision, batch_size, crf,
+          preset, checkpoints_dir, quiet, config_path):
+    """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional seed,
+    emotion, controls, steps) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
+    from .batch import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, run_batch, summary
+    from .config import load_config
+    from .memory import serve_frames_from_mmap
+    from .pipeline import RenderSetup
+
+    by_dir = (avatar, audio_dir, out_dir)
+    if jobs_file is not None and any(v is not None for v in by_dir):
+        raise click.UsageError("give either JOBS_FILE or --avatar/--audio-dir/--out-dir, not both")
+    if jobs_file is None and any(v is None for v in by_dir):
+        raise click.UsageError("give JOBS_FILE, or all of --avatar NAME --audio-dir IN --out-dir OUT")
+    config = load_config(config_path)
+    jobs = read_jobs(jobs_file) if jobs_file is not None else jobs_from_dir(avatar, audio_dir, out_dir)
+    if report is not None:
+        from .render.writer import check_output_path
+
+        check_output_path(report)
+    setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset)
+    serve_frames_from_mmap()
+    with _bar("batch", quiet) as bar:
+        run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar)
+    if not quiet:
+        click.echo(f"{'job':>4}  {'status':<8}{'frames':>7}{'seconds':>9}  output / error", err=True)
+        for j in jobs:
+            click.echo(f"{j.index:>4}  {j.status:<8}{j.frames:>7}{j.seconds:>9.1f}  "
+                       f"{j.error if j.status == 'failed' else j.output}", err=True)
+    counts = summary(jobs)
+    click.echo(", ".join(f"{k} {v}" for k, v in counts.items()))
+    if counts["failed"]:
+        sys.exit(EXIT_SOME_FAILED)
 
 
 # ----------------------------------------------------------------------------- config

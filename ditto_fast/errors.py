@@ -35,3 +35,7 @@ class CheckpointError(DittoError):
     """Checkpoints missing or incompatible."""
 
     exit_code = 6
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM so that cleanup runs as for Ctrl-C (exit 143)."""

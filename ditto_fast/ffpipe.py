@@ -16,11 +16,25 @@ F_SETPIPE_SZ = 1031        # fcntl command (Linux): resize a pipe
 PIPE_BYTES = 1 << 20       # 1 MiB pipe: a 1080p RGB frame arrives in ~6 reads instead of ~95
 
 
-def video_stream_line(path: str | os.PathLike) -> str | None:
-    """ffmpeg's one-line description of the first video stream of `path` ("Stream #0:0...: Video: h264 ..."), or None."""
+def _describe(path: str | os.PathLike) -> list[str]:
+    """ffmpeg's description of a media file (what `ffmpeg -i FILE` prints), as lines."""
     res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
                          capture_output=True, text=True, errors="replace")
-    return next((ln for ln in res.stderr.splitlines() if re.search(r"Stream #.*: Video: ", ln)), None)
+    return res.stderr.splitlines()
+
+
+def video_stream_line(path: str | os.PathLike) -> str | None:
+    """ffmpeg's one-line description of the first video stream of `path` ("Stream #0:0...: Video: h264 ..."), or None."""
+    return next((ln for ln in _describe(path) if re.search(r"Stream #.*: Video: ", ln)), None)
+
+
+def container_comment(path: str | os.PathLike) -> str | None:
+    """The container-level comment tag of a media file, or None."""
+    for ln in _describe(path):
+        m = re.match(r"^ {4}comment\s*: (.*)$", ln)
+        if m:
+            return m.group(1).strip()
+    return None
 
 
 def last_stderr_line(stderr_file: IO[bytes]) -> str:

@@ -1,8 +1,10 @@
-"""The synchronous render loop: audio -> features -> motion -> per-frame stitch, warp+decode, putback, write.
+"""The render engine: `Renderer` loads the networks and HuBERT once, then renders clip after clip.
 
-One thread, frames in order, deterministic for a seed. Overlap comes only from what is already
-asynchronous: CUDA kernel launches and the ffmpeg reader/writer processes. This module owns timing,
-progress and the stage table; the stages below it never print.
+Each clip runs the synchronous loop audio -> features -> motion -> per-frame stitch, warp+decode,
+putback, write: one thread, frames in order, deterministic for a seed (the same bytes whether a clip
+is an engine's first or tenth). Overlap comes only from what is already asynchronous: CUDA kernel
+launches and the ffmpeg reader/writer processes. Nothing here prints or changes process-wide state;
+progress goes to a callback and the stage timings into the result's profile.
 
 Stage keys of the profile and the table (wall seconds each):
   load_models     finding the checkpoints and loading the networks and HuBERT
@@ -17,24 +19,27 @@ Stage keys of the profile and the table (wall seconds each):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-from . import models
+from . import __version__, models
 from .audio.decode import SAMPLE_RATE, frame_count, load_audio
 from .audio.hubert import HubertFeatures
-from .avatar.cache import load_avatar
+from .avatar.cache import PKL_NAME, Avatar, avatars_dir, load_avatar
 from .avatar.plate import PlateReader, mirror_indices
-from .checkpoints import find_checkpoints
+from .checkpoints import CheckpointSet, find_checkpoints
 from .config import Config, load_config
 from .devices import resolve_device, resolve_precision
-from .errors import UsageError
+from .errors import InputError, UsageError
 from .motion.conditions import build_conditions, condition_parts, emotion_schedule
 from .motion.controls import load_controls
 from .motion.ddim import DDIMSampler
@@ -44,41 +49,22 @@ from .motion.stitch import MotionStitch
 from .render.fused import FusedRenderer
 from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
-from .memory import serve_frames_from_mmap
 from .timing import StageTimer
 
 STAGES = ("load_models", "load_avatar", "audio_features", "motion", "render", "putback", "write")
 
 
-@dataclass
-class RenderOptions:
-    avatar: str
-    audio: Path
-    output: Path | None = None
-    steps: int | None = None          # None: config's motion.steps
-    seed: int = 0
-    emotion: str = "neutral"
-    controls: Path | None = None
-    device: str = "auto"
-    precision: str = "auto"
-    batch_size: int | None = None
-    crf: int | None = None
-    preset: str | None = None
-    checkpoints: Path | None = None
-    config: Config | None = None
-    profile: Path | None = None
-    quiet: bool = False
+Progress = Callable[[int, int], None]      # (frames done, frames in the clip)
 
 
 @dataclass
 class RenderResult:
     output: Path
     profile: dict
-    table: str = ""
 
 
 def stage_table(profile: dict) -> str:
-    """The human-readable stage table printed after a render."""
+    """The human-readable stage table of a render's profile."""
     n = max(1, profile["frames"])
     lines = [f"{'stage':<16}{'seconds':>10}{'ms/frame':>11}"]
     for s in STAGES:
@@ -96,71 +82,196 @@ def default_output(avatar: str, audio: Path) -> Path:
     return Path.cwd() / f"{avatar}_{Path(audio).stem}.mp4"
 
 
-def _progress(total: int, quiet: bool):
-    if quiet:
-        return None
-    from tqdm import tqdm
+@dataclass
+class Clip:
+    """One render's inputs, checked: the decoded audio's frame count, emotion per frame, controls."""
 
-    return tqdm(total=total, unit="frame", desc="render", dynamic_ncols=True, leave=False)
+    avatar: Avatar
+    audio: Path
+    output: Path
+    frames: int
+    emotion: np.ndarray                 # [N, 8]
+    controls: object | None
+    steps: int
+    seed: int
 
 
-def render_video(opts: RenderOptions) -> RenderResult:
-    """Render opts.audio spoken by opts.avatar into opts.output (atomic); returns the path and the profile."""
-    t_start = time.perf_counter()
-    serve_frames_from_mmap()
-    timer = StageTimer(STAGES)
-    cfg = opts.config or load_config()
-    steps = cfg.motion.steps if opts.steps is None else opts.steps
-    out_path = Path(opts.output) if opts.output else default_output(opts.avatar, opts.audio)
-    check_output_path(out_path)
-    device = resolve_device(opts.device)
-    dtype = resolve_precision(opts.precision, device)
-    if steps < 1:
-        raise UsageError("--steps must be at least 1")
+def check_clip(avatar: Avatar, audio: str | Path, output: str | Path, *, seed: int = 0, emotion: str = "neutral",
+               controls: str | Path | None = None, steps: int | None = None, config: Config | None = None) -> Clip:
+    """Check one render's inputs without any network: audio decodes, emotion and controls parse for its
+    length, the output can be written and is none of the inputs. Raises the DittoError a user caused."""
+    cfg = config or load_config()
+    steps = cfg.motion.steps if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
+        raise UsageError(f"steps must be an integer in 1..1000, got {steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise UsageError(f"seed must be an integer in 0..{2**63 - 1}, got {seed!r}")
+    audio, output = Path(audio), Path(output)
+    check_output_path(output)
+    inputs = [audio, *([Path(controls)] if controls else []), avatar.dir]
+    for p in inputs:
+        if p.exists() and (output.resolve() == p.resolve() or p.resolve() in output.resolve().parents):
+            raise UsageError(f"{output}: the output would overwrite an input ({p}); choose another output path")
+    n = frame_count(len(load_audio(audio)))
+    return Clip(avatar, audio, output, n, emotion_schedule(emotion, n),
+                load_controls(controls, n) if controls else None, steps, seed)
 
-    with timer("load_models"):
-        cs = find_checkpoints(opts.checkpoints)
-    with timer("load_avatar"):
-        avatar = load_avatar(opts.avatar, expected_fingerprints=cs.avatar_fingerprints())
-    audio = load_audio(opts.audio)          # fails fast on bad audio, before the heavy models load
-    n = frame_count(len(audio))
-    emotion = emotion_schedule(opts.emotion, n)
-    controls = load_controls(opts.controls, n) if opts.controls else None
-    with timer("load_models"):
-        lmdm = models.load("lmdm", cs.files["lmdm"], device)
-        stitch_net = models.load("stitch_network", cs.files["stitch_network"], "cpu")
-        renderer = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], device, dtype)
-        hubert = HubertFeatures(cs.hubert_dir, device=device)
-    random_weights = bool(cs.random_weights or avatar.random_weights or
-                          any(getattr(m, "ditto_meta", {}).get("random_weights") for m in (lmdm, stitch_net)))
 
-    with timer("audio_features"):
-        feats = hubert(audio)                                       # [N, 1024]
-    assert feats.shape[0] == n
-
-    with timer("motion"):
-        parts = condition_parts(lmdm.cond_dim, feats.shape[1])
-        cond = build_conditions(feats, parts, emotion, avatar.eye_open, avatar.eye_ball, avatar.sc)
-        del feats
-        gen = torch.Generator(device=device).manual_seed(opts.seed)
-        m = cfg.motion
-        if m.overlap >= lmdm.seq_len:
-            raise UsageError(f"motion.overlap {m.overlap} must be below the LMDM's window of {lmdm.seq_len} frames")
-        sampler = MotionSampler(DDIMSampler(lmdm, steps, m.guidance), window=lmdm.seq_len,
-                                overlap=m.overlap, smooth_window=m.smooth_window, device=device)
-        motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [N, 265]
-        del cond
-
-    src_idx = mirror_indices(n, avatar.n_frames)
-    stitch = MotionStitch(stitch_net, is_image=avatar.is_image, controls=controls)
-    putback = Putback()
-    bar = _progress(n, opts.quiet)
-    bs = max(1, opts.batch_size or cfg.render.batch_size)
+def _identity(avatar_dir: Path) -> tuple[int, int] | None:
+    """What changes when an avatar directory is replaced: its record file's inode and mtime (None if gone)."""
     try:
+        st = os.stat(avatar_dir / PKL_NAME)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def clip_digest(clip: Clip, emotion: str, controls: str | Path | None, settings: dict) -> str:
+    """What an output was made from, as a short string written into its comment tag: the same inputs and
+    settings give the same digest (batch skips a job whose output carries it)."""
+    emo = Path(emotion)
+    parts = {
+        "version": __version__, "audio": _file_sha256(clip.audio), "seed": clip.seed, "steps": clip.steps,
+        "emotion": _file_sha256(emo) if emo.is_file() else emotion,
+        "controls": _file_sha256(Path(controls)) if controls else None,
+        "avatar": _file_sha256(clip.avatar.dir / PKL_NAME), **settings,
+    }
+    return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@dataclass
+class RenderSetup:
+    """Everything about an engine that decides its outputs' bytes, settled before any network loads."""
+
+    config: Config
+    checkpoints: CheckpointSet
+    device: torch.device
+    dtype: torch.dtype
+    batch_size: int
+    crf: int
+    preset: str
+
+    @classmethod
+    def resolve(cls, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
+                precision: str = "auto", config: Config | None = None, batch_size: int | None = None,
+                crf: int | None = None, preset: str | None = None) -> "RenderSetup":
+        """Find the checkpoints, pick device and precision, fill what is not given from the config."""
+        config = config or load_config()
+        cs = checkpoints if isinstance(checkpoints, CheckpointSet) else find_checkpoints(checkpoints)
+        dev = resolve_device(device)
+        r = config.render
+        return cls(config, cs, dev, resolve_precision(precision, dev), max(1, batch_size or r.batch_size),
+                   r.crf if crf is None else crf, preset or r.preset)
+
+    def digest(self, clip: Clip, emotion: str = "neutral", controls: str | Path | None = None) -> str:
+        """What a render of `clip` with this setup writes into its output's comment tag (see clip_digest)."""
+        settings = {"checkpoints": self.checkpoints.fingerprints(), "device": self.device.type,
+                    "precision": str(self.dtype), "batch_size": self.batch_size, "crf": self.crf,
+                    "preset": self.preset, "motion": dataclasses.asdict(self.config.motion)}
+        return clip_digest(clip, emotion, controls, settings)
+
+
+class Renderer:
+    """Loads the networks and HuBERT once; `render()` then makes one clip per call, again and again.
+
+    Avatars are opened once per name and reopened only when the store's copy was replaced.
+    """
+
+    def __init__(self, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
+                 precision: str = "auto", config: Config | None = None, batch_size: int | None = None,
+                 crf: int | None = None, preset: str | None = None, *, setup: RenderSetup | None = None):
+        """Load the networks for `checkpoints` (default: $DITTO_FAST_CHECKPOINTS or ./checkpoints) on `device`,
+        or for an already resolved `setup`."""
+        t0 = time.perf_counter()
+        self.setup = setup or RenderSetup.resolve(checkpoints, device, precision, config, batch_size, crf, preset)
+        self.config, self.checkpoints = self.setup.config, self.setup.checkpoints
+        self.device, self.dtype = self.setup.device, self.setup.dtype
+        files = self.checkpoints.files
+        self.lmdm = models.load("lmdm", files["lmdm"], self.device)
+        if self.config.motion.overlap >= self.lmdm.seq_len:
+            raise UsageError(f"motion.overlap {self.config.motion.overlap} must be below the LMDM's window of "
+                             f"{self.lmdm.seq_len} frames")
+        self.stitch_net = models.load("stitch_network", files["stitch_network"], "cpu")
+        self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype)
+        self.hubert = HubertFeatures(self.checkpoints.hubert_dir, device=self.device)
+        self.random_weights = bool(self.checkpoints.random_weights or any(
+            getattr(m, "ditto_meta", {}).get("random_weights") for m in (self.lmdm, self.stitch_net)))
+        self._avatars: dict[str, tuple[tuple[int, int] | None, Avatar]] = {}
+        self.load_seconds = time.perf_counter() - t0
+
+    def avatar(self, name: str) -> Avatar:
+        """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
+        cached = self._avatars.get(name)
+        if cached is not None and _identity(cached[1].dir) == cached[0]:
+            return cached[1]
+        key = _identity(avatars_dir() / name)
+        avatar = load_avatar(name, expected_fingerprints=self.checkpoints.avatar_fingerprints())
+        self._avatars[name] = (key, avatar)
+        return avatar
+
+    def check(self, avatar: str, audio: str | Path, output: str | Path | None = None, *, seed: int = 0,
+              emotion: str = "neutral", controls: str | Path | None = None, steps: int | None = None) -> Clip:
+        """A render's inputs checked (see check_clip), the avatar opened."""
+        out = Path(output) if output else default_output(avatar, Path(audio))
+        return check_clip(self.avatar(avatar), audio, out, seed=seed, emotion=emotion, controls=controls,
+                          steps=steps, config=self.config)
+
+    def render(self, avatar: str, audio: str | Path, output: str | Path | None = None, *, seed: int = 0,
+               emotion: str = "neutral", controls: str | Path | None = None, steps: int | None = None,
+               progress: Progress | None = None) -> RenderResult:
+        """Render `audio` spoken by `avatar` into `output` (written to a temporary name, renamed when complete)."""
+        t_start = time.perf_counter()
+        timer = StageTimer(STAGES)
+        with timer("load_avatar"):
+            opened = self.avatar(avatar)
+        clip = check_clip(opened, audio, Path(output) if output else default_output(avatar, Path(audio)), seed=seed,
+                          emotion=emotion, controls=controls, steps=steps, config=self.config)
+        digest = self.setup.digest(clip, emotion, controls)
+        seconds = self._render(clip, digest, timer, progress)
+        wall = time.perf_counter() - t_start
+        profile = {
+            "frames": clip.frames, "audio_seconds": seconds, "wall_seconds": wall,
+            "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
+            "precision": str(self.dtype).replace("torch.", ""), "steps": clip.steps, "seed": clip.seed,
+            "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
+            "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
+        }
+        return RenderResult(clip.output, profile)
+
+    def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None) -> float:
+        """The loop for one checked clip; returns the audio's length in seconds."""
+        avatar, n = clip.avatar, clip.frames
+        audio = load_audio(clip.audio)
+        with timer("audio_features"):
+            feats = self.hubert(audio)                                  # [N, 1024]
+        if feats.shape[0] != n:
+            raise InputError(f"{clip.audio}: changed while it was being rendered; render it again")
+        with timer("motion"):
+            parts = condition_parts(self.lmdm.cond_dim, feats.shape[1])
+            cond = build_conditions(feats, parts, clip.emotion, avatar.eye_open, avatar.eye_ball, avatar.sc)
+            del feats
+            gen = torch.Generator(device=self.device).manual_seed(clip.seed)
+            m = self.config.motion
+            sampler = MotionSampler(DDIMSampler(self.lmdm, clip.steps, m.guidance), window=self.lmdm.seq_len,
+                                    overlap=m.overlap, smooth_window=m.smooth_window, device=self.device)
+            motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [N, 265]
+            del cond
+
+        src_idx = mirror_indices(n, avatar.n_frames)
+        stitch = MotionStitch(self.stitch_net, is_image=avatar.is_image, controls=clip.controls)
+        putback = Putback()
+        bs = self.setup.batch_size
         with PlateReader(avatar.plate_path, avatar.n_frames) as plate, \
-                VideoWriter(out_path, avatar.size, fps=avatar.fps, audio_path=opts.audio,
-                            crf=cfg.render.crf if opts.crf is None else opts.crf,
-                            preset=opts.preset or cfg.render.preset) as writer:
+                VideoWriter(clip.output, avatar.size, fps=avatar.fps, audio_path=clip.audio,
+                            crf=self.setup.crf, preset=self.setup.preset, comment=digest) as writer:
             for b0 in range(0, n, bs):
                 idx = range(b0, min(n, b0 + bs))
                 with timer("motion"):
@@ -168,7 +279,7 @@ def render_video(opts: RenderOptions) -> RenderResult:
                     x_s = np.concatenate([k[0] for k in kps], 0)
                     x_d = np.concatenate([k[1] for k in kps], 0)
                 with timer("render"):
-                    crops = renderer(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
+                    crops = self.fused(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
                 for j, i in enumerate(idx):
                     with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
                         background = plate[i]
@@ -176,21 +287,6 @@ def render_video(opts: RenderOptions) -> RenderResult:
                         frame = putback(background, crops[j], avatar.M_c2o[src_idx[i]])
                     with timer("write"):
                         writer.write(frame)
-                if bar is not None:
-                    bar.update(len(idx))
-    finally:
-        if bar is not None:
-            bar.close()
-
-    wall = time.perf_counter() - t_start
-    profile = {
-        "frames": n, "audio_seconds": len(audio) / SAMPLE_RATE, "wall_seconds": wall, "fps": n / wall if wall else 0.0,
-        "device": str(device), "precision": str(dtype).replace("torch.", ""), "steps": steps,
-        "seed": opts.seed, "random_weights": random_weights, "output": str(out_path),
-        "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
-    }
-    if opts.profile:
-        tmp = Path(opts.profile).with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(profile, indent=2) + "\n")
-        os.replace(tmp, opts.profile)
-    return RenderResult(out_path, profile, stage_table(profile))
+                if progress is not None:
+                    progress(idx.stop, n)
+        return len(audio) / SAMPLE_RATE

@@ -45,13 +45,14 @@ class VideoWriter:
 
     Output duration: the video has exactly the frames written; the audio is padded with silence or
     trimmed to that length (the caller picks N = ceil(samples_16k / 640) frames for 25 fps).
+    `comment` goes into the container's comment tag (batch records what a file was made from there).
     The file is written to a hidden temporary name beside `out_path` and renamed into place by
     `close()`; `abort()` (also called when an exception leaves the `with` block) removes it.
     """
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
-                 *, audio_bitrate: str = "160k"):
+                 *, audio_bitrate: str = "160k", comment: str | None = None):
         self.out_path = check_output_path(out_path)
         width, height = int(size[0]), int(size[1])
         if width <= 0 or height <= 0 or width % 2 or height % 2:
@@ -84,6 +85,8 @@ class VideoWriter:
         if audio_path is not None:
             # pad the audio with silence, then stop at the end of the video
             cmd += ["-c:a", "aac", "-b:a", audio_bitrate, "-ar", "48000", "-af", "apad", "-shortest"]
+        if comment:
+            cmd += ["-metadata", f"comment={comment}"]
         cmd += ["-movflags", "+faststart", "-f", "mp4", str(self._tmp_path)]
         try:
             self._proc = _spawn(cmd, self._stderr)
