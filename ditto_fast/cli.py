@@ -218,9 +218,13 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, device, p
               type=click.Choice(X264_PRESETS))
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
 @click.option("--quiet", is_flag=True, help="No progress bar or job table.")
+@click.option("--ray", "ray_address", default=None, metavar="local|ADDRESS",
+              help="Render on Ray actors: 'local' starts Ray here, ADDRESS joins a cluster (pip extra [ray]).")
+@click.option("--workers", type=click.IntRange(1, 1024), default=None,
+              help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
 @CONFIG
 def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, device, precision, batch_size, crf,
-          preset, checkpoints_dir, quiet, config_path):
+          preset, checkpoints_dir, quiet, ray_address, workers, config_path):
     """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional seed,
     emotion, controls, steps) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
     from .batch import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, run_batch, summary
@@ -239,10 +243,24 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, devic
         from .render.writer import check_output_path
 
         check_output_path(report)
-    setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset)
-    serve_frames_from_mmap()
-    with _bar("batch", quiet) as bar:
-        run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar)
+    if workers is not None and ray_address is None:
+        raise click.UsageError("--workers goes with --ray")
+    if ray_address is not None:
+        from .scale import run_batch_ray
+
+        from .checkpoints import find_checkpoints
+
+        setup_args = {"checkpoints": str(find_checkpoints(checkpoints_dir).root.resolve()), "device": device,
+                      "precision": precision, "config": config, "batch_size": batch_size, "crf": crf,
+                      "preset": preset}
+        with _bar("batch", quiet) as bar:
+            run_batch_ray(jobs, setup_args, address=ray_address, workers=workers, force=force, fail_fast=fail_fast,
+                          report=report, progress=bar)
+    else:
+        setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset)
+        serve_frames_from_mmap()
+        with _bar("batch", quiet) as bar:
+            run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar)
     if not quiet:
         click.echo(f"{'job':>4}  {'status':<8}{'frames':>7}{'seconds':>9}  output / error", err=True)
         for j in jobs:

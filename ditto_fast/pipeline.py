@@ -271,7 +271,7 @@ class Renderer:
         bs = self.setup.batch_size
         with PlateReader(avatar.plate_path, avatar.n_frames) as plate, \
                 VideoWriter(clip.output, avatar.size, fps=avatar.fps, audio_path=clip.audio,
-                            crf=self.setup.crf, preset=self.setup.preset, comment=digest) as writer:
+                            crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=n) as writer:
             for b0 in range(0, n, bs):
                 idx = range(b0, min(n, b0 + bs))
                 with timer("motion"):

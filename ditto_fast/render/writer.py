@@ -45,6 +45,8 @@ class VideoWriter:
 
     Output duration: the video has exactly the frames written; the audio is padded with silence or
     trimmed to that length (the caller picks N = ceil(samples_16k / 640) frames for 25 fps).
+    Given the number of `frames` to come, the audio is cut or padded to exactly their length (the same
+    bytes every run); without it, ffmpeg's -shortest stops it near the video's end.
     `comment` goes into the container's comment tag (batch records what a file was made from there).
     The file is written to a hidden temporary name beside `out_path` and renamed into place by
     `close()`; `abort()` (also called when an exception leaves the `with` block) removes it.
@@ -52,7 +54,7 @@ class VideoWriter:
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
-                 *, audio_bitrate: str = "160k", comment: str | None = None):
+                 *, audio_bitrate: str = "160k", comment: str | None = None, frames: int | None = None):
         self.out_path = check_output_path(out_path)
         width, height = int(size[0]), int(size[1])
         if width <= 0 or height <= 0 or width % 2 or height % 2:
@@ -82,7 +84,13 @@ class VideoWriter:
                 "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p",
                 "-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709",
                 "-color_range", "tv"]
-        if audio_path is not None:
+        if audio_path is not None and frames is not None:
+            # audio padded with silence or cut to exactly the video's length, the same bytes every run
+            # (-shortest cuts wherever the muxer happens to be when the video ends)
+            dur = f"{frames / fps:.6f}"
+            cmd += ["-c:a", "aac", "-b:a", audio_bitrate, "-ar", "48000", "-af",
+                    f"apad=whole_dur={dur},atrim=end={dur}"]
+        elif audio_path is not None:
             # pad the audio with silence, then stop at the end of the video
             cmd += ["-c:a", "aac", "-b:a", audio_bitrate, "-ar", "48000", "-af", "apad", "-shortest"]
         if comment:

@@ -1,0 +1,190 @@
+"""Batch scale-out on Ray: one engine per actor (an actor per GPU, or per CPU node), jobs handed to actors
+as they free up, results streamed back to the driver, which alone writes the report."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from .batch import Job, check_jobs, write_report
+from .errors import DittoError, InputError, Terminated, UsageError
+from .pipeline import Progress, RenderSetup
+
+INSTALL_HINT = 'Ray is not installed; install it with: pip install -e ".[ray]" (or pip install "ray>=2.9,<3")'
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(f"--ray: {INSTALL_HINT}") from None
+    return ray
+
+
+class BatchWorker:
+    """The body of a Ray actor: checks it sees the shared paths, loads one engine, renders the jobs it gets."""
+
+    def __init__(self, setup_args: dict[str, Any], store: str, probes: dict[str, str]):
+        os.environ["DITTO_FAST_HOME"] = store
+        for path, token in probes.items():
+            try:
+                seen = Path(path).read_text()
+            except OSError:
+                seen = None
+            if seen != token:
+                raise InputError(f"{Path(path).parent}: not visible from Ray node {_node()}; put the avatar store "
+                                 "(DITTO_FAST_HOME) and the outputs on a path every node mounts")
+        from .memory import serve_frames_from_mmap
+        from .pipeline import Renderer
+
+        serve_frames_from_mmap()
+        self.setup = RenderSetup.resolve(**setup_args)
+        self.renderer = Renderer(setup=self.setup)
+
+    def run(self, job: Job, force: bool) -> Job:
+        """Render one checked job (or skip it when its output was made from the same inputs)."""
+        from .ffpipe import container_comment
+        from .pipeline import check_clip
+
+        t0 = time.perf_counter()
+        try:
+            clip = check_clip(self.renderer.avatar(job.avatar), job.audio, job.output, seed=job.seed,
+                              emotion=job.emotion, controls=job.controls, steps=job.steps, config=self.setup.config)
+            if not force and job.output.exists() and \
+                    container_comment(job.output) == self.setup.digest(clip, job.emotion, job.controls):
+                job.status, job.frames = "skipped", clip.frames
+            else:
+                result = self.renderer.render(job.avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
+                                              controls=job.controls, steps=job.steps)
+                job.status, job.frames = "done", result.profile["frames"]
+        except DittoError as e:
+            job.fail(e)
+        except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
+            job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1", 1)
+        job.seconds = time.perf_counter() - t0
+        job.extra["node"] = _node()
+        return job
+
+
+def _node() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _probes(jobs: list[Job], store: Path) -> dict[str, str]:
+    """A token file in the store and in every output folder, which each actor must read back."""
+    token = uuid.uuid4().hex
+    probes = {}
+    for d in {store, *(j.output.parent for j in jobs if j.status == "pending")}:
+        p = d / f".ditto-fast-probe-{token[:12]}"
+        p.write_text(token)
+        probes[str(p)] = token
+    return probes
+
+
+def start_ray(address: str, temp_dir: str | None = None):
+    """Join the cluster at `address`, or start one on this machine for "local"; a running one is reused."""
+    ray = _ray()
+    if not ray.is_initialized():
+        if address == "local":
+            ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+        else:
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                raise UsageError(f"--ray {address}: cannot join the Ray cluster ({str(e).splitlines()[0]})") from None
+    return ray
+
+
+def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str = "local", workers: int | None = None,
+                  force: bool = False, fail_fast: bool = False, report: str | Path | None = None,
+                  progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None
+                  ) -> list[Job]:
+    """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor."""
+    from .avatar.cache import store_root
+
+    ray = start_ray(address)
+    clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "auto"}))
+    todo = [j for j in jobs if j.status == "pending"]
+    total, done_frames = sum(clips[j.index].frames for j in todo), 0
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    count = min(len(todo), workers or (gpus or nodes), *([gpus] if gpus else []))
+    store = store_root() / "avatars"
+    probes = _probes(todo, store) if todo else {}
+    remote = ray.remote(num_gpus=1)(BatchWorker) if gpus else ray.remote(num_cpus=1)(BatchWorker)
+    actors = [remote.remote(setup_args, str(store_root()), probes) for _ in range(max(0, count))]
+    retried: set[int] = set()
+    running: dict[Any, tuple[Job, Any]] = {}
+    queue = list(todo)
+    try:
+        if report:
+            write_report(report, jobs)
+        free = list(actors)
+        while queue or running:
+            while queue and free:
+                job, actor = queue.pop(0), free.pop(0)
+                if fail_fast and any(j.status == "failed" for j in jobs):
+                    job.fail("not run: an earlier job failed (--fail-fast)", 7)
+                    free.append(actor)
+                    continue
+                running[actor.run.remote(job, force)] = (job, actor)
+                if on_dispatch:
+                    on_dispatch(job, actor)
+            if not running:
+                if queue:       # every actor is gone
+                    for job in queue:
+                        job.fail("not run: no Ray actor is left (see the failed jobs for why)", 1)
+                    queue.clear()
+                break
+            ready, _ = ray.wait(list(running), num_returns=1)
+            job, actor = running.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except ray.exceptions.RayActorError as e:
+                cause = _actor_error(e)
+                if isinstance(cause, DittoError):            # the actor could not start: no job can run there
+                    job.fail(cause)
+                elif job.index not in retried:
+                    retried.add(job.index)
+                    queue.insert(0, job)
+                else:
+                    job.fail(f"its Ray actor died twice ({type(e).__name__}); render it alone to see why", 1)
+                continue
+            _copy_outcome(result, job)
+            free.append(actor)
+            done_frames += clips[job.index].frames
+            if progress:
+                progress(done_frames, total)
+            if report:
+                write_report(report, jobs)
+    except BaseException as e:
+        code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Terminated) else 1
+        for job in jobs:
+            if job.status == "pending":
+                job.fail("interrupted before it finished; run the batch again to resume", code)
+        raise
+    finally:
+        for p in probes:
+            Path(p).unlink(missing_ok=True)
+        for a in actors:
+            ray.kill(a)
+        if report:
+            write_report(report, jobs)
+    return jobs
+
+
+def _actor_error(e: Exception) -> BaseException | None:
+    """The exception an actor's constructor raised, if that is why it died."""
+    cause = getattr(e, "cause", None)
+    inner = getattr(cause, "cause", None) if cause is not None else None
+    return inner if isinstance(inner, BaseException) else cause if isinstance(cause, DittoError) else None
+
+
+def _copy_outcome(src: Job, dst: Job) -> None:
+    dst.status, dst.error, dst.exit_code = src.status, src.error, src.exit_code
+    dst.frames, dst.seconds, dst.extra = src.frames, src.seconds, src.extra

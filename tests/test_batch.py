@@ -1,0 +1,132 @@
+"""The engine and `ditto-fast batch` end to end with tiny checkpoints: same bytes as `render`, a broken job
+reported alone with exit 7, reruns skip finished jobs, interrupts leave a report and no partial output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from ditto_fast.batch import Job, read_jobs, run_batch
+from ditto_fast.cli import main
+from ditto_fast.ffpipe import container_comment
+from ditto_fast.pipeline import Renderer, RenderSetup
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory, speech_wav):
+    """Three short speech clips (0.4-0.6 s) cut from the test speech."""
+    d = tmp_path_factory.mktemp("clips")
+    audio, sr = sf.read(speech_wav, dtype="float32")
+    paths = []
+    for i, (start, dur) in enumerate(((1.0, 0.4), (3.0, 0.6), (5.0, 0.5))):
+        p = d / f"clip{i}.wav"
+        sf.write(p, audio[int(start * sr):int((start + dur) * sr)], sr)
+        paths.append(p)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def engine(video_avatar, tiny_checkpoints):
+    return Renderer(tiny_checkpoints, device="cpu")
+
+
+def test_engine_gives_the_same_bytes_first_or_again_and_as_the_cli(engine, clips, tmp_path, session_home,
+                                                                   tiny_checkpoints):
+    a = engine.render("anchor", clips[0], tmp_path / "a.mp4", seed=3)
+    engine.render("anchor", clips[1], tmp_path / "other.mp4")
+    b = engine.render("anchor", clips[0], tmp_path / "b.mp4", seed=3)
+    assert a.profile["frames"] == 10 and a.output.read_bytes() == b.output.read_bytes()
+    assert container_comment(a.output) == a.profile["digest"]
+    env = dict(os.environ, DITTO_FAST_HOME=str(session_home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
+    r = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
+                        str(clips[0]), "-o", str(tmp_path / "cli.mp4"), "--seed", "3", "--device", "cpu", "--quiet"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cli.mp4").read_bytes() == a.output.read_bytes()
+    c = engine.render("anchor", clips[0], tmp_path / "c.mp4", seed=4)
+    assert c.profile["digest"] != a.profile["digest"] and c.output.read_bytes() != a.output.read_bytes()
+
+
+def _manifest(path, clips, extra=()):
+    rows = [{"avatar": "anchor", "audio": str(clips[0]), "output": "out/zero.mp4", "seed": 3},
+            {"avatar": "nobody", "audio": str(clips[1]), "output": "out/broken.mp4"},
+            {"avatar": "anchor", "audio": str(clips[2]), "output": "out/two.mp4", "emotion": "happy"}, *extra]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path.parent / "out").mkdir(exist_ok=True)
+    return path
+
+
+def _batch(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["batch", *args])
+        raise SystemExit(0)
+    return e.value.code, capsys.readouterr()
+
+
+def test_batch_renders_good_jobs_reports_the_broken_one_and_resumes(engine, clips, tmp_path, tiny_checkpoints,
+                                                                    capsys):
+    jobs = _manifest(tmp_path / "jobs.jsonl", clips)
+    report = tmp_path / "report.json"
+    common = ["--checkpoints", str(tiny_checkpoints), "--device", "cpu", "--report", str(report)]
+    code, out = _batch([str(jobs), *common, "--quiet"], capsys)
+    assert code == 7 and out.out.strip() == "done 2, skipped 0, failed 1"
+    rows = json.loads(report.read_text())
+    assert rows["summary"] == {"done": 2, "skipped": 0, "failed": 1}
+    broken = rows["jobs"][1]
+    assert broken["status"] == "failed" and broken["exit_code"] == 5 and "nobody" in broken["error"]
+    assert "\n" not in broken["error"] and not (tmp_path / "out" / "broken.mp4").exists()
+    assert [r["frames"] for r in rows["jobs"]] == [10, 0, 13]
+    # the same job rendered by the engine gives the same bytes
+    ref = engine.render("anchor", clips[0], tmp_path / "ref.mp4", seed=3)
+    assert (tmp_path / "out" / "zero.mp4").read_bytes() == ref.output.read_bytes()
+    # a rerun skips what is finished and loads no network
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
+    code, out = _batch([str(jobs), *common, "--quiet"], capsys)
+    assert code == 7 and out.out.strip() == "done 0, skipped 2, failed 1"
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()} == before
+    # another seed for one job renders that job again; --force renders all again
+    _manifest(jobs, clips)
+    jobs.write_text(jobs.read_text().replace('"seed": 3', '"seed": 4'))
+    code, out = _batch([str(jobs), *common, "--quiet"], capsys)
+    assert out.out.strip() == "done 1, skipped 1, failed 1"
+    code, out = _batch([str(jobs), *common, "--quiet", "--force"], capsys)
+    assert out.out.strip() == "done 2, skipped 0, failed 1"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["two.mp4", "zero.mp4"]
+
+
+def test_batch_refuses_outputs_that_are_inputs_or_shared(clips, tmp_path, video_avatar, tiny_checkpoints, capsys):
+    jobs = tmp_path / "jobs.jsonl"
+    rows = [{"avatar": "anchor", "audio": str(clips[0]), "output": str(clips[1])},
+            {"avatar": "anchor", "audio": str(clips[0]), "output": "same.mp4", "steps": 2},
+            {"avatar": "anchor", "audio": str(clips[2]), "output": "same.mp4", "steps": 2}]
+    jobs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    setup = RenderSetup.resolve(tiny_checkpoints, "cpu")
+    out = run_batch(read_jobs(jobs), setup)
+    assert [j.status for j in out] == ["failed", "done", "failed"]
+    assert "is an input of this batch" in out[0].error and "also the output of job 1" in out[2].error
+    assert clips[1].read_bytes()[:4] == b"RIFF"
+
+
+def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp_path, video_avatar,
+                                                                      tiny_checkpoints):
+    jobs = [Job(0, "anchor", clips[0], tmp_path / "a.mp4"), Job(1, "anchor", clips[1], tmp_path / "b.mp4")]
+    seen = []
+
+    def progress(done, total):
+        seen.append(done)
+        if done > 10:               # inside the second job
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(jobs, RenderSetup.resolve(tiny_checkpoints, "cpu"), report=tmp_path / "r.json", progress=progress)
+    rows = json.loads((tmp_path / "r.json").read_text())["jobs"]
+    assert [r["status"] for r in rows] == ["done", "failed"] and rows[1]["exit_code"] == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4", "r.json"]
