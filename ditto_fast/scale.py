@@ -147,7 +147,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                 result = ray.get(ready[0])
             except ray.exceptions.RayActorError as e:
                 cause = _actor_error(e)
-                if isinstance(cause, DittoError):            # the actor could not start: no job can run there
+                if cause is not None:                       # the actor could not start: no job runs there
                     job.fail(cause)
                 elif job.index not in retried:
                     retried.add(job.index)
@@ -178,11 +178,15 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     return jobs
 
 
-def _actor_error(e: Exception) -> BaseException | None:
-    """The exception an actor's constructor raised, if that is why it died."""
-    cause = getattr(e, "cause", None)
-    inner = getattr(cause, "cause", None) if cause is not None else None
-    return inner if isinstance(inner, BaseException) else cause if isinstance(cause, DittoError) else None
+def _actor_error(e: BaseException) -> DittoError | None:
+    """The DittoError an actor's constructor raised (a path it cannot see, say), if that is why it died."""
+    for _ in range(4):
+        if isinstance(e, DittoError):
+            return e
+        e = getattr(e, "cause", None)
+        if not isinstance(e, BaseException):
+            return None
+    return None
 
 
 def _copy_outcome(src: Job, dst: Job) -> None:

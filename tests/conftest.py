@@ -137,3 +137,26 @@ def video_avatar(session_home, tiny_checkpoints, anchor_video):
     from ditto_fast.avatar.register import register_avatar
 
     return register_avatar(anchor_video, name="anchor", checkpoints=tiny_checkpoints, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def clips(tmp_path_factory, speech_wav):
+    """Three short speech clips (0.4, 0.6 and 0.5 s) cut from the test speech."""
+    import soundfile as sf
+
+    d = tmp_path_factory.mktemp("clips")
+    audio, sr = sf.read(speech_wav, dtype="float32")
+    paths = []
+    for i, (start, dur) in enumerate(((1.0, 0.4), (3.0, 0.6), (5.0, 0.5))):
+        p = d / f"clip{i}.wav"
+        sf.write(p, audio[int(start * sr):int((start + dur) * sr)], sr)
+        paths.append(p)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def engine(video_avatar, tiny_checkpoints):
+    """One render engine with the tiny checkpoints on the CPU, shared by the session."""
+    from ditto_fast.pipeline import Renderer
+
+    return Renderer(tiny_checkpoints, device="cpu")

@@ -8,34 +8,14 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-import soundfile as sf
 
 from ditto_fast.batch import Job, read_jobs, run_batch
 from ditto_fast.cli import main
 from ditto_fast.ffpipe import container_comment
-from ditto_fast.pipeline import Renderer, RenderSetup
+from ditto_fast.pipeline import RenderSetup
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def clips(tmp_path_factory, speech_wav):
-    """Three short speech clips (0.4-0.6 s) cut from the test speech."""
-    d = tmp_path_factory.mktemp("clips")
-    audio, sr = sf.read(speech_wav, dtype="float32")
-    paths = []
-    for i, (start, dur) in enumerate(((1.0, 0.4), (3.0, 0.6), (5.0, 0.5))):
-        p = d / f"clip{i}.wav"
-        sf.write(p, audio[int(start * sr):int((start + dur) * sr)], sr)
-        paths.append(p)
-    return paths
-
-
-@pytest.fixture(scope="module")
-def engine(video_avatar, tiny_checkpoints):
-    return Renderer(tiny_checkpoints, device="cpu")
 
 
 def test_engine_gives_the_same_bytes_first_or_again_and_as_the_cli(engine, clips, tmp_path, session_home,

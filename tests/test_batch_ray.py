@@ -1,0 +1,72 @@
+"""`ditto-fast batch --ray` on a real local Ray (2 CPUs, two actors): same outputs as without Ray, a killed
+actor's job retried on the other, and a clear exit 2 when Ray is missing."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from ditto_fast.batch import Job
+from ditto_fast.cli import main
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """One Ray cluster for the module: 2 CPUs, temp dir under the test's temp dir."""
+    temp = tmp_path_factory.mktemp("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp))
+    yield
+    ray.shutdown()
+
+
+def _jobs(clips, out):
+    return [Job(i, "anchor", clips[i], out / f"{i}.mp4", seed=i) for i in range(3)]
+
+
+def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video_avatar, clips, engine, tmp_path,
+                                                                tiny_checkpoints):
+    from ditto_fast.scale import run_batch_ray
+
+    killed = []
+
+    def kill_first(job, actor):
+        if not killed:                      # the first dispatched job loses its actor
+            killed.append(job.index)
+            ray.kill(actor)
+
+    jobs = _jobs(clips, tmp_path)
+    setup_args = {"checkpoints": str(tiny_checkpoints), "device": "cpu"}
+    run_batch_ray(jobs, setup_args, workers=2, report=tmp_path / "r.json", on_dispatch=kill_first)
+    assert [j.status for j in jobs] == ["done"] * 3 and killed == [0]
+    rows = json.loads((tmp_path / "r.json").read_text())
+    assert rows["summary"] == {"done": 3, "skipped": 0, "failed": 0}
+    for j in jobs:
+        ref = engine.render("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.seed)
+        assert j.output.read_bytes() == ref.output.read_bytes()
+    assert not list(tmp_path.glob(".ditto-fast-probe-*")) and not list(tmp_path.glob(".*.part*"))
+    # a rerun skips everything
+    again = _jobs(clips, tmp_path)
+    run_batch_ray(again, setup_args, workers=2)
+    assert [j.status for j in again] == ["skipped"] * 3
+
+
+def test_ray_cli_and_a_missing_ray(local_ray, video_avatar, clips, tmp_path, tiny_checkpoints, capsys,
+                                   monkeypatch):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(clips[0]), "output": "a.mp4"}) + "\n"
+                    + json.dumps({"avatar": "ghost", "audio": str(clips[1]), "output": "b.mp4"}) + "\n")
+    args = ["batch", str(jobs), "--checkpoints", str(tiny_checkpoints), "--device", "cpu", "--quiet",
+            "--ray", "local"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 7 and capsys.readouterr().out.strip() == "done 1, skipped 0, failed 1"
+    monkeypatch.setitem(sys.modules, "ray", None)          # as if Ray were not installed
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "pip install" in err and "[ray]" in err
