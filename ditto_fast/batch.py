@@ -169,14 +169,14 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             avatar = avatars[job.avatar]
             if isinstance(avatar, DittoError):
                 raise avatar
+            clip = check_clip(avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
+                              controls=job.controls, steps=job.steps, config=setup.config)
             out = job.output.resolve()
             if out in outputs:
                 raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
             if out in inputs:
                 raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
-            clips[job.index] = check_clip(avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
-                                          controls=job.controls, steps=job.steps, config=setup.config)
-            outputs[out] = job.index
+            clips[job.index], outputs[out] = clip, job.index
         except DittoError as e:
             job.fail(e)
     return clips

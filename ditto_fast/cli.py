@@ -123,10 +123,12 @@ def _write_json(path: Path, data: dict) -> None:
 def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet,
              config_path):
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
-    from .avatar.register import register_avatar
+    from .avatar.register import Registrar
     from .config import load_config
+    from .memory import serve_frames_from_mmap
 
     config = load_config(config_path).register
+    serve_frames_from_mmap()      # large frame buffers from mmap: no heap creep over long sources
     bars = []
 
     def progress(total: int, label: str):
@@ -138,9 +140,9 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
         return bars[-1].update
 
     try:
-        avatar_dir = register_avatar(source, name=name, max_size=max_size, max_frames=max_frames, force=force,
-                                     checkpoints=checkpoints_dir, device=device, batch_size=batch_size,
-                                     progress=None if quiet else progress, config=config)
+        avatar_dir = Registrar(checkpoints_dir, device, config).register(
+            source, name, max_size=max_size, max_frames=max_frames, force=force, batch_size=batch_size,
+            progress=None if quiet else progress)
     finally:
         for b in bars:
             b.close()

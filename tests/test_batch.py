@@ -82,17 +82,21 @@ def test_batch_renders_good_jobs_reports_the_broken_one_and_resumes(engine, clip
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["two.mp4", "zero.mp4"]
 
 
-def test_batch_refuses_outputs_that_are_inputs_or_shared(clips, tmp_path, video_avatar, tiny_checkpoints, capsys):
+def test_batch_refuses_outputs_that_are_inputs_or_shared(clips, tmp_path, video_avatar, tiny_checkpoints):
+    import shutil
+
+    wav = [shutil.copy(c, tmp_path / f"in{i}.wav") for i, c in enumerate(clips)]
     jobs = tmp_path / "jobs.jsonl"
-    rows = [{"avatar": "anchor", "audio": str(clips[0]), "output": str(clips[1])},
-            {"avatar": "anchor", "audio": str(clips[0]), "output": "same.mp4", "steps": 2},
-            {"avatar": "anchor", "audio": str(clips[2]), "output": "same.mp4", "steps": 2}]
+    rows = [{"avatar": "anchor", "audio": str(wav[0]), "output": str(wav[0])},           # its own input
+            {"avatar": "anchor", "audio": str(wav[0]), "output": str(wav[1])},           # another job's input
+            {"avatar": "anchor", "audio": str(wav[1]), "output": "same.mp4", "steps": 2},
+            {"avatar": "anchor", "audio": str(wav[2]), "output": "same.mp4", "steps": 2}]
     jobs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    setup = RenderSetup.resolve(tiny_checkpoints, "cpu")
-    out = run_batch(read_jobs(jobs), setup)
-    assert [j.status for j in out] == ["failed", "done", "failed"]
-    assert "is an input of this batch" in out[0].error and "also the output of job 1" in out[2].error
-    assert clips[1].read_bytes()[:4] == b"RIFF"
+    out = run_batch(read_jobs(jobs), RenderSetup.resolve(tiny_checkpoints, "cpu"))
+    assert [j.status for j in out] == ["failed", "failed", "done", "failed"]
+    assert "overwrite an input" in out[0].error and "is an input of this batch" in out[1].error
+    assert "also the output of job 2" in out[3].error and all(j.exit_code == 2 for j in (out[0], out[1], out[3]))
+    assert all(open(w, "rb").read(4) == b"RIFF" for w in wav)
 
 
 def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp_path, video_avatar,

@@ -26,13 +26,12 @@ from ..errors import InputError
 from ..face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
-from ..memory import serve_frames_from_mmap
 from ..smoothing import centred_mean
 from ..timing import StageTimer
 from ..yuv import YuvFrame
 from .cache import AvatarWriter, file_sha256, validate_name
 from .plate import write_plate_image
-from .source import FPS, SourceFrames, open_source
+from .source import FPS, SourceFrames, SourceInfo, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read
@@ -106,106 +105,134 @@ def _no_progress(total: int, label: str) -> Step:
     return lambda n=1: None
 
 
+class Registrar:
+    """Registration with the appearance and motion extractors loaded once (on the first `register()`)."""
+
+    def __init__(self, checkpoints: str | Path | None = None, device: str = "auto",
+                 config: RegisterConfig | None = None):
+        self.config = config or load_config().register
+        self.checkpoints = find_checkpoints(checkpoints, need_hubert=False,
+                                            networks=("appearance_extractor", "motion_extractor"))
+        self.device = resolve_device(device)
+        self._nets: Extractors | None = None
+
+    def _extractors(self) -> Extractors:
+        if self._nets is None:
+            self._nets = Extractors(self.checkpoints.files, self.device)
+        return self._nets
+
+    def register(self, source: str | Path, name: str | None = None, *, max_size: int | None = None,
+                 max_frames: int | None = None, force: bool = False, batch_size: int | None = None,
+                 progress: ProgressFactory | None = None, timer: StageTimer | None = None) -> Path:
+        """Register an anchor video or image; returns the avatar directory (appears only when complete).
+
+        `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write,
+        cache_write. A video is decoded once, by one ffmpeg process that also encodes the plate;
+        plate_write is the wait for that encoder to finish after the last frame.
+        """
+        cfg = self.config
+        timer = timer or StageTimer()
+        max_size = max_size or cfg.max_size
+        batch_size = batch_size or cfg.batch_size
+        source = Path(source)
+        name = validate_name(name if name is not None else source.stem)
+        info, image = open_source(source, max_size)
+        return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer)
+
+    def _register(self, source: Path, name: str, info: SourceInfo, image: np.ndarray | None,
+                  max_frames: int | None, force: bool, batch_size: int, progress: ProgressFactory | None,
+                  timer: StageTimer) -> Path:
+        """The streaming pass over an opened source (see register())."""
+        cfg, cs = self.config, self.checkpoints
+        smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
+        half = max(1, smooth_crop) // 2
+        # frames expected (for the progress bar; a video's duration is only an estimate) and allowed
+        n_est = 1 if info.is_image else info.est_frames
+        n_cap = 1 if info.is_image else (max_frames if max_frames is not None else _MAX_FRAMES)
+        if max_frames is not None:
+            n_est = min(n_est, max_frames)
+        with AvatarWriter(name, force=force) as writer, ExitStack() as stack:   # name/store checked first
+            stack.enter_context(numpy_blas_single_threaded())
+            nets = self._extractors()
+            sink = _FeatureSink(nets, writer, n_cap, batch_size, (progress or _no_progress)(n_est, "register"), timer)
+            tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source)))
+            caught = stack.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("always")
+            plate = writer.plate_path(info.is_image)
+            if info.is_image:
+                write_plate_image(image, plate)
+                reader = None
+            else:
+                # frames alive at once: the queue (at most half + 1) and the one being read; ffmpeg may
+                # decode the next batch while the networks run on this one
+                reader = stack.enter_context(SourceFrames(info, max_frames, ring=half + 3, plate=plate,
+                                                          ahead=batch_size + 2))
+
+            params: list[np.ndarray] = []          # raw crop parameters per frame [4]
+            smoothed: list[np.ndarray] = []
+            eyes: list[tuple[np.ndarray, np.ndarray]] = []
+            queue: deque[tuple[int, np.ndarray | YuvFrame, np.ndarray]] = deque()    # (index, frame, landmarks)
+
+            def emit(ending: bool) -> None:
+                """Crop and featurize queued frames whose look-ahead window is complete."""
+                while queue and (ending or queue[0][0] + half < len(params)):
+                    i, frame, lmk = queue.popleft()
+                    with timer("crop_eyes"):
+                        lo, hi = max(0, i - half), min(len(params), i + half + 1)
+                        p = smooth_params(np.stack(params[lo:hi]), smooth_crop)[i - lo] if hi - lo > 1 else params[i]
+                        smoothed.append(p)
+                        M = params_to_matrix(p, DSIZE)
+                        crop512 = warp_crop(frame, M, DSIZE)
+                        eo, eb = eye_features(landmarks_in_crop(lmk, M, DSIZE)[None])
+                        eyes.append((eo[0], eb[0]))
+                        crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
+                    sink.add(crop256)
+
+            frames = iter([image]) if reader is None else iter(reader)
+            for i, frame in enumerate(timer.iterate(frames, "decode")):
+                with timer("landmarks"):
+                    lmk = tracker(frame, i).astype(np.float32)
+                    params.append(np.asarray(crop_params(lmk, cfg.crop_scale, cfg.crop_vx, cfg.crop_vy), np.float64))
+                queue.append((i, frame, lmk))
+                emit(ending=False)
+            if reader is not None:
+                with timer("plate_write"):
+                    reader.finish()
+            if not params:
+                raise InputError(f"{source}: the video has no frames; re-export it")
+            emit(ending=True)
+            sink.flush()
+
+            n = len(params)
+            x_s_info, sc = source_statistics(sink.x_s_info(), smooth_info)
+            meta = {
+                "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
+                           "size": list(info.size), "source_size": list(info.src_size), "frames": n},
+                "fps": float(FPS), "size": list(info.size),
+                "fingerprints": cs.avatar_fingerprints(),
+                "crop": {"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
+                         "smooth_window": smooth_crop,
+                         "params": np.stack(smoothed)},
+                "x_s_info": x_s_info,
+                "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), DSIZE), np.float64).reshape(n, 3, 3),
+                "eye_open": np.stack([e[0] for e in eyes]).astype(np.float32),
+                "eye_ball": np.stack([e[1] for e in eyes]).astype(np.float32),
+                "sc": sc, "is_image": info.is_image,
+                "random_weights": bool(nets.random_weights or cs.random_weights),
+                "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "warnings": sorted({str(w.message) for w in caught}),
+            }
+            with timer("cache_write"):
+                writer.finish(meta)
+        return writer.final_dir
+
+
+
 def register_avatar(source: str | Path, name: str | None = None, max_size: int | None = None,
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
-                    device: str = "auto", batch_size: int | None = None,
-                    progress: ProgressFactory | None = None,
+                    device: str = "auto", batch_size: int | None = None, progress: ProgressFactory | None = None,
                     timer: StageTimer | None = None, config: RegisterConfig | None = None) -> Path:
-    """Register an anchor video or image; returns the avatar directory (appears only when complete).
-
-    `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write, cache_write.
-    A video is decoded once, by one ffmpeg process that also encodes the plate; plate_write is the
-    wait for that encoder to finish after the last frame.
-    """
-    cfg = config or load_config().register
-    timer = timer or StageTimer()
-    smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
-    max_size = max_size or cfg.max_size
-    batch_size = batch_size or cfg.batch_size
-    source = Path(source)
-    name = validate_name(name if name is not None else source.stem)
-    info, image = open_source(source, max_size)
-    cs = find_checkpoints(checkpoints, need_hubert=False, networks=("appearance_extractor", "motion_extractor"))
-    half = max(1, smooth_crop) // 2
-    # frames expected (for the progress bar; a video's duration is only an estimate) and allowed
-    n_est = 1 if info.is_image else info.est_frames
-    n_cap = 1 if info.is_image else (max_frames if max_frames is not None else _MAX_FRAMES)
-    if max_frames is not None:
-        n_est = min(n_est, max_frames)
-    with AvatarWriter(name, force=force) as writer, ExitStack() as stack:   # name/store checked first
-        stack.enter_context(numpy_blas_single_threaded())
-        nets = Extractors(cs.files, resolve_device(device))
-        sink = _FeatureSink(nets, writer, n_cap, batch_size, (progress or _no_progress)(n_est, "register"), timer)
-        tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source)))
-        caught = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
-        plate = writer.plate_path(info.is_image)
-        if info.is_image:
-            write_plate_image(image, plate)
-            reader = None
-        else:
-            # every large buffer mmap'd: without it heap fragmentation grew RSS by ~0.35 MB a frame
-            serve_frames_from_mmap()
-            # frames alive at once: the queue (at most half + 1) and the one being read; ffmpeg may
-            # decode the next batch while the networks run on this one
-            reader = stack.enter_context(SourceFrames(info, max_frames, ring=half + 3, plate=plate,
-                                                      ahead=batch_size + 2))
-
-        params: list[np.ndarray] = []          # raw crop parameters per frame [4]
-        smoothed: list[np.ndarray] = []
-        eyes: list[tuple[np.ndarray, np.ndarray]] = []
-        queue: deque[tuple[int, np.ndarray | YuvFrame, np.ndarray]] = deque()    # (index, frame, landmarks)
-
-        def emit(ending: bool) -> None:
-            """Crop and featurize queued frames whose look-ahead window is complete."""
-            while queue and (ending or queue[0][0] + half < len(params)):
-                i, frame, lmk = queue.popleft()
-                with timer("crop_eyes"):
-                    lo, hi = max(0, i - half), min(len(params), i + half + 1)
-                    p = smooth_params(np.stack(params[lo:hi]), smooth_crop)[i - lo] if hi - lo > 1 else params[i]
-                    smoothed.append(p)
-                    M = params_to_matrix(p, DSIZE)
-                    crop512 = warp_crop(frame, M, DSIZE)
-                    eo, eb = eye_features(landmarks_in_crop(lmk, M, DSIZE)[None])
-                    eyes.append((eo[0], eb[0]))
-                    crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
-                sink.add(crop256)
-
-        frames = iter([image]) if reader is None else iter(reader)
-        for i, frame in enumerate(timer.iterate(frames, "decode")):
-            with timer("landmarks"):
-                lmk = tracker(frame, i).astype(np.float32)
-                params.append(np.asarray(crop_params(lmk, cfg.crop_scale, cfg.crop_vx, cfg.crop_vy), np.float64))
-            queue.append((i, frame, lmk))
-            emit(ending=False)
-        if reader is not None:
-            with timer("plate_write"):
-                reader.finish()
-        if not params:
-            raise InputError(f"{source}: the video has no frames; re-export it")
-        emit(ending=True)
-        sink.flush()
-
-        n = len(params)
-        x_s_info, sc = source_statistics(sink.x_s_info(), smooth_info)
-        meta = {
-            "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
-                       "size": list(info.size), "source_size": list(info.src_size), "frames": n},
-            "fps": float(FPS), "size": list(info.size),
-            "fingerprints": cs.avatar_fingerprints(),
-            "crop": {"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
-                     "smooth_window": smooth_crop,
-                     "params": np.stack(smoothed)},
-            "x_s_info": x_s_info,
-            "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), DSIZE), np.float64).reshape(n, 3, 3),
-            "eye_open": np.stack([e[0] for e in eyes]).astype(np.float32),
-            "eye_ball": np.stack([e[1] for e in eyes]).astype(np.float32),
-            "sc": sc, "is_image": info.is_image,
-            "random_weights": bool(nets.random_weights or cs.random_weights),
-            "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "warnings": sorted({str(w.message) for w in caught}),
-        }
-        with timer("cache_write"):
-            writer.finish(meta)
-    return writer.final_dir
-
+    """Register one source with a fresh Registrar (see Registrar.register)."""
+    return Registrar(checkpoints, device, config).register(source, name, max_size=max_size, max_frames=max_frames,
+                                                           force=force, batch_size=batch_size, progress=progress,
+                                                           timer=timer)
