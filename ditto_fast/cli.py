@@ -164,7 +164,7 @@ def avatars(ctx, as_json):
     """List registered avatars (subcommands: show, rm)."""
     if ctx.invoked_subcommand is not None:
         return
-    from .avatar.cache import list_avatars, store_root
+    from .avatar import list_avatars, store_root
 
     rows = list_avatars()
     if as_json:
@@ -189,7 +189,7 @@ def avatars(ctx, as_json):
 @click.option("--verify", is_flag=True, help="Check the full checksums of the cached files.")
 def avatars_show(name, verify):
     """Show one avatar's details."""
-    from .avatar.cache import avatar_info
+    from .avatar import avatar_info
 
     click.echo(json.dumps(avatar_info(name, verify=verify), indent=2, default=str))
 
@@ -198,7 +198,7 @@ def avatars_show(name, verify):
 @click.argument("name")
 def avatars_rm(name):
     """Remove an avatar from the store."""
-    from .avatar.cache import remove_avatar
+    from .avatar import remove_avatar
 
     remove_avatar(name)
     click.echo(f"removed {name}")

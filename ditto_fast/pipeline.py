@@ -19,7 +19,7 @@ import torch
 from . import models
 from .audio.decode import frame_count, load_audio
 from .audio.hubert import HubertFeatures
-from .avatar.cache import load_avatar
+from .avatar import load_avatar
 from .checkpoints import find_checkpoints
 from .config import Config
 from .devices import resolve_device, resolve_precision

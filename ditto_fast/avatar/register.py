@@ -31,7 +31,9 @@ from ..motion.sampling import centered_mean
 from ..render.plate import write_plate_image
 from ..timing import StageTimer
 from ..yuv import YuvFrame
-from .cache import AvatarWriter, file_sha256, validate_name
+from .format import file_sha256
+from .store import validate_name
+from .writer import AvatarWriter
 from .source import SourceFrames, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
