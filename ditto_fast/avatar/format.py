@@ -209,7 +209,7 @@ def block_crc32(path: Path, offset: int, block_bytes: int, blocks: list[int] | r
 
 
 def file_record(path: Path, offset: int = 0, block_bytes: int = PLATE_BLOCK_BYTES) -> dict[str, Any]:
-    """Size and per-block CRC-32s of a file as written (the record check_file() verifies)."""
+    """Size and per-block CRC-32s of a file as written (the record bad_blocks() checks against)."""
     rec = {"size": path.stat().st_size, "offset": offset, "block_bytes": block_bytes}
     rec["crc32"] = block_crc32(path, offset, block_bytes, range(n_blocks(rec)))
     return rec
