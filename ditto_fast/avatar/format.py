@@ -1,11 +1,13 @@
 """The on-disk avatar format: file names, the record in avatar.pkl, and how each file is checksummed.
 
-An avatar directory holds ``avatar.pkl``, ``f_s.npy`` and ``plate.mp4`` (video) or ``plate.png``
-(image). ``avatar.pkl`` is one text line, ``ditto-fast-avatar format 2 crc32 <hex>``, then one
-pickle of the record (numpy arrays and plain containers only; read with ``safe_pickle``) whose
-CRC-32 that line carries. The record holds, for each of the other two files, its size and a
-CRC-32 per block: for ``f_s.npy`` a block is one frame's row after the fixed 4096-byte header, so
-damage is named by frame; the plate is cut into 1 MiB blocks.
+An avatar directory holds ``avatar.pkl``, ``f_s.npy`` ([N, C, D, 64, 64] float16) and ``plate.mp4``
+(video) or ``plate.png`` (image). ``avatar.pkl`` is one text line,
+``ditto-fast-avatar format 2 crc32 <hex>``, then one pickle, whose CRC-32 that line carries, of the
+record: source metadata, checkpoint fingerprints, crop parameters, per-frame ``x_s_info`` /
+``M_c2o`` / ``eye_open`` / ``eye_ball``, ``sc``, ``is_image`` (numpy arrays and plain containers
+only; read with ``safe_pickle``) and, for each of the other two files, its size and a CRC-32 per
+block. A block of ``f_s.npy`` is one frame's row after the fixed 4096-byte header, so damage is
+named by frame; the plate is cut into 1 MiB blocks. Any other format version is refused as stale.
 """
 
 from __future__ import annotations
@@ -150,11 +152,12 @@ def read_pkl(name: str, d: Path) -> dict[str, Any]:
         raise damaged_error(name, d, f"{PKL_NAME} unreadable: {exc.strerror or exc}") from exc
     line, _, raw = data.partition(b"\n")
     fields = line.split()
-    if len(fields) != 5 or fields[0] != PKL_MAGIC or (fields[1], fields[3]) != (b"format", b"crc32"):
-        if not data.startswith(b"\x80"):  # format 1 was a bare pickle (protocol 2+ opens with 0x80)
-            raise damaged_error(name, d, f"{PKL_NAME} is not a ditto-fast avatar file")
-        fields = [PKL_MAGIC, b"format", b"1"]
-    version = fields[2].decode("ascii", "replace")
+    if data.startswith(b"\x80"):  # format 1 was a bare pickle (protocol 2+ opens with 0x80)
+        version = "1"
+    elif len(fields) == 5 and fields[0] == PKL_MAGIC and (fields[1], fields[3]) == (b"format", b"crc32"):
+        version = fields[2].decode("ascii", "replace")
+    else:
+        raise damaged_error(name, d, f"{PKL_NAME} is not a ditto-fast avatar file")
     if version != str(FORMAT_VERSION):
         raise AvatarError(
             f"avatar '{name}' at {d} has cache format {version}, this ditto-fast reads format "
@@ -196,8 +199,7 @@ def file_sha256(path: Path) -> str:
 
 
 def block_crc32(path: Path, offset: int, block_bytes: int, blocks: list[int] | range) -> np.ndarray:
-    """CRC-32 of the given blocks of a file (block k: block_bytes bytes from offset + k * block_bytes,
-    the last one possibly short): [len(blocks)] uint32."""
+    """CRC-32s [len(blocks)] uint32 of blocks of a file; block k is block_bytes bytes at offset + k * block_bytes."""
     out = np.zeros(len(blocks), np.uint32)
     buf = bytearray(block_bytes)
     with open(path, "rb") as f:

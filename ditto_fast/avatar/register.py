@@ -32,9 +32,9 @@ from ..render.plate import write_plate_image
 from ..timing import StageTimer
 from ..yuv import YuvFrame
 from .format import file_sha256
+from .source import SourceFrames, open_source
 from .store import validate_name
 from .writer import AvatarWriter
-from .source import SourceFrames, open_source
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read

@@ -36,7 +36,7 @@ _META_KEYS = frozenset({"source", "fingerprints", "crop", "x_s_info", *FRAME_ARR
 
 
 class _FeatureFile:
-    """f_s.npy being written: float16 rows appended in order, a CRC-32 taken of each, the header set at the end."""
+    """f_s.npy being written: float16 rows appended in order (buffered writes), a CRC-32 of each, the header last."""
 
     def __init__(self, path: Path, max_rows: int, tail: tuple[int, ...]) -> None:
         self.max_rows, self.tail = max_rows, tail
