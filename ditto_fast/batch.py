@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .avatar.cache import Avatar, load_avatar
+from .avatar import Avatar, load_avatar
 from .errors import DittoError, Terminated, UsageError
 from .ffpipe import container_comment
 from .pipeline import Clip, Progress, Renderer, RenderSetup, check_clip

@@ -175,7 +175,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 def render(avatar, audio_path, output, steps, seed, emotion, controls, device, precision, batch_size, crf,
            preset, checkpoints_dir, profile, quiet, config_path):
     """Render AUDIO spoken by AVATAR into an MP4 (written to a temporary name, renamed when complete)."""
-    from .avatar.cache import load_avatar
+    from .avatar import load_avatar
     from .checkpoints import find_checkpoints
     from .config import load_config
     from .memory import serve_frames_from_mmap
@@ -296,7 +296,7 @@ def avatars(ctx, as_json):
     """List registered avatars (subcommands: show, rm)."""
     if ctx.invoked_subcommand is not None:
         return
-    from .avatar.cache import list_avatars, store_root
+    from .avatar import list_avatars, store_root
 
     rows = list_avatars()
     if as_json:
@@ -321,7 +321,7 @@ def avatars(ctx, as_json):
 @click.option("--verify", is_flag=True, help="Check the full checksums of the cached files.")
 def avatars_show(name, verify):
     """Show one avatar's details."""
-    from .avatar.cache import avatar_info
+    from .avatar import avatar_info
 
     click.echo(json.dumps(avatar_info(name, verify=verify), indent=2, default=str))
 
@@ -330,7 +330,7 @@ def avatars_show(name, verify):
 @click.argument("name")
 def avatars_rm(name):
     """Remove an avatar from the store."""
-    from .avatar.cache import remove_avatar
+    from .avatar import remove_avatar
 
     remove_avatar(name)
     click.echo(f"removed {name}")

@@ -69,7 +69,7 @@ def _checkpoints(directory) -> Check:
 
 
 def _store() -> Check:
-    from .avatar.cache import list_avatars, store_root
+    from .avatar import list_avatars, store_root
 
     root = store_root() / "avatars"
     try:

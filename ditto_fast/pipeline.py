@@ -34,8 +34,10 @@ import torch
 from . import __version__, models
 from .audio.decode import SAMPLE_RATE, frame_count, load_audio
 from .audio.hubert import HubertFeatures
-from .avatar.cache import PKL_NAME, Avatar, avatars_dir, load_avatar
+from .avatar import Avatar, load_avatar
+from .avatar.format import PKL_NAME
 from .avatar.plate import PlateReader, mirror_indices
+from .avatar.store import avatars_dir
 from .checkpoints import CheckpointSet, find_checkpoints
 from .config import Config, load_config
 from .devices import resolve_device, resolve_precision

@@ -105,7 +105,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                   progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None
                   ) -> list[Job]:
     """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor."""
-    from .avatar.cache import store_root
+    from .avatar import store_root
 
     ray = start_ray(address)
     clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "auto"}))

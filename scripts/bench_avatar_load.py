@@ -1,8 +1,8 @@
 """Benchmark: time load_avatar() on a 200-frame full-size avatar (f_s [200,32,16,64,64] float16, 800 MiB).
 
 Writes the avatar into a temporary store with AvatarWriter, every frame with write_f_s() in batches
-of 16 as registration does (quick: one random batch repeated), then times load_avatar() at verify="size" (the render default; target <= 0.3 s) and, unless
-quick, at verify="full". Usage: python scripts/bench_avatar_load.py [--quick] [--out FILE.json]
+of 16 as registration does (quick: one random batch repeated), then times load_avatar() at
+verify="sampled" (the render default; target <= 0.3 s), "light" and, unless quick, "full". Usage: python scripts/bench_avatar_load.py [--quick] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_fast.avatar.cache import F_S_TAIL_FULL, AvatarWriter, load_avatar
+from ditto_fast.avatar import AvatarWriter, load_avatar
+from ditto_fast.avatar.format import F_S_TAIL_FULL
 
 N_FRAMES = 200
 TARGET_S = 0.3
@@ -75,11 +76,11 @@ def run(out_json: str | Path | None = None, quick: bool = True) -> dict:
 
         f_s_bytes = (d / "f_s.npy").stat().st_size
         load_avatar("bench", root=root)  # first open (page cache of the sampled blocks)
-        size_times = _time_load(root, "size", 3 if quick else 7)
+        sampled_times = _time_load(root, "sampled", 3 if quick else 7)
         light_times = _time_load(root, "light", 3 if quick else 7)
         full_times = [] if quick else _time_load(root, "full", 1)
 
-    med = statistics.median(size_times)
+    med = statistics.median(sampled_times)
     result = {
         "bench": "avatar_load",
         "quick": quick,
@@ -89,8 +90,8 @@ def run(out_json: str | Path | None = None, quick: bool = True) -> dict:
         "write_fill_s": round(t_fill, 3),
         "write_total_s": round(t_write, 3),
         "writer_max_rss_growth_mb": round(rss_growth_mb, 1),
-        "load_size_median_s": round(med, 4),
-        "load_size_max_s": round(max(size_times), 4),
+        "load_sampled_median_s": round(med, 4),
+        "load_sampled_max_s": round(max(sampled_times), 4),
         "load_light_median_s": round(statistics.median(light_times), 4),
         "load_full_s": round(full_times[0], 3) if full_times else None,
         "target_s": TARGET_S,

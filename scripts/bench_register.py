@@ -9,7 +9,7 @@ from bench_common import anchor, checkpoints, run_child, save
 CHILD = """
 import json, resource, time
 from ditto_fast.avatar.register import register_avatar
-from ditto_fast.avatar.cache import load_avatar
+from ditto_fast.avatar import load_avatar
 from ditto_fast.timing import StageTimer
 t = StageTimer()
 t0 = time.perf_counter()

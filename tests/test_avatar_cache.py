@@ -1,9 +1,8 @@
-"""Avatar cache: write/read round trip, atomic install, every refusal path, list/show/rm."""
+"""Avatar store: write/read round trip, atomic install, every refusal path, list/show/rm."""
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import pickle
 import time
@@ -13,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ditto_fast.avatar import cache, safe_pickle
-from ditto_fast.avatar.cache import AvatarWriter, load_avatar
+from ditto_fast.avatar import format as fmt
+from ditto_fast.avatar import reader, safe_pickle, store, writer
+from ditto_fast.avatar import AvatarWriter, load_avatar
 from ditto_fast.errors import AvatarError, InputError, UsageError
 
 FP = {"appearance_extractor": "a1b2c3d4e5f60718", "motion_extractor": "0918f7e6d5c4b3a2"}
@@ -70,22 +70,22 @@ def snapshot(d: Path) -> dict[str, bytes]:
 # ----------------------------------------------------------------------------- names, root
 @pytest.mark.parametrize("name", ["ruby", "Ruby_2", "a-b", "x" * 64, "0"])
 def test_valid_names(name):
-    assert cache.validate_name(name) == name
+    assert store.validate_name(name) == name
 
 
 @pytest.mark.parametrize("name", ["", "x" * 65, "a b", "../evil", "a/b", ".tmp-x", "rübÿ", "a.b"])
 def test_invalid_names(name):
     with pytest.raises(UsageError, match="invalid avatar name"):
-        cache.validate_name(name)
+        store.validate_name(name)
 
 
 def test_store_root_reads_env_each_call(monkeypatch, tmp_path):
     monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path / "a"))
-    assert cache.store_root() == tmp_path / "a"
+    assert store.store_root() == tmp_path / "a"
     monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path / "b"))
-    assert cache.store_root() == tmp_path / "b"
+    assert store.store_root() == tmp_path / "b"
     monkeypatch.delenv("DITTO_FAST_HOME")
-    assert cache.store_root() == Path.home() / ".cache" / "ditto-fast"
+    assert store.store_root() == Path.home() / ".cache" / "ditto-fast"
 
 
 # ----------------------------------------------------------------------------- round trip
@@ -113,7 +113,7 @@ def test_round_trip(tmp_path):
     np.testing.assert_array_equal(av.sc, meta["sc"].astype(np.float32))
     assert av.meta["crop"] == meta["crop"]
     assert av.meta["source"]["path"] == "/data/anchor clip.mp4"
-    assert av.meta["format_version"] == cache.FORMAT_VERSION
+    assert av.meta["format_version"] == fmt.FORMAT_VERSION
 
     # f_s is memory-mapped, read-only, exact
     assert isinstance(av.f_s, np.memmap)
@@ -122,7 +122,7 @@ def test_round_trip(tmp_path):
     np.testing.assert_array_equal(np.asarray(av.f_s), f_s_data)
 
     info = av.frame_info(3)
-    assert set(info) == set(cache.X_S_INFO_SHAPES)
+    assert set(info) == set(fmt.X_S_INFO_SHAPES)
     assert info["pitch"].shape == (1, 66) and info["kp"].shape == (1, 63) and info["scale"].shape == (1, 1)
     np.testing.assert_array_equal(info["t"][0], av.x_s_info["t"][3])
     with pytest.raises(IndexError):
@@ -134,13 +134,15 @@ def test_load_by_directory_and_full_verify(tmp_path):
     av = load_avatar(d, verify="full")
     assert av.name == "dirload" and av.n_frames == 3
     assert load_avatar(str(d), verify="light").n_frames == 3
-    with pytest.raises(ValueError):
-        load_avatar(d, verify="sometimes")
+    assert load_avatar(d, verify="sampled").n_frames == 3
+    for level in ("sometimes", "size"):
+        with pytest.raises(ValueError, match="verify must be one of"):
+            load_avatar(d, verify=level)
 
 
 def test_image_avatar_and_full_shape(tmp_path):
     """A 1-frame image avatar with the full [32,16,64,64] feature shape."""
-    d, _, f_s_data = write_avatar(tmp_path, name="still", n=1, tail=cache.F_S_TAIL_FULL, is_image=True)
+    d, _, f_s_data = write_avatar(tmp_path, name="still", n=1, tail=fmt.F_S_TAIL_FULL, is_image=True)
     av = load_avatar("still", root=tmp_path)
     assert av.is_image and av.plate_path.name == "plate.png"
     assert av.f_s.shape == (1, 32, 16, 64, 64)
@@ -162,9 +164,9 @@ def test_registration_style_meta(tmp_path):
         w.plate_path(True).write_bytes(b"png")
         w.finish(meta)
     av = load_avatar("still", root=tmp_path)
-    assert av.fps == cache.CACHE_FPS and av.size == (1280, 720) and av.meta["source"]["fps"] == 0.0
+    assert av.fps == fmt.CACHE_FPS and av.size == (1280, 720) and av.meta["source"]["fps"] == 0.0
     assert av.meta["extra"] == {"warnings": ["blurry"]}
-    assert av.meta["format_version"] == cache.FORMAT_VERSION and av.meta["created"] != "yesterday"
+    assert av.meta["format_version"] == fmt.FORMAT_VERSION and av.meta["created"] != "yesterday"
     assert av.meta["crop"]["params"].shape == (1, 4)
     meta.update(fps=30.0, size=(64, 32))
     with AvatarWriter("still", root=tmp_path, force=True) as w:
@@ -185,24 +187,17 @@ def test_f_s_holds_the_rows_written(tmp_path):
     assert np.load(d / "f_s.npy").shape == (5, *TAIL)
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["direct-io", "page-cache"])
-def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch, direct):
-    """Rows go to the file in order (direct I/O, or the page cache dropping written pages as it goes);
-    the CRC-32 of each row is taken as it is written."""
-    monkeypatch.setattr(cache, "_DIRECT_IO", direct)
-    monkeypatch.setattr(cache, "_RELEASE_BYTES", 1)  # drop pages after every batch
-    released = []
-    real = cache._FeatureFile._release
-    monkeypatch.setattr(cache._FeatureFile, "_release", lambda self: (released.append(1), real(self)))
+def test_write_f_s_streams_rows_in_order(tmp_path):
+    """Rows go to the file in order after the fixed header; the CRC-32 of each row is taken as it is written."""
     d, _, f_s_data = write_avatar(tmp_path, n=7)
-    assert len(released) == (0 if direct else 4)  # batches at rows 0, 2, 4, 6
     np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), f_s_data)
     rec = load_avatar(d).meta["checksums"]["f_s.npy"]
     raw = (d / "f_s.npy").read_bytes()
-    assert rec["rows_offset"] == cache.F_S_HEADER_BYTES and rec["size"] == len(raw)
-    assert raw[cache.F_S_HEADER_BYTES:] == f_s_data.tobytes()
-    assert rec["row_crc32"].dtype == np.uint32
-    assert rec["row_crc32"].tolist() == [zlib.crc32(row.tobytes()) for row in f_s_data]
+    assert rec["offset"] == fmt.F_S_HEADER_BYTES and rec["size"] == len(raw)
+    assert rec["block_bytes"] == f_s_data[0].nbytes
+    assert raw[fmt.F_S_HEADER_BYTES:] == f_s_data.tobytes()
+    assert rec["crc32"].dtype == np.uint32
+    assert rec["crc32"].tolist() == [zlib.crc32(row.tobytes()) for row in f_s_data]
     with pytest.raises(IndexError, match="out of range"):
         with AvatarWriter("x", root=tmp_path) as w:
             w.open_f_s(2, TAIL)
@@ -219,14 +214,14 @@ def test_write_f_s_streams_rows_in_order(tmp_path, monkeypatch, direct):
 
 
 def test_f_s_buffer_filled_in_place(tmp_path):
-    """Rows filled in f_s_buffer() (page-aligned) are written as they are, batch after batch."""
+    """f_s_buffer() hands out a float16 array to fill; it may be reused for the next batch once written."""
     rng = np.random.default_rng(5)
     data = rng.standard_normal((5, *TAIL)).astype(np.float16)
     with AvatarWriter("inplace", root=tmp_path) as w:
         w.open_f_s(5, TAIL)
         for i, j in ((0, 3), (3, 5)):
             rows = w.f_s_buffer(j - i)
-            assert rows.shape == (j - i, *TAIL) and rows.dtype == np.float16 and rows.ctypes.data % 4096 == 0
+            assert rows.shape == (j - i, *TAIL) and rows.dtype == np.float16
             rows[:] = data[i:j]
             w.write_f_s(i, rows)
         w.plate_path(False).write_bytes(b"p")
@@ -235,7 +230,7 @@ def test_f_s_buffer_filled_in_place(tmp_path):
 
 
 def test_caller_may_reuse_its_array_after_write_f_s(tmp_path):
-    """Rows from the caller's own array are copied before write_f_s() returns (the write runs behind)."""
+    """Rows from the caller's own array are written before write_f_s() returns."""
     rng = np.random.default_rng(6)
     data = rng.standard_normal((6, *TAIL)).astype(np.float16)
     scratch = np.empty((2, *TAIL), np.float16)
@@ -250,91 +245,32 @@ def test_caller_may_reuse_its_array_after_write_f_s(tmp_path):
     np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), data)
 
 
-def test_writer_thread_contract(tmp_path, monkeypatch):
-    """With the writer held mid-write: the caller's array was copied, the next f_s_buffer() is the other
-    staging buffer, re-passing the buffer in flight is refused, and leaving the block waits for the write."""
-    import threading
-
-    real = cache._pwrite_all
-    gate, writing, wrote = threading.Event(), threading.Event(), []
-
-    def held(fd, data, offset):
-        writing.set()
-        assert gate.wait(10)
-        real(fd, data, offset)
-        wrote.append(offset)
-
-    monkeypatch.setattr(cache, "_pwrite_all", held)
-    rng = np.random.default_rng(9)
-    data = rng.standard_normal((4, *TAIL)).astype(np.float16)
-    with AvatarWriter("held", root=tmp_path) as w:
-        w.open_f_s(4, TAIL)
-        scratch = data[:2].copy()
-        w.write_f_s(0, scratch)
-        assert writing.wait(10)
-        scratch[:] = 0                                   # the write has not happened yet
-        first = w._f_s._stages[0]
-        rows = w.f_s_buffer(2)
-        assert rows.ctypes.data != np.frombuffer(first, np.uint8).ctypes.data
-        with pytest.raises(ValueError, match="still being written"):
-            w.write_f_s(2, np.frombuffer(first, np.float16, count=rows.size).reshape(rows.shape))
-        rows[:] = data[2:]
-        gate.set()
-        w.write_f_s(2, rows)
-        w.plate_path(False).write_bytes(b"p")
-        d = w.finish(make_meta(4, rng))
-    np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), data)
-
-    # an exception while a write is held: leaving the block waits for it before removing the directory
-    gate.clear()
-    writing.clear()
-    wrote.clear()
-    threading.Timer(0.3, gate.set).start()
-    with pytest.raises(RuntimeError, match="boom"):
-        with AvatarWriter("held2", root=tmp_path) as w:
-            w.open_f_s(2, TAIL)
-            w.write_f_s(0, data[:2])
-            assert writing.wait(10)
-            raise RuntimeError("boom")
-    assert len(wrote) == 1 and store_entries(tmp_path) == ["held"]
-
-
-def test_direct_io_refused_midway_falls_back_to_the_page_cache(tmp_path, monkeypatch):
-    """If the direct-I/O write fails (EINVAL), the writer thread switches to buffered writes for good."""
-    import errno as _errno
-
-    real, calls = cache._pwrite_all, []
-
-    def first_fails(fd, data, offset):
-        calls.append(fd)
-        if len(calls) == 1:
-            raise OSError(_errno.EINVAL, "Invalid argument")
-        real(fd, data, offset)
-
-    monkeypatch.setattr(cache, "_DIRECT_IO", True)
-    monkeypatch.setattr(cache, "_pwrite_all", first_fails)
-    d, _, f_s_data = write_avatar(tmp_path, n=5)
-    np.testing.assert_array_equal(np.asarray(load_avatar(d, verify="full").f_s), f_s_data)
-    assert calls[0] != calls[1] and len(set(calls[1:])) == 1     # direct descriptor once, then the buffered one
-
-
 def test_write_error_surfaces_and_leaves_nothing(tmp_path, monkeypatch):
-    """A failed row write (disk full) is raised by the next write_f_s() or by finish(); the store stays clean."""
+    """A failed row write (disk full) is raised by write_f_s() or by finish(); the store stays clean."""
     import errno as _errno
+    import io
 
-    def full(fd, data, offset):
-        raise OSError(_errno.ENOSPC, "No space left on device")
+    class FullDisk(io.FileIO):
+        def __init__(self, path, mode, fail_after):
+            super().__init__(path, mode)
+            self.fail_after = fail_after
 
-    monkeypatch.setattr(cache, "_pwrite_all", full)
+        def write(self, data):
+            self.fail_after -= 1
+            if self.fail_after < 0:
+                raise OSError(_errno.ENOSPC, "No space left on device")
+            return super().write(data)
+
     rng = np.random.default_rng(8)
-    for n_batches in (1, 2):
+    for fail_after in (1, 3):       # the first batch of rows, or the header finish() writes
+        monkeypatch.setattr(writer, "open", lambda path, mode: FullDisk(path, mode, fail_after), raising=False)
         with pytest.raises(OSError, match="No space left"):
             with AvatarWriter("full", root=tmp_path) as w:
                 w.open_f_s(4, TAIL)
-                for b in range(n_batches):
+                for b in range(2):
                     w.write_f_s(2 * b, np.zeros((2, *TAIL), np.float16))
                 w.plate_path(False).write_bytes(b"p")
-                w.finish(make_meta(2 * n_batches, rng))
+                w.finish(make_meta(4, rng))
         assert store_entries(tmp_path) == []
 
 
@@ -370,11 +306,12 @@ def test_finish_rejects_bad_meta(tmp_path):
 
 
 def test_pickle_holds_only_arrays_and_plain_containers(tmp_path):
+    """avatar.pkl is one format line carrying the CRC-32 of one pickle of plain data (no pickle inside)."""
     d, _, _ = write_avatar(tmp_path, n=2)
-    raw = (d / "avatar.pkl").read_bytes()
-    env = safe_pickle.loads(raw)
-    assert env["kind"] == cache.ENVELOPE_KIND and env["format_version"] == cache.FORMAT_VERSION
-    body = safe_pickle.loads(env["body"])
+    line, raw = (d / "avatar.pkl").read_bytes().split(b"\n", 1)
+    assert line == b"ditto-fast-avatar format %d crc32 %08x" % (fmt.FORMAT_VERSION, zlib.crc32(raw))
+    body = safe_pickle.loads(raw)
+    assert body["format_version"] == fmt.FORMAT_VERSION
 
     def walk(o):
         if isinstance(o, dict):
@@ -385,16 +322,19 @@ def test_pickle_holds_only_arrays_and_plain_containers(tmp_path):
             for v in o:
                 walk(v)
         else:
-            assert o is None or isinstance(o, (str, bytes, int, float, bool, np.ndarray)), type(o)
+            assert o is None or isinstance(o, (str, int, float, bool, np.ndarray)), type(o)
             if isinstance(o, np.ndarray):
                 assert type(o) is np.ndarray
 
     walk(body)
     assert set(body["checksums"]) == {"f_s.npy", "plate.mp4"}
-    rec = body["checksums"]["f_s.npy"]
     row_bytes = int(np.prod(TAIL)) * 2
-    assert (rec["row_crc32"] == cache.row_crc32(d / "f_s.npy", rec["rows_offset"], row_bytes, 2)).all()
-    assert body["checksums"]["plate.mp4"]["sha256"] == cache.file_sha256(d / "plate.mp4")
+    f_s_rec = body["checksums"]["f_s.npy"]
+    again = fmt.file_record(d / "f_s.npy", fmt.F_S_HEADER_BYTES, row_bytes)
+    assert f_s_rec.keys() == again.keys() and (f_s_rec["crc32"] == again["crc32"]).all() and len(again["crc32"]) == 2
+    plate_rec = body["checksums"]["plate.mp4"]
+    assert plate_rec["block_bytes"] == fmt.PLATE_BLOCK_BYTES and plate_rec["offset"] == 0
+    assert plate_rec["crc32"].tolist() == [zlib.crc32((d / "plate.mp4").read_bytes())]
 
 
 # ----------------------------------------------------------------------------- safe pickle
@@ -461,17 +401,44 @@ def test_missing_avatar_lists_existing(tmp_path):
         load_avatar("nobody", root=tmp_path / "empty")
 
 
-def _rewrite_envelope(d: Path, **changes) -> None:
-    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
-    env.update(changes)
-    (d / "avatar.pkl").write_bytes(pickle.dumps(env, protocol=5))
+def _read_record(d: Path) -> dict:
+    return safe_pickle.loads((d / "avatar.pkl").read_bytes().split(b"\n", 1)[1])
+
+
+def _write_record(d: Path, body: dict, version: int | None = None, crc: int | None = None) -> None:
+    """Write avatar.pkl with its format line; version and crc default to the current format and the true CRC-32."""
+    raw = pickle.dumps(body, protocol=5)
+    version = fmt.FORMAT_VERSION if version is None else version
+    crc = zlib.crc32(raw) if crc is None else crc
+    (d / "avatar.pkl").write_bytes(b"ditto-fast-avatar format %d crc32 %08x\n" % (version, crc) + raw)
 
 
 def test_other_format_version_refused(tmp_path):
     d, _, _ = write_avatar(tmp_path, n=2)
-    _rewrite_envelope(d, format_version=cache.FORMAT_VERSION + 1)
-    with pytest.raises(AvatarError, match=r"cache format 2, this ditto-fast reads format 1.*--force"):
+    _write_record(d, _read_record(d), version=fmt.FORMAT_VERSION + 1)
+    with pytest.raises(AvatarError, match=r"cache format 3, this ditto-fast reads format 2.*--force") as e:
         load_avatar("ruby", root=tmp_path)
+    assert e.value.exit_code == 5
+
+
+def test_format_1_cache_refused_as_stale(tmp_path):
+    """A cache of format 1 (a bare pickled envelope holding a pickled body) is stale: re-register, exit 5."""
+    d, _, _ = write_avatar(tmp_path, n=2)
+    body = _read_record(d)
+    body["format_version"] = 1
+    raw = pickle.dumps(body, protocol=5)
+    import hashlib
+
+    (d / "avatar.pkl").write_bytes(pickle.dumps(
+        {"kind": "ditto-fast-avatar", "format_version": 1, "body_sha256": hashlib.sha256(raw).hexdigest(),
+         "body": raw}, protocol=5))
+    for verify in ("light", "sampled", "full"):
+        with pytest.raises(AvatarError, match=r"has cache format 1, this ditto-fast reads format 2; re-register "
+                                              r"with `ditto-fast register SOURCE --name ruby --force`") as e:
+            load_avatar("ruby", root=tmp_path, verify=verify)
+        assert e.value.exit_code == 5
+    rows = reader.list_avatars(tmp_path)
+    assert rows[0]["name"] == "ruby" and "cache format 1" in rows[0]["error"]
 
 
 def test_other_checkpoints_refused(tmp_path):
@@ -491,38 +458,40 @@ def test_truncated_f_s_refused(tmp_path):
     p = d / "f_s.npy"
     with open(p, "r+b") as f:
         f.truncate(p.stat().st_size - 4096)
-    for verify in ("light", "size", "full"):
+    for verify in ("light", "sampled", "full"):
         with pytest.raises(AvatarError, match=r"damaged \(f_s.npy has \d+ bytes.*re-register"):
             load_avatar("ruby", root=tmp_path, verify=verify)
 
 
 def test_f_s_shape_mismatch_refused(tmp_path):
-    """An f_s.npy with another frame count, even with a consistent size record, is refused."""
-    d, _, _ = write_avatar(tmp_path, n=3)
-    np.save(d / "f_s.npy", np.zeros((2, *TAIL), np.float16))
-    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
-    body = safe_pickle.loads(env["body"])
-    body["checksums"]["f_s.npy"] = cache._file_record(d / "f_s.npy")
-    raw = pickle.dumps(body, protocol=5)
-    import hashlib
-
-    _rewrite_envelope(d, body=raw, body_sha256=hashlib.sha256(raw).hexdigest())
-    with pytest.raises(AvatarError, match=r"f_s.npy is float16\[2, 4, 4, 64, 64\], expected float16\[3,"):
-        load_avatar("ruby", root=tmp_path)
+    """An f_s.npy of another shape, even with the same bytes (size and row CRCs match), is refused."""
+    d, _, f_s_data = write_avatar(tmp_path, n=3)
+    p = d / "f_s.npy"
+    p.write_bytes(fmt.npy_header((6, 2, *TAIL[1:]), fmt.F_S_DTYPE) + f_s_data.tobytes())
+    with pytest.raises(AvatarError, match=r"f_s.npy is float16\[6, 2, 4, 64, 64\], expected float16\[3, 4, 4,"):
+        load_avatar("ruby", root=tmp_path, verify="full")
 
 
 def test_modified_pickle_refused(tmp_path):
     d, _, _ = write_avatar(tmp_path, n=3)
-    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
-    body = safe_pickle.loads(env["body"])
+    body = _read_record(d)
+    good = (d / "avatar.pkl").read_bytes()
+    line = good.split(b"\n", 1)[0]
     body["x_s_info"]["t"][0, 0] += 1.0  # a silent value change, still a valid pickle
-    _rewrite_envelope(d, body=pickle.dumps(body, protocol=5))
+    (d / "avatar.pkl").write_bytes(line + b"\n" + pickle.dumps(body, protocol=5))
     with pytest.raises(AvatarError, match=r"damaged \(avatar.pkl fails its checksum\)"):
         load_avatar("ruby", root=tmp_path)
+    # a complete record is required even with a matching CRC
+    del body["sc"]
+    _write_record(d, body)
+    with pytest.raises(AvatarError, match=r"damaged \(avatar.pkl incomplete: 'sc'\)"):
+        load_avatar("ruby", root=tmp_path)
     # byte-level damage
-    raw = bytearray((d / "avatar.pkl").read_bytes())
-    (d / "avatar.pkl").write_bytes(bytes(raw[: len(raw) // 3]))
-    with pytest.raises(AvatarError, match="damaged"):
+    (d / "avatar.pkl").write_bytes(good[: len(good) // 3])
+    with pytest.raises(AvatarError, match=r"damaged \(avatar.pkl fails its checksum\)"):
+        load_avatar("ruby", root=tmp_path)
+    (d / "avatar.pkl").write_bytes(b"hello\n" + good)
+    with pytest.raises(AvatarError, match=r"damaged \(avatar.pkl is not a ditto-fast avatar file\)"):
         load_avatar("ruby", root=tmp_path)
     (d / "avatar.pkl").unlink()
     with pytest.raises(AvatarError, match="avatar.pkl is missing"):
@@ -530,44 +499,58 @@ def test_modified_pickle_refused(tmp_path):
 
 
 def test_malicious_pickle_refused_by_load_avatar(tmp_path):
+    """A pickle that would run code is refused without running it, even with a correct format line and CRC."""
     d, _, _ = write_avatar(tmp_path, n=2)
     marker = tmp_path / "pwned"
-    (d / "avatar.pkl").write_bytes(pickle.dumps({"kind": cache.ENVELOPE_KIND, "x": _Evil(marker)}))
+    _write_record(d, {"n_frames": 2, "evil": _Evil(marker)})
     with pytest.raises(AvatarError, match=r"disallowed object .*system.*--name ruby --force"):
         load_avatar("ruby", root=tmp_path)
     assert not marker.exists()
-    # also inside a correctly checksummed body
-    import hashlib
-
-    raw = pickle.dumps({"n_frames": 2, "evil": _Evil(marker)}, protocol=5)
-    (d / "avatar.pkl").write_bytes(pickle.dumps(
-        {"kind": cache.ENVELOPE_KIND, "format_version": cache.FORMAT_VERSION,
-         "body_sha256": hashlib.sha256(raw).hexdigest(), "body": raw}, protocol=5))
-    with pytest.raises(AvatarError, match="disallowed object"):
+    # a bare pickle (what format 1 looked like) is refused as stale before it is unpickled at all
+    (d / "avatar.pkl").write_bytes(pickle.dumps({"kind": "ditto-fast-avatar", "x": _Evil(marker)}))
+    with pytest.raises(AvatarError, match="cache format 1"):
         load_avatar("ruby", root=tmp_path)
     assert not marker.exists()
 
 
-def test_checksum_failure_same_size(tmp_path):
-    """A flipped byte between the sampled blocks: only verify='full' sees it; head damage the default sees."""
-    d, _, _ = write_avatar(tmp_path, n=3, tail=cache.F_S_TAIL_FULL)  # 12 MiB, larger than the sampled spans
-    p = d / "f_s.npy"
-    size = p.stat().st_size
-    off = 2 * size // (cache._QUICK_SAMPLES + 1) - 4096  # between sampled blocks 1 and 2
-    assert cache._QUICK_EDGE < off < size - cache._QUICK_EDGE
+def _flip(p: Path, offset: int) -> None:
     with open(p, "r+b") as f:
-        f.seek(off)
+        f.seek(offset)
         b = f.read(1)
-        f.seek(off)
+        f.seek(offset)
         f.write(bytes([b[0] ^ 0xFF]))
-    load_avatar("ruby", root=tmp_path, verify="size")  # the documented trade-off of the quick check
-    frame = (off - cache.F_S_HEADER_BYTES) // (4 << 20)
-    with pytest.raises(AvatarError, match=rf"damaged \(f_s.npy fails its checksum at frame {frame}\).*re-register"):
+
+
+def test_sampled_check_reads_the_first_and_last_rows_only(tmp_path, monkeypatch):
+    """The default check reads two f_s rows and two plate blocks, whatever the length; 'full' reads them all."""
+    d, _, _ = write_avatar(tmp_path, n=40)
+    (d / "plate.mp4").write_bytes(b"\0" * (3 * fmt.PLATE_BLOCK_BYTES + 5))
+    body = _read_record(d)
+    body["checksums"]["plate.mp4"] = fmt.file_record(d / "plate.mp4")
+    _write_record(d, body)
+    read, real = [], fmt.block_crc32
+    monkeypatch.setattr(fmt, "block_crc32", lambda path, off, bb, blocks: (read.append((path.name, list(blocks))),
+                                                                            real(path, off, bb, blocks))[1])
+    load_avatar("ruby", root=tmp_path)
+    assert read == [("f_s.npy", [0, 39]), ("plate.mp4", [0, 3])]
+    read.clear()
+    load_avatar("ruby", root=tmp_path, verify="light")
+    assert read == []
+    load_avatar("ruby", root=tmp_path, verify="full")
+    assert read == [("f_s.npy", list(range(40))), ("plate.mp4", [0, 1, 2, 3])]
+
+
+def test_checksum_failure_same_size(tmp_path):
+    """A flipped byte in a middle row: only verify='full' sees it; damage in the first row the default sees."""
+    d, _, _ = write_avatar(tmp_path, n=3, tail=fmt.F_S_TAIL_FULL)
+    p = d / "f_s.npy"
+    row = 4 << 20
+    _flip(p, fmt.F_S_HEADER_BYTES + row + 12345)       # frame 1
+    load_avatar("ruby", root=tmp_path, verify="sampled")  # the documented trade-off of the sampled check
+    with pytest.raises(AvatarError, match=r"damaged \(f_s.npy fails its checksum at frame 1\).*re-register"):
         load_avatar("ruby", root=tmp_path, verify="full")
-    with open(p, "r+b") as f:  # damage at the head is caught by the default quick check
-        f.seek(200)
-        f.write(b"\x01\x02\x03")
-    with pytest.raises(AvatarError, match="f_s.npy fails its checksum"):
+    _flip(p, fmt.F_S_HEADER_BYTES + 200)                # frame 0: caught by the default check
+    with pytest.raises(AvatarError, match=r"f_s.npy fails its checksum at frame 0\)"):
         load_avatar("ruby", root=tmp_path)
 
 
@@ -578,37 +561,17 @@ def test_full_check_names_damaged_frames(tmp_path):
     row = int(np.prod(TAIL)) * 2
     with open(p, "r+b") as f:
         for k in (2, 4):
-            f.seek(cache.F_S_HEADER_BYTES + k * row + row // 2)
+            f.seek(fmt.F_S_HEADER_BYTES + k * row + row // 2)
             f.write(b"\x55\xaa")
     with pytest.raises(AvatarError, match=r"f_s.npy fails its checksum at frame 2 and 1 more\)"):
-        load_avatar("ruby", root=tmp_path, verify="full")
-
-
-def test_legacy_whole_file_sha256_record(tmp_path):
-    """Caches written before per-row CRCs (one sha256 of the rows after the header) still verify in full."""
-    d, _, _ = write_avatar(tmp_path, n=3)
-    env = safe_pickle.loads((d / "avatar.pkl").read_bytes())
-    body = safe_pickle.loads(env["body"])
-    rec = body["checksums"]["f_s.npy"]
-    body["checksums"]["f_s.npy"] = {"size": rec["size"], "quick": rec["quick"], "sha256_offset": cache.F_S_HEADER_BYTES,
-                                    "sha256": cache.file_sha256(d / "f_s.npy", cache.F_S_HEADER_BYTES)}
-    raw = pickle.dumps(body, protocol=5)
-    _rewrite_envelope(d, body=raw, body_sha256=hashlib.sha256(raw).hexdigest())
-    assert load_avatar("ruby", root=tmp_path, verify="full").n_frames == 3
-    with open(d / "f_s.npy", "r+b") as f:
-        f.seek(cache.F_S_HEADER_BYTES + 5000)
-        f.write(b"\x01")
-    with pytest.raises(AvatarError, match=r"damaged \(f_s.npy fails its checksum\)"):
         load_avatar("ruby", root=tmp_path, verify="full")
 
 
 def test_plate_checks(tmp_path):
     d, _, _ = write_avatar(tmp_path, n=2)
     plate = d / "plate.mp4"
-    data = bytearray(plate.read_bytes())
-    data[10] ^= 0xFF
-    plate.write_bytes(bytes(data))
-    with pytest.raises(AvatarError, match="plate.mp4 fails its checksum"):
+    _flip(plate, 10)
+    with pytest.raises(AvatarError, match=r"plate.mp4 fails its checksum at bytes 0-3004\)"):
         load_avatar("ruby", root=tmp_path)
     plate.unlink()
     with pytest.raises(AvatarError, match="plate.mp4 is missing"):
@@ -639,34 +602,31 @@ def test_concurrent_writer_loses_cleanly(tmp_path):
     assert load_avatar("ruby", root=tmp_path, verify="full").n_frames == 2
 
 
-@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
-def test_force_replaces(tmp_path, monkeypatch, exchange):
-    if not exchange:
-        monkeypatch.setattr(cache, "_exchange", lambda a, b: False)
-    write_avatar(tmp_path, n=2, seed=1)
+def test_force_replaces(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=2, seed=1)
+    fd = os.open(d, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)       # a reader holding the old avatar: the replacement waits for it
+    released = []
+
+    def release():
+        released.append(1)
+        os.close(fd)
+
+    import threading
+
+    threading.Timer(0.3, release).start()
     d, _, f_s_new = write_avatar(tmp_path, n=4, seed=2, force=True)
+    assert released
     av = load_avatar("ruby", root=tmp_path, verify="full")
     assert av.n_frames == 4
     np.testing.assert_array_equal(np.asarray(av.f_s), f_s_new)
     assert store_entries(tmp_path) == ["ruby"]
 
 
-def test_exchange_really_swaps(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    (a / "x").write_text("a")
-    (b / "x").write_text("b")
-    if not cache._exchange(a, b):
-        pytest.skip("renameat2(RENAME_EXCHANGE) not supported on this filesystem")
-    assert (a / "x").read_text() == "b" and (b / "x").read_text() == "a"
-
-
 def test_rename_aside_rolls_back(tmp_path, monkeypatch):
-    """Without renameat2, a failure moving the new avatar in puts the old one back."""
+    """A failure moving the new avatar in (after the old one was renamed aside) puts the old one back."""
     d, _, _ = write_avatar(tmp_path, n=2, seed=1)
     before = snapshot(d)
-    monkeypatch.setattr(cache, "_exchange", lambda a, b: False)
     real_rename = os.rename
     calls = []
 
@@ -676,10 +636,10 @@ def test_rename_aside_rolls_back(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # killed between the two renames
         return real_rename(src, dst)
 
-    monkeypatch.setattr(cache.os, "rename", flaky_rename)
+    monkeypatch.setattr(writer.os, "rename", flaky_rename)
     with pytest.raises(KeyboardInterrupt):
         write_avatar(tmp_path, n=3, seed=2, force=True)
-    monkeypatch.setattr(cache.os, "rename", real_rename)
+    monkeypatch.setattr(writer.os, "rename", real_rename)
     assert [c[1] for c in calls][1:] == [calls[1][1], "ruby", "ruby"]  # aside, new in (killed), old back
     assert calls[1][0] == "ruby" and calls[1][1].startswith(".tmp-old-ruby-")
     assert snapshot(d) == before
@@ -705,12 +665,12 @@ def test_exception_inside_writer_leaves_store_unchanged(tmp_path, exc_type, forc
     with pytest.raises(AvatarError):
         load_avatar("newone", root=tmp_path)
 
-    # an interrupt raised from inside finish() (e.g. while hashing) is just as clean
+    # an interrupt raised from inside finish() (e.g. while checksumming the plate) is just as clean
     def interrupted(*a, **k):
         raise exc_type("during finish")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cache, "file_sha256", interrupted)
+        mp.setattr(writer, "file_record", interrupted)
         with pytest.raises(exc_type):
             write_avatar(tmp_path, name=name, n=3, seed=6, force=force)
     assert store_entries(tmp_path) == ["ruby"]
@@ -746,13 +706,13 @@ def test_stale_tmp_cleaned_and_never_listed(tmp_path):
     for p in (old, fresh, held):
         p.mkdir()
         (p / "f_s.npy").write_bytes(b"junk")
-    past = time.time() - 2 * cache.STALE_TMP_AGE_S
+    past = time.time() - 2 * store.STALE_TMP_AGE_S
     os.utime(old, (past, past))
     os.utime(held, (past, past))
     fd = os.open(held, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # a live writer still working on it
     try:
-        rows = cache.list_avatars(tmp_path)
+        rows = reader.list_avatars(tmp_path)
     finally:
         os.close(fd)
     assert [r["name"] for r in rows] == ["ruby"]
@@ -765,38 +725,40 @@ def test_stale_tmp_cleaned_and_never_listed(tmp_path):
 # ----------------------------------------------------------------------------- list / show / rm
 def test_list_show_rm(tmp_path, monkeypatch):
     monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path))
-    assert cache.list_avatars() == []
+    assert reader.list_avatars() == []
     write_avatar(tmp_path, name="ruby", n=3)
     write_avatar(tmp_path, name="amber", n=1, is_image=True, fingerprints={"appearance_extractor": "x"})
     d_bad, _, _ = write_avatar(tmp_path, name="broken", n=2)
     (d_bad / "f_s.npy").write_bytes(b"short")
     (tmp_path / "avatars" / ".doctor-abc").write_text("")  # other dot files are ignored
 
-    rows = cache.list_avatars()
+    rows = reader.list_avatars()
     assert [r["name"] for r in rows] == ["amber", "broken", "ruby"]
     amber, broken, ruby = rows
     assert "error" in broken and "f_s.npy" in broken["error"] and "frames" not in broken
     assert ruby["frames"] == 3 and ruby["resolution"] == "640x360" and ruby["is_image"] is False
     assert ruby["random_weights"] is True and len(ruby["checkpoints"]) == 12
-    assert ruby["checkpoints"] == cache.combined_fingerprint(FP) != amber["checkpoints"]
+    assert ruby["checkpoints"] == reader.combined_fingerprint(FP) != amber["checkpoints"]
     assert ruby["size_bytes"] == sum(p.stat().st_size for p in (tmp_path / "avatars" / "ruby").iterdir())
     assert amber["is_image"] is True and amber["frames"] == 1
     assert ruby["created"].startswith(str(time.gmtime().tm_year))
 
-    info = cache.avatar_info("ruby", verify=True)
+    info = reader.avatar_info("ruby", verify=True)
     assert info["verified"] == "full" and info["fps"] == 25.0 and info["fingerprints"] == FP
     assert info["f_s_shape"] == [3, *TAIL] and info["plate"] == "plate.mp4"
-    assert cache.avatar_info("ruby", verify=False)["verified"] == "size"
+    assert info["checksums"]["f_s.npy"]["crc32"] == "3 blocks" and info["format_version"] == fmt.FORMAT_VERSION
+    assert reader.avatar_info("ruby", verify=False)["verified"] == "sampled"
+    assert reader.avatar_info("ruby")["verified"] == "sampled"
     with pytest.raises(AvatarError, match="damaged"):
-        cache.avatar_info("broken")
+        reader.avatar_info("broken")
 
-    removed = cache.remove_avatar("ruby")
+    removed = store.remove_avatar("ruby")
     assert removed == tmp_path / "avatars" / "ruby" and not removed.exists()
-    assert [r["name"] for r in cache.list_avatars()] == ["amber", "broken"]
+    assert [r["name"] for r in reader.list_avatars()] == ["amber", "broken"]
     with pytest.raises(AvatarError, match=r"'ruby' not found .*existing: amber, broken"):
-        cache.remove_avatar("ruby")
+        store.remove_avatar("ruby")
     with pytest.raises(UsageError):
-        cache.remove_avatar("../x")
+        store.remove_avatar("../x")
     assert not any(p.name.startswith(".tmp-") for p in (tmp_path / "avatars").iterdir())
 
 

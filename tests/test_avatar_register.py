@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import ANCHOR_MOTION
-from ditto_fast.avatar.cache import list_avatars, load_avatar
+from ditto_fast.avatar import list_avatars, load_avatar
 from ditto_fast.avatar.register import source_statistics
 from synthetic import Motion, astronaut_canvas, write_anchor_video
 

@@ -12,7 +12,7 @@ PACKAGE = REPO / "ditto_fast"
 LAYERS = (
     {"errors", "yuv", "ffpipe", "inputs", "memory", "timing", "devices", "config", "hubert_random",
      "smoothing"},
-    {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"pipeline", "batch"},
+    {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"pipeline"}, {"batch", "scale"},
     {"doctor"}, {"cli"},
 )
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from ditto_fast.avatar.cache import load_avatar
+from ditto_fast.avatar import load_avatar
 from ditto_fast.avatar.plate import mirror_indices
 from ditto_fast.render.putback import crop_bbox
 from synthetic import Motion, astronaut_canvas

@@ -29,9 +29,11 @@ from ..face.landmarks import FaceTracker
 from ..smoothing import centred_mean
 from ..timing import StageTimer
 from ..yuv import YuvFrame
-from .cache import AvatarWriter, file_sha256, validate_name
+from .format import file_sha256
 from .plate import write_plate_image
 from .source import FPS, SourceFrames, SourceInfo, open_source
+from .store import validate_name
+from .writer import AvatarWriter
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read
