@@ -19,6 +19,8 @@ LAYERS = (
 
 def _rank(module: str) -> int:
     head = module.split(".")[1]
+    if head.startswith("__"):            # the package's own attributes (__version__)
+        return 0
     return next(i for i, layer in enumerate(LAYERS) if head in layer)
 
 
