@@ -271,7 +271,7 @@ class Renderer:
         stitch = MotionStitch(self.stitch_net, is_image=avatar.is_image, controls=clip.controls)
         putback = Putback()
         bs = self.setup.batch_size
-        with PlateReader(avatar.plate_path, avatar.n_frames) as plate, \
+        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image) as plate, \
                 VideoWriter(clip.output, avatar.size, fps=avatar.fps, audio_path=clip.audio,
                             crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=n) as writer:
             for b0 in range(0, n, bs):

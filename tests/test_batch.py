@@ -114,3 +114,44 @@ def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp
     rows = json.loads((tmp_path / "r.json").read_text())["jobs"]
     assert [r["status"] for r in rows] == ["done", "failed"] and rows[1]["exit_code"] == 130
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4", "r.json"]
+
+
+def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(engine, tmp_path, anchor_video,
+                                                                              tiny_checkpoints, clips):
+    import imageio_ffmpeg
+    import numpy as np
+
+    from conftest import REPO
+    from ditto_fast.avatar import load_avatar
+    from ditto_fast.avatar.plate import PlateReader
+    from ditto_fast.avatar.register import Registrar
+    from synthetic import Motion, write_anchor_video
+
+    reg = Registrar(tiny_checkpoints, "cpu")
+    reg.register(anchor_video, "race", force=True)                      # 25 frames, 1920x1080
+    old = load_avatar("race")
+    other = tmp_path / "other.mp4"
+    write_anchor_video(other, 10, size=(1280, 720), face_px=120,
+                       motion=Motion(center=(640.0, 370.0), velocity=(0.0, 0.0), spin_deg=0.0))
+    replaced = []
+
+    def replace_once(done, total):
+        if not replaced:                    # after the first frames, `register --force` swaps the avatar
+            replaced.append(reg.register(other, "race", force=True))
+
+    out = engine.render("race", REPO / "tests" / "data" / "speech_en_44k_stereo_2s.wav", tmp_path / "out.mp4",
+                        progress=replace_once).output
+    assert replaced and not old.plate_path.exists()                     # the old files are gone from the store
+    gen = imageio_ffmpeg.read_frames(str(out))
+    meta = next(gen)
+    assert tuple(meta["size"]) == (1920, 1080)
+    frames = [np.frombuffer(f, np.uint8).reshape(1080, 1920, 3) for f in gen]
+    assert len(frames) == 50
+    with PlateReader(old.plate_source, old.n_frames, is_image=False) as plate:
+        for i in (0, 24, 30, 49):           # mirror-looped plate frames, read long after the swap
+            corner = np.abs(frames[i][:120, :160].astype(int) - plate[i][:120, :160].astype(int)).mean()
+            assert corner < 3, (i, corner)
+    new = engine.render("race", clips[0], tmp_path / "new.mp4").output   # the next render sees the new avatar
+    gen = imageio_ffmpeg.read_frames(str(new))
+    assert tuple(next(gen)["size"]) == (1280, 720)
+    gen.close()

@@ -100,13 +100,18 @@ class _Decoder:
 
 
 class PlateReader:
-    """Background frame for each output frame i: plate frame mirror_index(i, n), as a fresh writable array."""
+    """Background frame for each output frame i: plate frame mirror_index(i, n), as a fresh writable array.
 
-    def __init__(self, path: str | os.PathLike, n_plate_frames: int, block_frames: int = PLATE_KEYINT):
+    `path` may be a descriptor's path (/proc/PID/fd/N; then say `is_image`): the plate read is then the
+    file that descriptor holds, even after the avatar was replaced or removed.
+    """
+
+    def __init__(self, path: str | os.PathLike, n_plate_frames: int, block_frames: int = PLATE_KEYINT,
+                 is_image: bool | None = None):
         self.path = Path(path)
         if not self.path.is_file():
             raise AvatarError(f"{self.path}: background plate is missing; re-register the avatar")
-        self.is_image = self.path.suffix.lower() in IMAGE_SUFFIXES
+        self.is_image = self.path.suffix.lower() in IMAGE_SUFFIXES if is_image is None else is_image
         self._decoder: _Decoder | None = None
         if self.is_image:
             bgr = cv2.imread(str(self.path), cv2.IMREAD_COLOR)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ditto_fast.avatar.format import F_S_DTYPE, F_S_NAME, bad_blocks, read_pkl
+from ditto_fast.avatar.format import F_S_DTYPE, F_S_NAME, PKL_NAME, bad_blocks, read_pkl
 from ditto_fast.avatar.store import (
     avatars_dir, clean_stale_tmp, damaged_error, existing_names, missing_error, register_hint, validate_name,
 )
@@ -45,6 +46,12 @@ class Avatar:
     fingerprints: dict[str, str]
     random_weights: bool
     meta: dict[str, Any] = field(repr=False)
+    plate_fd: int | None = field(default=None, repr=False)   # the plate, held open from load time
+
+    @property
+    def plate_source(self) -> str:
+        """A path that reads the plate this avatar was loaded with, even after the store's copy was replaced."""
+        return f"/proc/{os.getpid()}/fd/{self.plate_fd}" if self.plate_fd is not None else str(self.plate_path)
 
     def frame_info(self, i: int) -> dict[str, np.ndarray]:
         """x_s_info rows of frame i, each with leading dim 1 ([1, 66], [1, 3], ...)."""
@@ -116,6 +123,7 @@ def load_avatar(
     expected_fingerprints: dict[str, str] | None = None,
     verify: str | bool = "sampled",
     root: str | os.PathLike | None = None,
+    _retry: bool = False,
 ) -> Avatar:
     """Open an avatar for rendering: check and safe-unpickle avatar.pkl, check the files, memory-map f_s.npy.
 
@@ -125,6 +133,7 @@ def load_avatar(
     name, d, adir = _resolve(name_or_dir, root)
     if not d.is_dir():
         raise missing_error(name, adir)
+    pkl_inode = _pkl_inode(d)
     body = read_pkl(name, d)
     if expected_fingerprints is not None:
         stored = body["fingerprints"]
@@ -135,13 +144,36 @@ def load_avatar(
                 f"{register_hint(name, body['source'].get('path'))}"
             )
     f_s = _check_files(name, d, body, level)
-    return Avatar(
+    # f_s is mapped and the plate held open: a render reads this avatar's files even if `register --force`
+    # or `avatars rm` replaces them; replaced while we were reading it here, it is read again
+    try:
+        plate_fd = os.open(d / body["plate"], os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        plate_fd = None
+    if plate_fd is None or _pkl_inode(d) != pkl_inode:
+        if plate_fd is not None:
+            os.close(plate_fd)
+        if _retry:
+            raise AvatarError(f"avatar '{name}' at {d} keeps changing while it is opened; try again when "
+                              "its registration has finished")
+        return load_avatar(name_or_dir, expected_fingerprints, verify, root, _retry=True)
+    avatar = Avatar(
         name=name, dir=d, n_frames=int(body["n_frames"]), is_image=bool(body["is_image"]),
         fps=float(body["fps"]), size=tuple(body["size"]), x_s_info=body["x_s_info"],
         M_c2o=body["M_c2o"], eye_open=body["eye_open"], eye_ball=body["eye_ball"], sc=body["sc"],
         f_s=f_s, plate_path=d / body["plate"], fingerprints=dict(body["fingerprints"]),
-        random_weights=bool(body["random_weights"]), meta=body,
+        random_weights=bool(body["random_weights"]), meta=body, plate_fd=plate_fd,
     )
+    weakref.finalize(avatar, os.close, plate_fd)
+    return avatar
+
+
+def _pkl_inode(d: Path) -> int | None:
+    """The inode of d/avatar.pkl (changes when the avatar is replaced), or None."""
+    try:
+        return os.stat(d / PKL_NAME).st_ino
+    except OSError:
+        return None
 
 
 # ----------------------------------------------------------------------------- listing
