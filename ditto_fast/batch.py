@@ -211,6 +211,7 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
                 result = renderer.render(job.avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
                                          controls=job.controls, steps=job.steps, progress=tick)
                 job.status, job.frames = "done", result.profile["frames"]
+                job.extra["stages"] = result.profile["stages"]
             except DittoError as e:
                 job.fail(e)
             except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs

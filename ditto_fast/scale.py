@@ -60,6 +60,7 @@ class BatchWorker:
                 result = self.renderer.render(job.avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
                                               controls=job.controls, steps=job.steps)
                 job.status, job.frames = "done", result.profile["frames"]
+                job.extra["stages"] = result.profile["stages"]
         except DittoError as e:
             job.fail(e)
         except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others

@@ -5,6 +5,7 @@
     python scripts/benchmark.py register [--quick] [--tiny]
     python scripts/benchmark.py motion   [--quick]
     python scripts/benchmark.py render   [--quick]
+    python scripts/benchmark.py batch    [--quick] [--tiny]
     python scripts/benchmark.py all      [--quick]
 
 Figures are measured in one run on whatever machine this is; compare ratios within a run.
@@ -30,6 +31,7 @@ SUITES = {
     "register": ["bench_register", "bench_avatar_load"],
     "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
     "render": ["bench_putback", "bench_render"],
+    "batch": ["bench_batch"],
 }
 
 

@@ -1,0 +1,99 @@
+"""Six short clips: six `ditto-fast render` processes against one `ditto-fast batch`, and Ray's start-up.
+
+Per-clip fixed cost = wall time less the per-frame stages (audio features, motion, render, putback,
+write) of that clip, read from each run's profile / the batch's own timing of its jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_common import anchor, checkpoints, save, speech
+
+PER_FRAME = ("audio_features", "motion", "render", "putback", "write")
+
+
+def _cli(args: list[str], env: dict) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ditto_fast.cli", *args], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) -> dict:
+    ckpt = checkpoints(tiny=tiny)
+    clips_n, seconds, steps = (3, 0.4, 2) if quick else (6, 0.8, 5)
+    work = Path(tempfile.mkdtemp(prefix="bench_batch_"))
+    env = {**os.environ, "DITTO_FAST_HOME": str(work / "home"), "DITTO_FAST_CHECKPOINTS": str(ckpt)}
+    src = anchor(25, size=(1920, 1080))
+    _cli(["register", str(src), "--name", "bench", "--force", "--quiet", "--device", "cpu"], env)
+    audio = speech(seconds)
+    precision = "fp32" if tiny else "bf16"
+    common = ["--steps", str(steps), "--device", "cpu", "--precision", precision, "--quiet"]
+
+    # six separate processes
+    separate, fixed_sep = 0.0, []
+    for i in range(clips_n):
+        prof = work / f"p{i}.json"
+        wall = _cli(["render", "--avatar", "bench", "--audio", str(audio), "-o", str(work / f"r{i}.mp4"),
+                     "--seed", str(i), "--profile", str(prof), *common], env)
+        stages = json.loads(prof.read_text())["stages"]
+        separate += wall
+        fixed_sep.append(wall - sum(stages[k] for k in PER_FRAME))
+
+    # one batch
+    jobs = work / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"avatar": "bench", "audio": str(audio), "output": f"b{i}.mp4", "seed": i,
+                                        "steps": steps}) + "\n" for i in range(clips_n)))
+    from ditto_fast.batch import read_jobs, run_batch
+    from ditto_fast.memory import serve_frames_from_mmap
+    from ditto_fast.pipeline import RenderSetup
+
+    os.environ.update({k: env[k] for k in ("DITTO_FAST_HOME", "DITTO_FAST_CHECKPOINTS")})
+    serve_frames_from_mmap()
+    t0 = time.perf_counter()
+    done = run_batch(read_jobs(jobs), RenderSetup.resolve(ckpt, "cpu", precision))
+    batch_wall = time.perf_counter() - t0
+    assert all(j.status == "done" for j in done), [j.error for j in done]
+    per_frame = [sum(j.extra["stages"][k] for k in PER_FRAME) for j in done]
+    same = all((work / f"b{i}.mp4").read_bytes() == (work / f"r{i}.mp4").read_bytes() for i in range(clips_n))
+    fixed_batch = (batch_wall - sum(per_frame)) / clips_n
+
+    # Ray start-up: a local cluster with two actors holding an engine each
+    ray_start = None
+    try:
+        import ray
+
+        from ditto_fast.scale import BatchWorker
+
+        t0 = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
+        remote = ray.remote(num_cpus=1)(BatchWorker)
+        actors = [remote.remote({"checkpoints": str(ckpt), "device": "cpu", "precision": precision},
+                                env["DITTO_FAST_HOME"], {}) for _ in range(2)]
+        ray.get([a.__ray_ready__.remote() for a in actors])
+        ray_start = time.perf_counter() - t0
+        ray.shutdown()
+    except ImportError:
+        pass
+
+    mean_sep = sum(fixed_sep) / clips_n
+    result = {"clips": clips_n, "audio_seconds": seconds, "steps": steps, "networks": "tiny" if tiny else "full",
+              "precision": precision, "separate_wall_s": separate, "batch_wall_s": batch_wall,
+              "fixed_per_clip_separate_s": mean_sep, "fixed_per_clip_batch_s": fixed_batch,
+              "fixed_ratio": fixed_batch / mean_sep if mean_sep else None, "same_bytes": same,
+              "ray_two_actors_start_s": ray_start}
+    print(f"{clips_n} clips of {seconds} s, {result['networks']} networks {precision}, {steps} steps")
+    print(f"  separate processes: {separate:8.1f} s wall, fixed cost {mean_sep:6.2f} s per clip")
+    print(f"  one batch:          {batch_wall:8.1f} s wall, fixed cost {fixed_batch:6.2f} s per clip "
+          f"({100 * result['fixed_ratio']:.1f}% of separate); same bytes: {same}")
+    if ray_start is not None:
+        print(f"  Ray local start with two engine actors: {ray_start:.1f} s")
+    return save(out_json, result)
+
