@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import time
 import dataclasses
 from dataclasses import dataclass
@@ -136,6 +137,12 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _avatar_identity(avatar: Avatar) -> str:
+    """A hash of the loaded avatar's record: its files' checksums, source and creation time."""
+    m = avatar.meta
+    return hashlib.sha256(pickle.dumps((m["checksums"], m["source"], m["created"]), protocol=5)).hexdigest()
+
+
 def clip_digest(clip: Clip, emotion: str, controls: str | Path | None, settings: dict) -> str:
     """What an output was made from, as a short string written into its comment tag: the same inputs and
     settings give the same digest (batch skips a job whose output carries it)."""
@@ -144,7 +151,7 @@ def clip_digest(clip: Clip, emotion: str, controls: str | Path | None, settings:
         "version": __version__, "audio": _file_sha256(clip.audio), "seed": clip.seed, "steps": clip.steps,
         "emotion": _file_sha256(emo) if emo.is_file() else emotion,
         "controls": _file_sha256(Path(controls)) if controls else None,
-        "avatar": _file_sha256(clip.avatar.dir / PKL_NAME), **settings,
+        "avatar": _avatar_identity(clip.avatar), **settings,
     }
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
