@@ -32,7 +32,8 @@ def _imports(path: Path) -> tuple[str, set[str]]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[:len(package) - node.level + 1]
-            found |= {".".join(base + [node.module])} if node.module else {".".join(base + [a.name]) for a in node.names}
+            names = [node.module] if node.module else [a.name for a in node.names]
+            found |= {".".join(base + [name]) for name in names}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ditto_fast."):
             found.add(node.module)
         elif isinstance(node, ast.Import):

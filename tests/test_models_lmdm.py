@@ -100,7 +100,8 @@ def test_guidance_is_a_call_argument():
         _, two = net(x, cond_frame, cond, t, guidance=2.0)
         _, one = net(x, cond_frame, cond, t, guidance=1.0)
         cond_only = net.model_output(x, cond_frame, net.encode_condition(cond, with_null=False), t)
-        sampled = [DDIMSampler(net, 3, guidance=w)(cond_frame, cond, torch.Generator().manual_seed(5)) for w in (1.0, 2.0)]
+        sampled = [DDIMSampler(net, 3, guidance=w)(cond_frame, cond, torch.Generator().manual_seed(5))
+                   for w in (1.0, 2.0)]
     assert torch.equal(default, two)
     torch.testing.assert_close(one, cond_only, rtol=1e-5, atol=1e-5)   # weight 1: the conditional pass alone
     assert (sampled[0] - sampled[1]).abs().max() > 1e-3

@@ -48,7 +48,7 @@ def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
 
 
 def plate_encoder_args() -> list[str]:
-    """ffmpeg output options for a video plate: H.264 yuv420p (crf 16 ultrafast), a keyframe every PLATE_KEYINT frames."""
+    """ffmpeg output options of a video plate: H.264 yuv420p, crf 16 ultrafast, keyframe every PLATE_KEYINT frames."""
     k = str(PLATE_KEYINT)
     return ["-c:v", "libx264", "-preset", PLATE_PRESET, "-crf", str(PLATE_CRF), "-pix_fmt", "yuv420p",
             "-g", k, "-keyint_min", k, "-sc_threshold", "0", "-an", "-movflags", "+faststart", "-f", "mp4"]

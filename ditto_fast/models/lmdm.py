@@ -216,7 +216,7 @@ class EncodedCondition:
 # ---------------------------------------------------------------- model
 
 class LMDM(nn.Module):
-    """(x [B,N,F], cond_frame [B,F], cond [B,N,C], t [B] int64, guidance=2) -> (pred_noise, x_start) [B,N,F] float32."""
+    """(x [B,N,F], cond_frame [B,F], cond [B,N,C], t [B] int64, guidance=2) -> (pred_noise, x_start) [B,N,F]."""
 
     def __init__(self, motion_dim: int = 265, seq_len: int = 80, latent_dim: int = 512, ff_size: int = 1024,
                  num_layers: int = 8, num_cond_layers: int = 2, num_heads: int = DITTO_NUM_HEADS,
@@ -317,7 +317,7 @@ class LMDM(nn.Module):
 
     def guided(self, x: torch.Tensor, cond_frame: torch.Tensor, enc: EncodedCondition, t: torch.Tensor,
                guidance: float = DEFAULT_GUIDANCE) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pred_noise, x_start) [B, N, F] float32 guided by weight `guidance`, from an encoding holding both kinds of rows."""
+        """(pred_noise, x_start) [B, N, F] float32, guided by `guidance`, from an encoding with both kinds of rows."""
         if not (enc.num_cond and enc.num_null):
             raise ValueError("guidance needs an encoding with conditional and null rows")
         out = self.model_output(x, cond_frame, enc, t)
