@@ -3,6 +3,7 @@ as they free up, results streamed back to the driver, which alone writes the rep
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -92,10 +93,10 @@ def start_ray(address: str, temp_dir: str | None = None):
     ray = _ray()
     if not ray.is_initialized():
         if address == "local":
-            ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, _temp_dir=temp_dir)
         else:
             try:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
             except (ConnectionError, ValueError, RuntimeError) as e:
                 raise UsageError(f"--ray {address}: cannot join the Ray cluster ({str(e).splitlines()[0]})") from None
     return ray
