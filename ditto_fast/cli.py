@@ -79,6 +79,25 @@ def cli() -> None:
     """ditto-fast: lip-synced talking-anchor videos from a registered avatar and a speech file."""
 
 
+def engine_options(command):
+    """The engine's options, shared by render and batch: device, precision, batch size, encoder, checkpoints."""
+    options = [
+        click.option("--device", type=DEVICE, default="auto", show_default=True),
+        click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto",
+                     show_default=True),
+        click.option("--batch-size", type=click.IntRange(1, 64), default=None,
+                     help="Frames per warp+decode micro-batch." + _default("render", "batch_size")),
+        click.option("--crf", type=click.IntRange(0, 51), default=None,
+                     help="H.264 quality." + _default("render", "crf")),
+        click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),
+                     type=click.Choice(X264_PRESETS)),
+        click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @contextmanager
 def _bar(label: str, quiet: bool, unit: str = "frame"):
     """A progress callback (done, total) drawing one tqdm bar on stderr; a no-op when quiet."""
@@ -161,14 +180,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
               help="angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, "
                    "or a per-frame schedule file (JSON).")
 @click.option("--controls", type=click.Path(path_type=Path), default=None, help="Per-frame control file (JSON).")
-@click.option("--device", type=DEVICE, default="auto", show_default=True)
-@click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 64), default=None,
-              help="Frames per warp+decode micro-batch." + _default("render", "batch_size"))
-@click.option("--crf", type=click.IntRange(0, 51), default=None, help="H.264 quality." + _default("render", "crf"))
-@click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),
-              type=click.Choice(X264_PRESETS))
-@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
+@engine_options
 @click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
 @CONFIG
@@ -211,14 +223,7 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, device, p
               help="Write every job's outcome here as JSON (rewritten after each job).")
 @click.option("--force", is_flag=True, help="Render again jobs whose output was made from the same inputs.")
 @click.option("--fail-fast", is_flag=True, help="Stop rendering after the first failed job.")
-@click.option("--device", type=DEVICE, default="auto", show_default=True)
-@click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 64), default=None,
-              help="Frames per warp+decode micro-batch." + _default("render", "batch_size"))
-@click.option("--crf", type=click.IntRange(0, 51), default=None, help="H.264 quality." + _default("render", "crf"))
-@click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),
-              type=click.Choice(X264_PRESETS))
-@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
+@engine_options
 @click.option("--quiet", is_flag=True, help="No progress bar or job table.")
 @click.option("--ray", "ray_address", default=None, metavar="local|ADDRESS",
               help="Render on Ray actors: 'local' starts Ray here, ADDRESS joins a cluster (pip extra [ray]).")
