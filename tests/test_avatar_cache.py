@@ -762,12 +762,10 @@ def test_list_show_rm(tmp_path, monkeypatch):
     assert not any(p.name.startswith(".tmp-") for p in (tmp_path / "avatars").iterdir())
 
 
-def test_load_time_small(tmp_path):
-    """Opening a 200-frame avatar (small feature tail) is far below the 0.3 s budget."""
+def test_load_maps_features(tmp_path):
+    """Opening a 200-frame avatar (small feature tail) maps f_s instead of reading it
+    (its time is measured by scripts/bench_avatar_load.py)."""
     write_avatar(tmp_path, name="long", n=200, tail=(2, 2, 64, 64))
     load_avatar("long", root=tmp_path)  # warm
-    t0 = time.perf_counter()
     av = load_avatar("long", root=tmp_path)
-    dt = time.perf_counter() - t0
     assert av.n_frames == 200 and isinstance(av.f_s, np.memmap)
-    assert dt < 0.3, f"load took {dt:.3f} s"

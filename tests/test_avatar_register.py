@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import ANCHOR_MOTION
+from conftest import ANCHOR_MOTION, store_env
 from ditto_fast.avatar import list_avatars, load_avatar
 from ditto_fast.avatar.register import source_statistics
 from synthetic import Motion, astronaut_canvas, write_anchor_video
@@ -69,12 +69,6 @@ def test_source_statistics_cut_the_window_at_the_ends_and_keep_frame_0_raw():
     np.testing.assert_array_equal(source_statistics(one, 13)[0]["kp"], one["kp"])          # an image: as is
 
 
-def _run(args: list[str], env_home: Path, ckpt: Path, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DITTO_FAST_HOME=str(env_home), DITTO_FAST_CHECKPOINTS=str(ckpt))
-    return subprocess.run([sys.executable, "-m", "ditto_fast.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=300, **kw)
-
-
 def _store_clean(home: Path) -> bool:
     adir = home / "avatars"
     return not adir.exists() or not any(adir.iterdir())
@@ -114,9 +108,9 @@ def bad_sources(tmp_path_factory, anchor_video) -> dict[str, tuple[Path, int, st
 
 @pytest.mark.parametrize("case", ["missing", "directory", "empty", "text", "truncated", "audio_only", "noface",
                                   "noface_later", "small_face"])
-def test_bad_sources(case, bad_sources, tiny_checkpoints, tmp_path):
+def test_bad_sources(case, bad_sources, tiny_checkpoints, tmp_path, run_cli):
     path, code, pattern = bad_sources[case]
-    r = _run(["register", str(path), "--name", "bad", "--quiet"], tmp_path, tiny_checkpoints)
+    r = run_cli(["register", str(path), "--name", "bad", "--quiet"], store_env(tmp_path, tiny_checkpoints))
     assert r.returncode == code, r.stderr
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("ditto-fast: error:"), r.stderr
@@ -126,7 +120,8 @@ def test_bad_sources(case, bad_sources, tiny_checkpoints, tmp_path):
     assert _store_clean(tmp_path), list((tmp_path / "avatars").iterdir())
 
 
-def test_image_sources_gray_rgba_odd_and_4k(tmp_path, tiny_checkpoints):
+@pytest.mark.slow
+def test_image_sources_gray_rgba_odd_and_4k(tmp_path, tiny_checkpoints, run_cli):
     face = cv2.cvtColor(astronaut_canvas(0, Motion.for_face(200, center=(700, 400)), size=(1401, 801)),
                         cv2.COLOR_RGB2BGR)   # odd dimensions
     big = cv2.resize(face, (3840, 2196))
@@ -137,38 +132,38 @@ def test_image_sources_gray_rgba_odd_and_4k(tmp_path, tiny_checkpoints):
         "fourk": (_image(tmp_path / "fourk.png", big), (1920, 1098)),
     }
     for name, (path, size) in cases.items():
-        r = _run(["register", str(path), "--name", name, "--quiet"], tmp_path / "home", tiny_checkpoints)
+        r = run_cli(["register", str(path), "--name", name, "--quiet"], store_env(tmp_path / "home", tiny_checkpoints))
         assert r.returncode == 0, (name, r.stderr)
         av = load_avatar(tmp_path / "home" / "avatars" / name)
         assert av.is_image and av.n_frames == 1 and av.size == size, (name, av.size)
         assert av.plate_path.name == "plate.png"
 
 
-def test_names_and_force(tmp_path, tiny_checkpoints, anchor_video):
+@pytest.mark.slow
+def test_names_and_force(tmp_path, tiny_checkpoints, anchor_video, run_cli):
     home = tmp_path / "home"
-    r = _run(["register", str(anchor_video), "--name", "bad name!", "--quiet"], home, tiny_checkpoints)
+    env = store_env(home, tiny_checkpoints)
+    r = run_cli(["register", str(anchor_video), "--name", "bad name!", "--quiet"], env)
     assert r.returncode == 2 and "name" in r.stderr and _store_clean(home)
-    r = _run(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "3"], home,
-             tiny_checkpoints)
+    r = run_cli(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "3"], env)
     assert r.returncode == 0, r.stderr
     before = (home / "avatars" / "ruby" / "avatar.pkl").read_bytes()
-    r = _run(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "3"], home,
-             tiny_checkpoints)
+    r = run_cli(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "3"], env)
     assert r.returncode == 2 and "--force" in r.stderr
     assert (home / "avatars" / "ruby" / "avatar.pkl").read_bytes() == before
-    r = _run(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "4", "--force"], home,
-             tiny_checkpoints)
+    r = run_cli(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "4", "--force"], env)
     assert r.returncode == 0, r.stderr
     assert load_avatar("ruby", root=home).n_frames == 4
 
 
-def test_store_not_writable(tmp_path, tiny_checkpoints, anchor_video):
+def test_store_not_writable(tmp_path, tiny_checkpoints, anchor_video, run_cli):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the store should be")
-    r = _run(["register", str(anchor_video), "--name", "x", "--quiet"], blocker, tiny_checkpoints)
+    r = run_cli(["register", str(anchor_video), "--name", "x", "--quiet"], store_env(blocker, tiny_checkpoints))
     assert r.returncode == 3 and "DITTO_FAST_HOME" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_store_unchanged(tmp_path, tiny_checkpoints, tmp_path_factory):
     video = write_anchor_video(tmp_path / "long.mp4", 150, size=(1280, 720), face_px=120,
                                motion=Motion(center=(640, 360)))

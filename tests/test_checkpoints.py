@@ -24,6 +24,7 @@ def test_tiny_set_loads_every_network(tiny_checkpoints):
     assert set(fp) == set(models.NETWORK_NAMES) | {"hubert"} and all(len(v) == 16 for v in fp.values())
 
 
+@pytest.mark.slow
 def test_full_size_random_layout_matches_published(parity_layout):
     for name in models.NETWORK_NAMES:
         sd = random_state_dict(name, tiny=False, seed=0)

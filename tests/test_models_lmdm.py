@@ -53,6 +53,7 @@ def test_lmdm_parity(parity_net, parity_vectors, inputs, step):
         assert_close_to_ref(got.numpy(), parity_vectors[f"lmdm.out.t{step}.{name}"], f"lmdm t{step} {name}")
 
 
+@pytest.mark.slow
 def test_lmdm_bf16_close_to_reference(parity_checkpoint, parity_vectors, inputs):
     net = models.load("lmdm", parity_checkpoint("lmdm"), dtype=torch.bfloat16)
     assert net.final_layer.weight.dtype == torch.bfloat16

@@ -25,6 +25,7 @@ def test_motion_extractor_parity(parity_checkpoint, parity_vectors, image):
         assert_close_to_ref(out[name].numpy(), parity_vectors[f"motion_extractor.out.{name}"], f"motion_extractor.{name}")
 
 
+@pytest.mark.slow
 def test_motion_extractor_bf16_close_to_reference(parity_checkpoint, parity_vectors, image):
     net = models.load("motion_extractor", parity_checkpoint("motion_extractor"), dtype=torch.bfloat16)
     assert net.detector.fc_kp.weight.dtype == torch.bfloat16

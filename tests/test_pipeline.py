@@ -16,7 +16,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, store_env
 from ditto_fast.avatar import load_avatar
 from ditto_fast.avatar.plate import mirror_indices
 from ditto_fast.render.putback import crop_bbox
@@ -26,9 +26,9 @@ SPEECH_2S = REPO / "tests" / "data" / "speech_en_44k_stereo_2s.wav"   # 1.99 s, 
 
 
 def cli(args: list[str], home: Path, ckpt: Path, cwd: Path | None = None, timeout: int = 600):
-    env = dict(os.environ, DITTO_FAST_HOME=str(home), DITTO_FAST_CHECKPOINTS=str(ckpt))
+    """`ditto-fast ARGS` in a new process (the end-to-end tests; the error cases use `run_cli`)."""
     return subprocess.run([sys.executable, "-m", "ditto_fast.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=timeout)
+                          env=dict(os.environ, **store_env(home, ckpt)), cwd=cwd, timeout=timeout)
 
 
 def decode(path: Path) -> np.ndarray:
@@ -60,6 +60,7 @@ def rendered(video_avatar, session_home, tiny_checkpoints, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_output_frames_size_and_audio(rendered):
     frames = decode(rendered["a"])
     assert frames.shape == (50, 1080, 1920, 3)
@@ -71,6 +72,7 @@ def test_output_frames_size_and_audio(rendered):
     assert not list(rendered["a"].parent.glob(".*part*"))
 
 
+@pytest.mark.slow
 def test_background_outside_face_is_the_plate(rendered, video_avatar):
     av = load_avatar(video_avatar)
     out = decode(rendered["a"]).astype(np.int16)
@@ -88,12 +90,14 @@ def test_background_outside_face_is_the_plate(rendered, video_avatar):
     assert changed_inside > 5       # the face region was replaced by the (random-weight) render
 
 
+@pytest.mark.slow
 def test_same_seed_same_video_other_seed_differs(rendered):
     a, b, c = (decode(rendered[k]) for k in "abc")
     assert np.array_equal(a, b)
     assert np.abs(a.astype(np.int16) - c).max() > 20
 
 
+@pytest.mark.slow
 def test_image_avatar(tmp_path, tiny_checkpoints):
     img = astronaut_canvas(0, Motion.for_face(140, center=(480, 400)), size=(960, 540))
     cv2.imwrite(str(tmp_path / "still.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
@@ -116,40 +120,41 @@ def _one_error_line(r) -> str:
     return lines[0]
 
 
-def test_bad_inputs(video_avatar, session_home, tiny_checkpoints, tmp_path):
+def test_bad_inputs(video_avatar, session_home, tiny_checkpoints, tmp_path, run_cli):
+    env = store_env(session_home, tiny_checkpoints)
     base = ["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "--quiet"]
-    r = cli(["render", "--avatar", "nobody", "--audio", str(SPEECH_2S)], session_home, tiny_checkpoints)
+    r = run_cli(["render", "--avatar", "nobody", "--audio", str(SPEECH_2S)], env)
     assert r.returncode == 5 and "anchor" in _one_error_line(r)            # lists what exists
-    r = cli(base + ["-o", str(tmp_path)], session_home, tiny_checkpoints)
+    r = run_cli(base + ["-o", str(tmp_path)], env)
     assert r.returncode == 3 and "directory" in _one_error_line(r)
-    r = cli(base + ["-o", str(tmp_path / "missing_dir" / "x.mp4")], session_home, tiny_checkpoints)
+    r = run_cli(base + ["-o", str(tmp_path / "missing_dir" / "x.mp4")], env)
     assert r.returncode == 3
-    r = cli(base + ["-o", str(tmp_path / "x.mp4"), "--checkpoints", str(tmp_path / "none")], session_home,
-            tiny_checkpoints)
+    r = run_cli(base + ["-o", str(tmp_path / "x.mp4"), "--checkpoints", str(tmp_path / "none")], env)
     assert r.returncode == 6 and "init-random" in _one_error_line(r)
     (tmp_path / "bad.wav").write_text("not audio")
-    r = cli(["render", "--avatar", "anchor", "--audio", str(tmp_path / "bad.wav"), "-o", str(tmp_path / "x.mp4")],
-            session_home, tiny_checkpoints)
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(tmp_path / "bad.wav"), "-o", str(tmp_path / "x.mp4")],
+                env)
     assert r.returncode == 3 and "bad.wav" in _one_error_line(r)
-    r = cli(base + ["--steps", "0"], session_home, tiny_checkpoints)
+    r = run_cli(base + ["--steps", "0"], env)
     assert r.returncode == 2
     assert not list(tmp_path.glob("*.mp4")) and not list(tmp_path.glob(".*part*"))
 
 
-def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tmp_path):
+def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tmp_path, run_cli):
     from ditto_fast.checkpoints import write_random
 
     other = tmp_path / "other"
     write_random(other, tiny=True, seed=5)
-    r = cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(tmp_path / "x.mp4")],
-            session_home, other)
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(tmp_path / "x.mp4")],
+                store_env(session_home, other))
     assert r.returncode == 5 and "re-register" in _one_error_line(r)
     assert not (tmp_path / "x.mp4").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_leaves_nothing(sig, code, video_avatar, session_home, tiny_checkpoints, tmp_path, speech_wav):
-    env = dict(os.environ, DITTO_FAST_HOME=str(session_home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
+    env = dict(os.environ, **store_env(session_home, tiny_checkpoints))
     out = tmp_path / "x.mp4"
     p = subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
                           str(speech_wav), "-o", str(out)], stderr=subprocess.PIPE, text=True, env=env)
@@ -162,6 +167,7 @@ def test_interrupt_leaves_nothing(sig, code, video_avatar, session_home, tiny_ch
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_disk_full_leaves_no_partial_file(video_avatar, session_home, tiny_checkpoints, tmp_path):
     import resource
 
@@ -169,7 +175,7 @@ def test_disk_full_leaves_no_partial_file(video_avatar, session_home, tiny_check
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
-    env = dict(os.environ, DITTO_FAST_HOME=str(session_home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
+    env = dict(os.environ, **store_env(session_home, tiny_checkpoints))
     out = tmp_path / "x.mp4"
     r = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
                         str(SPEECH_2S), "-o", str(out), "--quiet"], capture_output=True, text=True, env=env,
