@@ -8,8 +8,12 @@ import sys
 
 import pytest
 
+import imageio_ffmpeg
+import numpy as np
+
 from ditto_fast.batch import Job
 from ditto_fast.cli import main
+from ditto_fast.ffpipe import container_comment
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -22,6 +26,12 @@ def local_ray(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp))
     yield
     ray.shutdown()
+
+
+def _frames(path) -> np.ndarray:
+    gen = imageio_ffmpeg.read_frames(str(path))
+    w, h = next(gen)["size"]
+    return np.stack([np.frombuffer(f, np.uint8).reshape(h, w, 3) for f in gen])
 
 
 def _jobs(clips, out):
@@ -45,9 +55,11 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     assert [j.status for j in jobs] == ["done"] * 3 and killed == [0]
     rows = json.loads((tmp_path / "r.json").read_text())
     assert rows["summary"] == {"done": 3, "skipped": 0, "failed": 0}
-    for j in jobs:
-        ref = engine.render("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.seed)
-        assert j.output.read_bytes() == ref.output.read_bytes()
+    for j in jobs:                          # the same clips as the engine's (actors run torch on fewer threads,
+        ref = engine.render("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.seed)   # so up to rounding)
+        assert container_comment(j.output) == ref.profile["digest"]
+        got, want = _frames(j.output), _frames(ref.output)
+        assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 1.0
     assert not list(tmp_path.glob(".ditto-fast-probe-*")) and not list(tmp_path.glob(".*.part*"))
     # a rerun skips everything
     again = _jobs(clips, tmp_path)
