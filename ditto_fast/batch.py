@@ -14,9 +14,10 @@ from typing import Any, Callable
 from .avatar import Avatar, load_avatar
 from .errors import DittoError, Terminated, UsageError
 from .ffpipe import container_comment
+from .filemode import give_usual_mode
 from .pipeline import Clip, Progress, Renderer, RenderSetup, check_clip
 
-JOB_KEYS = ("avatar", "audio", "output", "seed", "emotion", "controls", "steps")
+JOB_KEYS = ("avatar", "audio", "output", "seed", "emotion", "controls", "steps", "fps", "codec")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
 EXIT_SOME_FAILED = 7
 
@@ -33,6 +34,8 @@ class Job:
     emotion: str = "neutral"
     controls: Path | None = None
     steps: int | None = None
+    fps: str | None = None              # output rate (default: the avatar's)
+    codec: str | None = None            # h264, hevc or prores (default h264)
     status: str = "pending"
     error: str | None = None
     exit_code: int = 0
@@ -44,6 +47,11 @@ class Job:
         """Mark the job failed with a one-line error."""
         self.status, self.error = "failed", str(error).splitlines()[0] if str(error) else type(error).__name__
         self.exit_code = exit_code if exit_code is not None else getattr(error, "exit_code", 1)
+
+    def options(self) -> dict[str, Any]:
+        """The job's keyword arguments for Renderer.render and check_clip."""
+        return {"seed": self.seed, "emotion": self.emotion, "controls": self.controls, "steps": self.steps,
+                "fps": self.fps, "codec": self.codec}
 
     def row(self) -> dict[str, Any]:
         """The job's entry in the report."""
@@ -90,6 +98,12 @@ def _job_from_line(index: int, line: str, base: Path, where: str) -> Job:
         job.fail(UsageError(f"{where}: seed must be an integer in 0..{2**63 - 1}"))
     elif steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000):
         job.fail(UsageError(f"{where}: steps must be an integer in 1..1000"))
+    for key in ("fps", "codec"):
+        value = data.get(key)
+        if value is not None and not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            job.fail(UsageError(f"{where}: {key} must be a string such as " + ('"30000/1001"' if key == "fps" else '"h264"')))
+        elif value is not None:
+            setattr(job, key, str(value))
     job.emotion, job.seed, job.steps = str(emotion), seed if isinstance(seed, int) else 0, steps
     return job
 
@@ -113,15 +127,15 @@ def read_jobs(path: str | Path) -> list[Job]:
     return jobs
 
 
-def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path) -> list[Job]:
-    """One job per audio file in `audio_dir` (sorted by name), output `<out_dir>/<stem>.mp4`."""
+def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, suffix: str = ".mp4") -> list[Job]:
+    """One job per audio file in `audio_dir` (sorted by name), output `<out_dir>/<stem><suffix>`."""
     audio_dir, out_dir = Path(audio_dir), Path(out_dir)
     if not audio_dir.is_dir():
         raise UsageError(f"{audio_dir}: --audio-dir is not a directory")
     files = sorted(p for p in audio_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
     if not files:
         raise UsageError(f"{audio_dir}: no audio files ({', '.join(AUDIO_SUFFIXES)}) in the directory")
-    return [Job(i, avatar, p, out_dir / f"{p.stem}.mp4") for i, p in enumerate(files)]
+    return [Job(i, avatar, p, out_dir / f"{p.stem}{suffix}") for i, p in enumerate(files)]
 
 
 def summary(jobs: list[Job]) -> dict[str, int]:
@@ -137,17 +151,11 @@ def write_report(path: str | Path, jobs: list[Job]) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump({"jobs": [j.row() for j in jobs], "summary": summary(jobs)}, f, indent=2)
             f.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())
+        give_usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
@@ -169,8 +177,7 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             avatar = avatars[job.avatar]
             if isinstance(avatar, DittoError):
                 raise avatar
-            clip = check_clip(avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
-                              controls=job.controls, steps=job.steps, config=setup.config)
+            clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
             out = job.output.resolve()
             if out in outputs:
                 raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
@@ -208,8 +215,7 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
             base = done_frames
             tick = (lambda d, n, b=base: progress(b + d, total)) if progress else None
             try:
-                result = renderer.render(job.avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
-                                         controls=job.controls, steps=job.steps, progress=tick)
+                result = renderer.render(job.avatar, job.audio, job.output, progress=tick, **job.options())
                 job.status, job.frames = "done", result.profile["frames"]
                 job.extra["stages"] = result.profile["stages"]
             except DittoError as e:

@@ -16,6 +16,10 @@ from .config import X264_PRESETS, default
 from .errors import DittoError, Terminated
 
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
+FPS_HELP = ("Output frame rate: 24, 25, 30, 50, 60 or the NTSC rates 23.976, 29.97, 59.94 (also as 24000/1001, "
+            "30000/1001, 60000/1001) [default: the avatar's own rate; 25 for image avatars].")
+CODEC = click.Choice(["h264", "hevc", "prores"], case_sensitive=False)
+CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with PCM audio; .mov only)."
 CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
                       help="YAML overriding some settings (`ditto-fast config` prints them all).")
 
@@ -158,13 +162,15 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
         bars.append(tqdm(total=total, desc=label, unit="frame", dynamic_ncols=True, leave=False))
         return bars[-1].update
 
+    registrar = Registrar(checkpoints_dir, device, config)
     try:
-        avatar_dir = Registrar(checkpoints_dir, device, config).register(
-            source, name, max_size=max_size, max_frames=max_frames, force=force, batch_size=batch_size,
-            progress=None if quiet else progress)
+        avatar_dir = registrar.register(source, name, max_size=max_size, max_frames=max_frames, force=force,
+                                        batch_size=batch_size, progress=None if quiet else progress)
     finally:
         for b in bars:
             b.close()
+    for note in registrar.notes:
+        click.echo(f"ditto-fast: note: {note}", err=True)
     click.echo(str(avatar_dir))
 
 
@@ -173,20 +179,23 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 @click.option("--avatar", required=True, help="Registered avatar name (see `ditto-fast avatars`).")
 @click.option("--audio", "audio_path", required=True, type=click.Path(path_type=Path), help="Speech file.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Output MP4 (default <avatar>_<audio stem>.mp4 in the current directory).")
+              help="Output file; .mp4, .mov or .mkv picks the container (default <avatar>_<audio stem>.mp4 "
+                   "in the current directory).")
 @click.option("--steps", type=click.IntRange(1, 1000), default=None, help="DDIM steps." + _default("motion", "steps"))
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--emotion", default="neutral", show_default=True,
               help="angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, "
                    "or a per-frame schedule file (JSON).")
 @click.option("--controls", type=click.Path(path_type=Path), default=None, help="Per-frame control file (JSON).")
+@click.option("--fps", default=None, metavar="RATE", help=FPS_HELP)
+@click.option("--codec", type=CODEC, default=None, help=CODEC_HELP)
 @engine_options
 @click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
 @CONFIG
-def render(avatar, audio_path, output, steps, seed, emotion, controls, device, precision, batch_size, crf,
-           preset, checkpoints_dir, profile, quiet, config_path):
-    """Render AUDIO spoken by AVATAR into an MP4 (written to a temporary name, renamed when complete)."""
+def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, codec, device, precision, batch_size,
+           crf, preset, checkpoints_dir, profile, quiet, config_path):
+    """Render AUDIO spoken by AVATAR into a video file (written to a temporary name, renamed when complete)."""
     from .avatar import load_avatar
     from .checkpoints import find_checkpoints
     from .config import load_config
@@ -198,13 +207,13 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, device, p
     cs = find_checkpoints(checkpoints_dir)
     # every input checked before the networks load
     check_clip(load_avatar(avatar, expected_fingerprints=cs.avatar_fingerprints()), audio_path, output, seed=seed,
-               emotion=emotion, controls=controls, steps=steps, config=config)
+               emotion=emotion, controls=controls, steps=steps, config=config, fps=fps, codec=codec)
     serve_frames_from_mmap()
     renderer = Renderer(cs, device=device, precision=precision, config=config, batch_size=batch_size, crf=crf,
                         preset=preset)
     with _bar("render", quiet) as bar:
         result = renderer.render(avatar, audio_path, output, seed=seed, emotion=emotion, controls=controls,
-                                 steps=steps, progress=bar)
+                                 steps=steps, fps=fps, codec=codec, progress=bar)
     result.profile["stages"]["load_models"] = round(renderer.load_seconds, 4)
     if profile:
         _write_json(profile, result.profile)
@@ -218,11 +227,14 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, device, p
 @click.argument("jobs_file", required=False, type=click.Path(path_type=Path))
 @click.option("--avatar", help="With --audio-dir: the avatar for every job.")
 @click.option("--audio-dir", type=click.Path(path_type=Path), help="One job per audio file in this folder.")
-@click.option("--out-dir", type=click.Path(path_type=Path), help="With --audio-dir: where <stem>.mp4 go.")
+@click.option("--out-dir", type=click.Path(path_type=Path),
+              help="With --audio-dir: where <stem>.mp4 go (<stem>.mov with --codec prores).")
 @click.option("--report", type=click.Path(path_type=Path), default=None,
               help="Write every job's outcome here as JSON (rewritten after each job).")
 @click.option("--force", is_flag=True, help="Render again jobs whose output was made from the same inputs.")
 @click.option("--fail-fast", is_flag=True, help="Stop rendering after the first failed job.")
+@click.option("--fps", default=None, metavar="RATE", help=FPS_HELP + " A job's own \"fps\" wins.")
+@click.option("--codec", type=CODEC, default=None, help=CODEC_HELP + " A job's own \"codec\" wins.")
 @engine_options
 @click.option("--quiet", is_flag=True, help="No progress bar or job table.")
 @click.option("--ray", "ray_address", default=None, metavar="local|ADDRESS",
@@ -230,8 +242,8 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, device, p
 @click.option("--workers", type=click.IntRange(1, 1024), default=None,
               help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
 @CONFIG
-def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, device, precision, batch_size, crf,
-          preset, checkpoints_dir, quiet, ray_address, workers, config_path):
+def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, fps, codec, device, precision, batch_size,
+          crf, preset, checkpoints_dir, quiet, ray_address, workers, config_path):
     """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional seed,
     emotion, controls, steps) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
     from .batch import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, run_batch, summary
@@ -245,7 +257,11 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, devic
     if jobs_file is None and any(v is None for v in by_dir):
         raise click.UsageError("give JOBS_FILE, or all of --avatar NAME --audio-dir IN --out-dir OUT")
     config = load_config(config_path)
-    jobs = read_jobs(jobs_file) if jobs_file is not None else jobs_from_dir(avatar, audio_dir, out_dir)
+    jobs = read_jobs(jobs_file) if jobs_file is not None else \
+        jobs_from_dir(avatar, audio_dir, out_dir, ".mov" if codec and codec.lower() == "prores" else ".mp4")
+    for job in jobs:
+        job.fps = job.fps if job.fps is not None else fps
+        job.codec = job.codec if job.codec is not None else codec
     if report is not None:
         from .render.writer import check_output_path
 

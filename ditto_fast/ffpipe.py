@@ -31,7 +31,7 @@ def video_stream_line(path: str | os.PathLike) -> str | None:
 def container_comment(path: str | os.PathLike) -> str | None:
     """The container-level comment tag of a media file, or None."""
     for ln in _describe(path):
-        m = re.match(r"^ {4}comment\s*: (.*)$", ln)
+        m = re.match(r"^ {4}comment\s*: (.*)$", ln, re.IGNORECASE)     # Matroska writes COMMENT
         if m:
             return m.group(1).strip()
     return None

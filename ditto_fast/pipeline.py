@@ -26,6 +26,7 @@ import pickle
 import time
 import dataclasses
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +38,7 @@ from .audio.decode import SAMPLE_RATE, frame_count, load_audio
 from .audio.hubert import HubertFeatures
 from .avatar import Avatar, load_avatar
 from .avatar.format import PKL_NAME
-from .avatar.plate import PlateReader, mirror_indices
+from .avatar.plate import PlateReader, mirror_positions
 from .avatar.store import avatars_dir
 from .checkpoints import CheckpointSet, find_checkpoints
 from .config import Config, load_config
@@ -49,6 +50,8 @@ from .motion.ddim import DDIMSampler
 from .motion.keypoints import info_to_motion, motion_to_info
 from .motion.sampling import MotionSampler
 from .motion.stitch import MotionStitch
+from .rates import MOTION_FPS, frames_for, motion_timeline, parse_rate, rate_text, source_indices
+from .render.formats import Format, output_format
 from .render.fused import FusedRenderer
 from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
@@ -87,22 +90,36 @@ def default_output(avatar: str, audio: Path) -> Path:
 
 @dataclass
 class Clip:
-    """One render's inputs, checked: the decoded audio's frame count, emotion per frame, controls."""
+    """One render's inputs, checked: the output's rate, format and frame count, emotion per frame, controls."""
 
     avatar: Avatar
     audio: Path
     output: Path
-    frames: int
+    frames: int                         # N output frames at `rate`
     emotion: np.ndarray                 # [N, 8]
     controls: object | None
     steps: int
     seed: int
+    rate: Fraction = Fraction(MOTION_FPS)
+    format: Format = Format("mp4", "h264")
+
+
+def _clip_rate(fps: str | float | Fraction | None, avatar: Avatar) -> Fraction:
+    """The output rate: `fps` if given (one of the broadcast rates), else the avatar's own."""
+    if fps is None:
+        return avatar.rate
+    try:
+        return parse_rate(fps)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def check_clip(avatar: Avatar, audio: str | Path, output: str | Path, *, seed: int = 0, emotion: str = "neutral",
-               controls: str | Path | None = None, steps: int | None = None, config: Config | None = None) -> Clip:
+               controls: str | Path | None = None, steps: int | None = None, config: Config | None = None,
+               fps: str | float | Fraction | None = None, codec: str | None = None) -> Clip:
     """Check one render's inputs without any network: audio decodes, emotion and controls parse for its
-    length, the output can be written and is none of the inputs. Raises the DittoError a user caused."""
+    length, the rate and the output's container and codec are supported, the output can be written and
+    is none of the inputs. Raises the DittoError a user caused."""
     cfg = config or load_config()
     steps = cfg.motion.steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
@@ -110,14 +127,16 @@ def check_clip(avatar: Avatar, audio: str | Path, output: str | Path, *, seed: i
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise UsageError(f"seed must be an integer in 0..{2**63 - 1}, got {seed!r}")
     audio, output = Path(audio), Path(output)
+    fmt = output_format(output, codec)
+    rate = _clip_rate(fps, avatar)
     check_output_path(output)
     inputs = [audio, *([Path(controls)] if controls else []), avatar.dir]
     for p in inputs:
         if p.exists() and (output.resolve() == p.resolve() or p.resolve() in output.resolve().parents):
             raise UsageError(f"{output}: the output would overwrite an input ({p}); choose another output path")
-    n = frame_count(len(load_audio(audio)))
+    n = frames_for(len(load_audio(audio)), rate)
     return Clip(avatar, audio, output, n, emotion_schedule(emotion, n),
-                load_controls(controls, n) if controls else None, steps, seed)
+                load_controls(controls, n) if controls else None, steps, seed, rate, fmt)
 
 
 def _identity(avatar_dir: Path) -> tuple[int, int] | None:
@@ -150,6 +169,7 @@ def clip_digest(clip: Clip, emotion: str, controls: str | Path | None, settings:
     parts = {
         "version": __version__, "audio": _file_sha256(clip.audio), "seed": clip.seed, "steps": clip.steps,
         "emotion": _file_sha256(emo) if emo.is_file() else emotion,
+        "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
         "controls": _file_sha256(Path(controls)) if controls else None,
         "avatar": _avatar_identity(clip.avatar), **settings,
     }
@@ -227,22 +247,27 @@ class Renderer:
         return avatar
 
     def check(self, avatar: str, audio: str | Path, output: str | Path | None = None, *, seed: int = 0,
-              emotion: str = "neutral", controls: str | Path | None = None, steps: int | None = None) -> Clip:
+              emotion: str = "neutral", controls: str | Path | None = None, steps: int | None = None,
+              fps: str | float | Fraction | None = None, codec: str | None = None) -> Clip:
         """A render's inputs checked (see check_clip), the avatar opened."""
         out = Path(output) if output else default_output(avatar, Path(audio))
         return check_clip(self.avatar(avatar), audio, out, seed=seed, emotion=emotion, controls=controls,
-                          steps=steps, config=self.config)
+                          steps=steps, config=self.config, fps=fps, codec=codec)
 
     def render(self, avatar: str, audio: str | Path, output: str | Path | None = None, *, seed: int = 0,
                emotion: str = "neutral", controls: str | Path | None = None, steps: int | None = None,
+               fps: str | float | Fraction | None = None, codec: str | None = None,
                progress: Progress | None = None) -> RenderResult:
-        """Render `audio` spoken by `avatar` into `output` (written to a temporary name, renamed when complete)."""
+        """Render `audio` spoken by `avatar` into `output` (written to a temporary name, renamed when complete).
+
+        `fps`: the output rate (default: the avatar's); `codec`: h264, hevc or prores (the container
+        follows the output's extension: .mp4, .mov, .mkv)."""
         t_start = time.perf_counter()
         timer = StageTimer(STAGES)
         with timer("load_avatar"):
             opened = self.avatar(avatar)
         clip = check_clip(opened, audio, Path(output) if output else default_output(avatar, Path(audio)), seed=seed,
-                          emotion=emotion, controls=controls, steps=steps, config=self.config)
+                          emotion=emotion, controls=controls, steps=steps, config=self.config, fps=fps, codec=codec)
         digest = self.setup.digest(clip, emotion, controls)
         seconds = self._render(clip, digest, timer, progress)
         wall = time.perf_counter() - t_start
@@ -250,48 +275,62 @@ class Renderer:
             "frames": clip.frames, "audio_seconds": seconds, "wall_seconds": wall,
             "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
             "precision": str(self.dtype).replace("torch.", ""), "steps": clip.steps, "seed": clip.seed,
+            "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
             "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
             "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
         }
         return RenderResult(clip.output, profile)
 
     def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None) -> float:
-        """The loop for one checked clip; returns the audio's length in seconds."""
+        """The loop for one checked clip; returns the audio's length in seconds.
+
+        Motion is made at 25 fps; output frame i (time i / rate) blends the two motion frames around
+        its time and shows the source frame at that time (mirror-looped), so nothing drifts at any rate.
+        """
         avatar, n = clip.avatar, clip.frames
         audio = load_audio(clip.audio)
+        n_motion = frame_count(len(audio))
         with timer("audio_features"):
-            feats = self.hubert(audio)                                  # [N, 1024]
-        if feats.shape[0] != n:
+            feats = self.hubert(audio)                                  # [M, 1024] at 25 fps
+        if feats.shape[0] != n_motion or frames_for(len(audio), clip.rate) != n:
             raise InputError(f"{clip.audio}: changed while it was being rendered; render it again")
+        src_rate = avatar.rate
+        # the source frame shown at each output frame, and at each motion frame (for the eye conditions)
+        src_idx = mirror_positions(source_indices(n, clip.rate, src_rate), avatar.n_frames)
+        motion_src = mirror_positions(source_indices(n_motion, Fraction(MOTION_FPS), src_rate), avatar.n_frames)
+        # output frame of each motion frame's time, for the per-frame emotion (schedules count output frames)
+        emo_rows = np.minimum(source_indices(n_motion, Fraction(MOTION_FPS), clip.rate), n - 1)
+        j0, j1, w = motion_timeline(n, clip.rate, n_motion)
         with timer("motion"):
             parts = condition_parts(self.lmdm.cond_dim, feats.shape[1])
-            cond = build_conditions(feats, parts, clip.emotion, avatar.eye_open, avatar.eye_ball, avatar.sc)
+            cond = build_conditions(feats, parts, clip.emotion[emo_rows], avatar.eye_open, avatar.eye_ball, avatar.sc,
+                                    src_idx=motion_src)
             del feats
             gen = torch.Generator(device=self.device).manual_seed(clip.seed)
             m = self.config.motion
             sampler = MotionSampler(DDIMSampler(self.lmdm, clip.steps, m.guidance), window=self.lmdm.seq_len,
                                     overlap=m.overlap, smooth_window=m.smooth_window, device=self.device)
-            motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [N, 265]
+            motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [M, 265]
             del cond
 
-        src_idx = mirror_indices(n, avatar.n_frames)
         stitch = MotionStitch(self.stitch_net, is_image=avatar.is_image, controls=clip.controls)
         putback = Putback()
         bs = self.setup.batch_size
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image) as plate, \
-                VideoWriter(clip.output, avatar.size, fps=avatar.fps, audio_path=clip.audio,
-                            crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=n) as writer:
+                VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.audio, crf=self.setup.crf,
+                            preset=self.setup.preset, comment=digest, frames=n, fmt=clip.format) as writer:
             for b0 in range(0, n, bs):
                 idx = range(b0, min(n, b0 + bs))
                 with timer("motion"):
-                    kps = [stitch(avatar.frame_info(int(src_idx[i])), motion_to_info(motion[i])) for i in idx]
+                    kps = [stitch(avatar.frame_info(int(src_idx[i])), motion_to_info(motion[j0[i]]),
+                                  motion_to_info(motion[j1[i]]) if w[i] else None, float(w[i])) for i in idx]
                     x_s = np.concatenate([k[0] for k in kps], 0)
                     x_d = np.concatenate([k[1] for k in kps], 0)
                 with timer("render"):
                     crops = self.fused(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
                 for j, i in enumerate(idx):
                     with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
-                        background = plate[i]
+                        background = plate.frame(int(src_idx[i]))
                     with timer("putback"):
                         frame = putback(background, crops[j], avatar.M_c2o[src_idx[i]])
                     with timer("write"):

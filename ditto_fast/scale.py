@@ -52,14 +52,13 @@ class BatchWorker:
 
         t0 = time.perf_counter()
         try:
-            clip = check_clip(self.renderer.avatar(job.avatar), job.audio, job.output, seed=job.seed,
-                              emotion=job.emotion, controls=job.controls, steps=job.steps, config=self.setup.config)
+            clip = check_clip(self.renderer.avatar(job.avatar), job.audio, job.output, config=self.setup.config,
+                              **job.options())
             if not force and job.output.exists() and \
                     container_comment(job.output) == self.setup.digest(clip, job.emotion, job.controls):
                 job.status, job.frames = "skipped", clip.frames
             else:
-                result = self.renderer.render(job.avatar, job.audio, job.output, seed=job.seed, emotion=job.emotion,
-                                              controls=job.controls, steps=job.steps)
+                result = self.renderer.render(job.avatar, job.audio, job.output, **job.options())
                 job.status, job.frames = "done", result.profile["frames"]
                 job.extra["stages"] = result.profile["stages"]
         except DittoError as e:

@@ -35,7 +35,7 @@ F_S_DTYPE = np.dtype(np.float16)
 F_S_TAIL_FULL = (32, 16, 64, 64)
 F_S_HEADER_BYTES = 4096  # f_s.npy header (magic, version, dict padded with spaces); the rows follow
 PLATE_BLOCK_BYTES = 1 << 20
-CACHE_FPS = 25.0  # registration streams source frames at 25 fps
+CACHE_FPS = 25.0  # the rate of image avatars (and of records that give none)
 
 # per-frame x_s_info arrays: name -> trailing shape (leading dim is the frame count N)
 X_S_INFO_SHAPES: dict[str, tuple[int, ...]] = {

@@ -18,6 +18,7 @@ import itertools
 import os
 import re
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 
 import cv2
@@ -25,6 +26,7 @@ import numpy as np
 
 from ditto_fast.errors import AvatarError
 from ditto_fast.ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
+from ditto_fast.rates import from_stream
 
 PLATE_KEYINT = 25          # keyframe interval of written plates == default read block
 PLATE_CRF = 16
@@ -44,7 +46,14 @@ def mirror_index(i: int, n: int) -> int:
 
 def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
     """Source frame [n_out] int64 for each of n_out output frames, by mirror_index over n_src frames (at least 1)."""
-    return np.fromiter((mirror_index(i, max(1, n_src)) for i in range(n_out)), np.int64, n_out)
+    return mirror_positions(np.arange(n_out, dtype=np.int64), n_src)
+
+
+def mirror_positions(positions: np.ndarray, n_src: int) -> np.ndarray:
+    """mirror_index of each position [K] (frame numbers on an endless forward timeline) -> int64 [K]."""
+    n = max(1, int(n_src))
+    r = np.asarray(positions, dtype=np.int64) % (2 * n)
+    return np.where(r < n, r, 2 * n - 1 - r)
 
 
 def plate_encoder_args() -> list[str]:
@@ -61,25 +70,25 @@ def write_plate_image(frame_rgb: np.ndarray, path: str | os.PathLike) -> None:
         raise AvatarError(f"{path}: cannot write the background image; check the avatar directory is writable")
 
 
-def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], float]:
-    """((width, height), fps) of the first video stream, from ffmpeg's stream description."""
+def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], Fraction]:
+    """((width, height), exact frame rate) of the first video stream, from ffmpeg's stream description."""
     line = video_stream_line(path)
     size = re.search(r", (\d{2,5})x(\d{2,5})", line) if line else None
     if size is None:
         raise AvatarError(f"{path}: not a readable video plate; re-register the avatar")
     fps = re.search(r", ([\d.]+) fps", line)
-    return (int(size.group(1)), int(size.group(2))), float(fps.group(1)) if fps else 25.0
+    return (int(size.group(1)), int(size.group(2))), from_stream(float(fps.group(1))) if fps else Fraction(25)
 
 
 class _Decoder:
     """One ffmpeg process decoding RGB frames forward from plate frame `start`."""
 
-    def __init__(self, path: Path, size: tuple[int, int], fps: float, start: int):
+    def __init__(self, path: Path, size: tuple[int, int], fps: Fraction, start: int):
         args: list[str] = []
         if start > 0:
             # input seek, accurate by default: frames with pts < t are dropped, so half a frame
             # before frame `start` keeps exactly `start` as the first frame out
-            args += ["-ss", f"{(start - 0.5) / fps:.6f}"]
+            args += ["-ss", f"{float((start - Fraction(1, 2)) / fps):.6f}"]
         args += ["-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
                  "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
         self._pipe = RawVideoPipe(args)

@@ -12,6 +12,7 @@ import hashlib
 import os
 import weakref
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from ditto_fast.avatar.store import (
     avatars_dir, clean_stale_tmp, damaged_error, existing_names, missing_error, register_hint, validate_name,
 )
 from ditto_fast.errors import AvatarError
+from ditto_fast.rates import from_stream
 
 VERIFY_LEVELS = ("light", "sampled", "full")
 
@@ -47,6 +49,12 @@ class Avatar:
     random_weights: bool
     meta: dict[str, Any] = field(repr=False)
     plate_fd: int | None = field(default=None, repr=False)   # the plate, held open from load time
+
+    @property
+    def rate(self) -> Fraction:
+        """The exact rate of the cached frames and the plate (25 for an image avatar)."""
+        text = self.meta.get("rate")
+        return Fraction(text) if text else from_stream(self.fps)
 
     @property
     def plate_source(self) -> str:
@@ -225,6 +233,7 @@ def avatar_info(name: str, verify: str | bool = "sampled", root: str | os.PathLi
         dir=str(av.dir),
         format_version=b["format_version"],
         fps=av.fps,
+        rate=str(av.rate),
         f_s_shape=list(b["f_s_shape"]),
         plate=b["plate"],
         source=b["source"],

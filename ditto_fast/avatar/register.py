@@ -26,12 +26,13 @@ from ..errors import InputError
 from ..face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ..face.eyes import eye_features
 from ..face.landmarks import FaceTracker
+from ..rates import rate_text
 from ..smoothing import centred_mean
 from ..timing import StageTimer
 from ..yuv import YuvFrame
 from .format import file_sha256
 from .plate import write_plate_image
-from .source import FPS, SourceFrames, SourceInfo, open_source
+from .source import SourceFrames, SourceInfo, open_source
 from .store import validate_name
 from .writer import AvatarWriter
 
@@ -117,6 +118,7 @@ class Registrar:
                                             networks=("appearance_extractor", "motion_extractor"))
         self.device = resolve_device(device)
         self._nets: Extractors | None = None
+        self.notes: list[str] = []      # what the last register() wants the user told (e.g. a rate it chose)
 
     def _extractors(self) -> Extractors:
         if self._nets is None:
@@ -139,6 +141,7 @@ class Registrar:
         source = Path(source)
         name = validate_name(name if name is not None else source.stem)
         info, image = open_source(source, max_size)
+        self.notes = [f"{source}: {info.rate_note}"] if info.rate_note else []
         return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer)
 
     def _register(self, source: Path, name: str, info: SourceInfo, image: np.ndarray | None,
@@ -210,7 +213,7 @@ class Registrar:
             meta = {
                 "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
                            "size": list(info.size), "source_size": list(info.src_size), "frames": n},
-                "fps": float(FPS), "size": list(info.size),
+                "fps": float(info.rate), "rate": rate_text(info.rate), "size": list(info.size),
                 "fingerprints": cs.avatar_fingerprints(),
                 "crop": {"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
                          "smooth_window": smooth_crop,
@@ -222,7 +225,7 @@ class Registrar:
                 "sc": sc, "is_image": info.is_image,
                 "random_weights": bool(nets.random_weights or cs.random_weights),
                 "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "warnings": sorted({str(w.message) for w in caught}),
+                "warnings": sorted({str(w.message) for w in caught} | ({info.rate_note} if info.rate_note else set())),
             }
             with timer("cache_write"):
                 writer.finish(meta)

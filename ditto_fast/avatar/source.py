@@ -1,10 +1,11 @@
-"""Open a registration source by content (image or video); stream a video's frames at 25 fps and write its plate."""
+"""Open a registration source by content (image or video); stream a video's frames at its own rate and write its plate."""
 
 from __future__ import annotations
 
 import logging
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Iterator
 
@@ -15,12 +16,12 @@ from PIL import Image
 from ..errors import InputError
 from ..inputs import check_input_file
 from ..ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
+from ..rates import MOTION_FPS, from_stream, nearest_standard, rate_text
 from ..yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
 from .plate import plate_encoder_args
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
 
-FPS = 25
 _IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"BM", b"GIF8", b"II*\x00", b"MM\x00*", b"RIFF")
 
 
@@ -31,8 +32,10 @@ class SourceInfo:
     src_size: tuple[int, int]     # (w, h) as stored
     size: tuple[int, int]         # (w, h) after resizing: long side <= max_size, even dims
     src_fps: float
-    est_frames: int               # frames at 25 fps (exact for images)
+    est_frames: int               # frames at `rate` (exact for images)
     colorspace: str | None = None  # the video stream's colorspace tag (bt709, smpte170m, ...), None if untagged
+    rate: Fraction = Fraction(MOTION_FPS)   # the rate frames are kept at: the source's own (images: 25)
+    rate_note: str | None = None  # why the rate is not the source's exact one (variable-rate sources)
 
 
 def target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
@@ -100,8 +103,29 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
         raise InputError(f"{path}: video has no picture size; re-export it")
     duration = float(meta.get("duration") or 0.0)
     tw, th = target_size(w, h, max_size)
-    return SourceInfo(path, False, (w, h), (tw, th), float(meta.get("fps") or FPS),
-                      max(1, int(round(duration * FPS))), _colorspace_tag(path)), None
+    line = video_stream_line(path) or ""
+    rate, note = stream_rate(line)
+    return SourceInfo(path, False, (w, h), (tw, th), float(meta.get("fps") or rate), max(1, int(round(duration * rate))),
+                      _colorspace_tag(line), rate, note), None
+
+
+def stream_rate(line: str) -> tuple[Fraction, str | None]:
+    """The rate to keep a video at, from ffmpeg's stream line: a constant rate as it is; a variable one
+    (average "fps" and base "tbr" rates differ) at its average, rounded to the nearest standard rate,
+    with a note saying so."""
+    fps = re.search(r", ([\d.]+) fps", line)
+    tbr = re.search(r", ([\d.]+)(k?) tbr", line)
+    avg = float(fps.group(1)) if fps else None
+    base = float(tbr.group(1)) * (1000 if tbr.group(2) else 1) if tbr else None
+    if avg is None and base is None:
+        return Fraction(MOTION_FPS), f"the video states no frame rate; kept at {MOTION_FPS} fps"
+    if avg is None or avg <= 0:
+        return from_stream(base), None
+    if base is not None and abs(avg - base) > 1e-3 * base:
+        rate = nearest_standard(avg)
+        return rate, (f"variable frame rate (average {avg:g} fps); frames kept at the nearest standard rate, "
+                      f"{rate_text(rate)} fps")
+    return from_stream(avg), None
 
 
 # colorspace tags as ffmpeg prints them in a stream description
@@ -110,11 +134,10 @@ _COLORSPACES = frozenset({"bt709", "bt470bg", "smpte170m", "bt2020nc", "bt2020c"
                           "ipt-c2"})
 
 
-def _colorspace_tag(path: Path) -> str | None:
-    """The first video stream's colorspace tag as ffmpeg describes it ("bt709", "bt470bg", ...), or None."""
+def _colorspace_tag(line: str) -> str | None:
+    """The colorspace tag in ffmpeg's description of a video stream ("bt709", "bt470bg", ...), or None."""
     # e.g. "Stream #0:0[0x1](und): Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown,
     # progressive), 1920x1080 [SAR 1:1 DAR 16:9], ..."
-    line = video_stream_line(path) or ""
     m = re.search(r"Video: [^,]+(?:\([^)]*\))*, [\w-]+\(([^)]*)\)", line)
     for part in (t.strip() for t in m.group(1).split(",")) if m else ():
         tag = part.split("/")[0]
@@ -124,7 +147,7 @@ def _colorspace_tag(path: Path) -> str | None:
 
 
 class SourceFrames:
-    """A video source decoded once by one ffmpeg process: frames resampled to 25 fps and resized, as
+    """A video source decoded once by one ffmpeg process: frames at `info.rate` (the source's own) and resized, as
     yuv420p (limited range, the source's colour matrix) read into a ring of `ring` preallocated
     buffers; the same process encodes those very frames as the plate.
 
@@ -143,7 +166,7 @@ class SourceFrames:
         matrix = matrix_for_tag(info.colorspace)
         # the matrix ffmpeg would use anyway, stated, and tagged so the plate decodes with it too; full
         # range (yuvj) sources are brought to limited range, as broadcast video is
-        chain = (f"[0:v:0]fps={FPS},scale={w}:{h}:flags=area:out_color_matrix={matrix}:out_range=tv,"
+        chain = (f"[0:v:0]fps={rate_text(info.rate)},scale={w}:{h}:flags=area:out_color_matrix={matrix}:out_range=tv,"
                  f"setparams=colorspace={COLORSPACE_TAG[matrix]}:range=tv,format=yuv420p")
         limit = ["-frames:v", str(int(max_frames))] if max_frames is not None else []
         if plate is None:

@@ -29,10 +29,12 @@ from ditto_fast.avatar.store import (
     validate_name,
 )
 from ditto_fast.errors import InputError, UsageError
+from ditto_fast.filemode import give_usual_mode
+from ditto_fast.rates import from_stream, rate_text
 
 # meta keys finish() interprets or sets itself; any other key is kept under the record's "extra"
 _META_KEYS = frozenset({"source", "fingerprints", "crop", "x_s_info", *FRAME_ARRAYS, "sc", "is_image",
-                        "random_weights", "fps", "size", "extra", "format_version", "created"})
+                        "random_weights", "fps", "rate", "size", "extra", "format_version", "created"})
 
 
 class _FeatureFile:
@@ -110,7 +112,7 @@ class AvatarWriter:
             raise UsageError(f"avatar {self.name} exists in {self.adir}; use --force to replace it")
         try:
             self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.name}-", dir=self.adir))
-            os.chmod(self.tmp_dir, 0o755)
+            give_usual_mode(self.tmp_dir, directory=True)
             self._lock_fd = lock_dir(self.tmp_dir)
         except OSError as exc:
             self._discard()
@@ -183,7 +185,7 @@ class AvatarWriter:
         meta keys (numpy values are fine; N = number of frames):
           source: {path, sha256, fps, size: (w, h), n_frames, ...} (stored as given)
           fingerprints: {network: short hash} (e.g. CheckpointSet.avatar_fingerprints())
-          fps: rate of the cached frames and plate (optional, default 25)
+          fps: rate of the cached frames and plate (optional, default 25); rate: the same exactly ("30000/1001")
           size: (w, h) of the cached frames and plate (optional, default source["size"])
           crop: dict   x_s_info: {pitch, yaw, roll [N,66], t [N,3], exp [N,63], scale [N,1], kp [N,63]}
           M_c2o [N,3,3]   eye_open [N,2]   eye_ball [N,6]   sc [63]   is_image: bool
@@ -238,6 +240,7 @@ class AvatarWriter:
             "f_s_shape": (n, *f_s.tail),
             "is_image": is_image,
             "fps": float(meta.get("fps", CACHE_FPS)),
+            "rate": str(meta.get("rate", rate_text(from_stream(float(meta.get("fps", CACHE_FPS)))))),
             "size": size,
             "source": source,
             "fingerprints": {str(k): str(v) for k, v in dict(meta["fingerprints"]).items()},

@@ -77,10 +77,12 @@ def emotion_schedule(emotion: str, n: int) -> np.ndarray:
 
 
 def build_conditions(audio_feat: np.ndarray, parts: tuple[str, ...], emotion: np.ndarray,
-                     eye_open: np.ndarray, eye_ball: np.ndarray, sc: np.ndarray) -> np.ndarray:
-    """[N, C] float32 conditions; eye features [n_src, .] are mirror-looped over the output frames."""
+                     eye_open: np.ndarray, eye_ball: np.ndarray, sc: np.ndarray,
+                     src_idx: np.ndarray | None = None) -> np.ndarray:
+    """[N, C] float32 conditions; eye features [n_src, .] taken at `src_idx` [N] (default: mirror-looped
+    over the N motion frames)."""
     n = audio_feat.shape[0]
-    idx = mirror_indices(n, eye_open.shape[0])
+    idx = mirror_indices(n, eye_open.shape[0]) if src_idx is None else src_idx
     pieces = {"emotion": emotion, "eye_open": eye_open[idx], "eye_ball": eye_ball[idx],
               "sc": np.broadcast_to(sc.reshape(1, -1), (n, sc.size))}
     cols = [audio_feat.astype(np.float32, copy=False)] + [pieces[p].astype(np.float32) for p in parts]

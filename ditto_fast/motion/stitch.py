@@ -118,12 +118,27 @@ class MotionStitch:
                                   torch.from_numpy(x_d).to(p.device, p.dtype))
         return out.float().cpu().numpy()  # [1, 21, 3]
 
-    def __call__(self, x_s_info: dict, x_d_info: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Keypoints for one frame: x_s [1,21,3] from the source, x_d [1,21,3] driven and stitched."""
+    def _driven(self, x_s_info: dict, x_d_info: dict) -> dict:
+        """The frame's motion mixed into the source, pose in degrees [1]."""
         info = self._mix(x_s_info, x_d_info)
-        src = {k: _np32(v) for k, v in x_s_info.items()}
         for k in POSE_KEYS:
             info[k] = pose_degrees(info[k])   # bin logits -> degrees [1]
+        return info
+
+    def __call__(self, x_s_info: dict, x_d_info: dict, x_d_next: dict | None = None,
+                 w: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """Keypoints for one frame: x_s [1,21,3] from the source, x_d [1,21,3] driven and stitched.
+
+        A frame between two motion frames (another output rate than the motion's) gives the next one as
+        `x_d_next` and its weight `w`: both are mixed into the source and blended with pose in degrees,
+        expression, translation and scale linear in time.
+        """
+        info = self._driven(x_s_info, x_d_info)
+        if x_d_next is not None and w > 0:
+            after = self._driven(x_s_info, x_d_next)
+            info = {k: (v + np.float32(w) * (after[k] - v)) if k in after else v for k, v in info.items()}
+        src = {k: _np32(v) for k, v in x_s_info.items()}
+        for k in POSE_KEYS:
             src[k] = pose_degrees(src[k])
         if self.controls is not None:
             info = self._apply_controls(info, src, self.controls.at(self.frame))

@@ -1,10 +1,12 @@
-"""Stream RGB frames into an H.264 MP4 (with the speech muxed in) that appears at its path only when complete."""
+"""Stream RGB frames into a video file (MP4, QuickTime or Matroska, with the speech muxed in) that appears at its
+path only when complete, with the process's usual file mode."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
 
@@ -13,6 +15,9 @@ import numpy as np
 
 from ditto_fast.errors import DittoError, InputError
 from ditto_fast.ffpipe import last_stderr_line
+from ditto_fast.filemode import give_usual_mode
+from ditto_fast.rates import rate_text
+from ditto_fast.render.formats import Format, output_format
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -41,61 +46,62 @@ def _spawn(cmd: list[str], stderr_file) -> subprocess.Popen:
 
 
 class VideoWriter:
-    """H.264 yuv420p MP4 writer fed one RGB frame at a time, audio muxed by the same ffmpeg process.
+    """Video writer fed one RGB frame at a time, audio muxed by the same ffmpeg process.
 
-    Output duration: the video has exactly the frames written; the audio is padded with silence or
-    trimmed to that length (the caller picks N = ceil(samples_16k / 640) frames for 25 fps).
-    Given the number of `frames` to come, the audio is cut or padded to exactly their length (the same
-    bytes every run); without it, ffmpeg's -shortest stops it near the video's end.
+    The container comes from the output's extension and the codec from `fmt` (see render/formats.py;
+    default: H.264 in the container the name says). Output duration: the video has exactly the frames
+    written; given the number of `frames` to come, the audio is cut or padded to exactly their length
+    (the same bytes every run); without it, ffmpeg's -shortest stops it near the video's end.
+    `fps` is exact as a Fraction (30000/1001 is written as such in the stream).
     `comment` goes into the container's comment tag (batch records what a file was made from there).
     The file is written to a hidden temporary name beside `out_path` and renamed into place by
     `close()`; `abort()` (also called when an exception leaves the `with` block) removes it.
     """
 
-    def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: float = 25,
+    def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
-                 *, audio_bitrate: str = "160k", comment: str | None = None, frames: int | None = None):
+                 *, audio_bitrate: str = "160k", comment: str | None = None, frames: int | None = None,
+                 fmt: Format | None = None):
         self.out_path = check_output_path(out_path)
+        self.format = fmt or output_format(self.out_path)
         width, height = int(size[0]), int(size[1])
         if width <= 0 or height <= 0 or width % 2 or height % 2:
             raise ValueError(f"frame size must be positive and even for yuv420p, got {width}x{height}")
         if audio_path is not None and not Path(audio_path).is_file():
             raise InputError(f"{audio_path}: audio file not found; pass an existing WAV/MP3/... file")
         self.size = (width, height)
-        self.fps = fps
+        self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
         parent = self.out_path.parent if str(self.out_path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.out_path.name}.part", suffix=".mp4", dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.out_path.name}.part", suffix=self.out_path.suffix, dir=parent)
         os.close(fd)
         self._tmp_path = Path(tmp)
         self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
         self._done = False
 
+        fmt = self.format
         cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y",
-               "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-framerate", str(fps),
+               "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-framerate", rate_text(self.fps),
                "-i", "pipe:0"]
         if audio_path is not None:
             cmd += ["-i", str(audio_path)]
         cmd += ["-map", "0:v:0"]
         if audio_path is not None:
             cmd += ["-map", "1:a:0"]
-        cmd += ["-vf", "scale=out_color_matrix=bt709:out_range=tv,format=yuv420p,"
+        cmd += ["-vf", f"scale=out_color_matrix=bt709:out_range=tv,format={fmt.pix_fmt},"
                        "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv",
-                "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p",
-                "-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709",
-                "-color_range", "tv"]
+                *fmt.video_args(crf, preset)]
         if audio_path is not None and frames is not None:
             # audio padded with silence or cut to exactly the video's length, the same bytes every run
             # (-shortest cuts wherever the muxer happens to be when the video ends)
-            dur = f"{frames / fps:.6f}"
-            cmd += ["-c:a", "aac", "-b:a", audio_bitrate, "-ar", "48000", "-af",
-                    f"apad=whole_dur={dur},atrim=end={dur}"]
+            dur = f"{float(frames / self.fps):.6f}"
+            cmd += [*fmt.audio_args(audio_bitrate), "-af", f"apad=whole_dur={dur},atrim=end={dur}"]
         elif audio_path is not None:
             # pad the audio with silence, then stop at the end of the video
-            cmd += ["-c:a", "aac", "-b:a", audio_bitrate, "-ar", "48000", "-af", "apad", "-shortest"]
+            cmd += [*fmt.audio_args(audio_bitrate), "-af", "apad", "-shortest"]
         if comment:
             cmd += ["-metadata", f"comment={comment}"]
-        cmd += ["-movflags", "+faststart", "-f", "mp4", str(self._tmp_path)]
+        cmd += [*fmt.muxer_args(), str(self._tmp_path)]
         try:
             self._proc = _spawn(cmd, self._stderr)
         except OSError as exc:
@@ -138,6 +144,7 @@ class VideoWriter:
         if rc != 0 or self.frames_written == 0:
             self._fail("no frames were written" if rc == 0 else None)
         try:
+            give_usual_mode(self._tmp_path)
             os.replace(self._tmp_path, self.out_path)
         except OSError as exc:
             self.abort()

@@ -1,0 +1,89 @@
+"""Frame rates as exact fractions: the broadcast rates, parsing `--fps`, and the 25 fps motion timeline.
+
+The LMDM makes motion at 25 fps (one frame per 640 samples of 16 kHz audio). A clip at another rate
+takes its frame i at time i / rate; `motion_timeline` says which two 25 fps motion frames surround
+that time and how far between them it lies. All of it is integer arithmetic on fractions, so nothing
+drifts however long the clip.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+MOTION_FPS = 25
+STANDARD_RATES = (Fraction(24000, 1001), Fraction(24), Fraction(25), Fraction(30000, 1001), Fraction(30),
+                  Fraction(48), Fraction(50), Fraction(60000, 1001), Fraction(60))
+# --fps spellings: the rates a render may be asked for
+NAMED_RATES = {"23.976": Fraction(24000, 1001), "29.97": Fraction(30000, 1001), "59.94": Fraction(60000, 1001)}
+RENDER_RATES = (Fraction(24000, 1001), Fraction(24), Fraction(25), Fraction(30000, 1001), Fraction(30),
+                Fraction(50), Fraction(60000, 1001), Fraction(60))
+
+
+def rate_text(rate: Fraction) -> str:
+    """'25', '30000/1001': how ffmpeg and the avatar record write a rate exactly."""
+    return str(rate.numerator) if rate.denominator == 1 else f"{rate.numerator}/{rate.denominator}"
+
+
+def nearest_standard(fps: float) -> Fraction:
+    """The standard rate closest to `fps` (relative distance)."""
+    return min(STANDARD_RATES, key=lambda r: abs(float(r) - fps) / float(r))
+
+
+def from_stream(fps: float) -> Fraction:
+    """An exact rate for a decimal one as ffmpeg prints it ("29.97"): the standard rate within 0.1%, else
+    the decimal as a fraction (at most 1001 in the denominator)."""
+    std = nearest_standard(fps)
+    if abs(float(std) - fps) <= 1e-3 * float(std):
+        return std
+    return Fraction(fps).limit_denominator(1001)
+
+
+def parse_rate(text: str | float | Fraction) -> Fraction:
+    """A render rate from '25', '29.97', '30000/1001' (or a number); ValueError naming the accepted ones."""
+    if isinstance(text, Fraction):
+        rate = text
+    else:
+        s = str(text).strip()
+        try:
+            rate = NAMED_RATES.get(s) or Fraction(s)
+        except (ValueError, ZeroDivisionError):
+            rate = None
+    if rate not in RENDER_RATES:
+        raise ValueError(f"frame rate {text!r} is not one of {', '.join(accepted_rates())}")
+    return rate
+
+
+def accepted_rates() -> list[str]:
+    """The --fps values, as a user may write them."""
+    return [rate_text(r) if r.denominator == 1 else f"{rate_text(r)} ({float(r):.3f})" for r in RENDER_RATES]
+
+
+def frames_for(samples_16k: int, rate: Fraction) -> int:
+    """Frames at `rate` covering `samples_16k` samples of 16 kHz audio: ceil(samples * rate / 16000)."""
+    num = samples_16k * rate.numerator
+    den = 16000 * rate.denominator
+    return max(0, -(-num // den))
+
+
+def source_indices(n_out: int, out_rate: Fraction, src_rate: Fraction) -> np.ndarray:
+    """[n_out] int64: the source frame shown at each output frame's time, before mirror-looping
+    (floor(i * src_rate / out_rate); i itself when the rates are equal)."""
+    ratio = Fraction(src_rate) / Fraction(out_rate)
+    i = np.arange(n_out, dtype=np.int64)
+    return i * ratio.numerator // ratio.denominator
+
+
+def motion_timeline(n_out: int, out_rate: Fraction, n_motion: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each output frame: the 25 fps motion frames (j0 [n_out], j1 [n_out]) around its time and the
+    weight w [n_out] of j1 (0 at j0, exact 0 when the frame falls on a motion frame)."""
+    ratio = Fraction(MOTION_FPS) / Fraction(out_rate)
+    pos = np.arange(n_out, dtype=np.int64) * ratio.numerator            # motion time * ratio.denominator
+    j0 = pos // ratio.denominator
+    w = (pos % ratio.denominator) / ratio.denominator
+    last = max(0, n_motion - 1)
+    j0 = np.minimum(j0, last)
+    j1 = np.minimum(j0 + 1, last)
+    w = np.where(j1 == j0, 0.0, w)
+    return j0, j1, w.astype(np.float64)

@@ -1,0 +1,68 @@
+"""Delivery formats: the container the output's extension names and the codec asked for, as ffmpeg options.
+
+Every output is tagged BT.709, TV range, with its audio at 48 kHz.
+  .mp4  MPEG-4          h264 (default) or hevc, AAC audio
+  .mov  QuickTime       h264 (default), hevc, or prores (ProRes 422 HQ, 10-bit 4:2:2, PCM audio)
+  .mkv  Matroska        h264 (default) or hevc, AAC audio
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+
+CONTAINERS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
+CODECS = ("h264", "hevc", "prores")
+AUDIO_RATE = 48000
+COLOUR_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
+
+
+@dataclass(frozen=True)
+class Format:
+    """What goes into one output file: container (ffmpeg muxer name), video codec, pixel format."""
+
+    container: str
+    codec: str
+
+    @property
+    def pix_fmt(self) -> str:
+        return "yuv422p10le" if self.codec == "prores" else "yuv420p"
+
+    def video_args(self, crf: int, preset: str) -> list[str]:
+        """ffmpeg's video encoder options; crf and preset apply to the H.264/HEVC encoders (ProRes: HQ profile)."""
+        if self.codec == "prores":
+            args = ["-c:v", "prores_ks", "-profile:v", "3", "-vendor", "apl0"]
+        elif self.codec == "hevc":
+            args = ["-c:v", "libx265", "-preset", preset, "-crf", str(crf), "-x265-params", "log-level=error"]
+            if self.container in ("mp4", "mov"):
+                args += ["-tag:v", "hvc1"]          # the tag Apple players and most playout servers expect
+        else:
+            args = ["-c:v", "libx264", "-preset", preset, "-crf", str(crf)]
+        return [*args, "-pix_fmt", self.pix_fmt, *COLOUR_TAGS]
+
+    def audio_args(self, bitrate: str) -> list[str]:
+        """ffmpeg's audio encoder options: 48 kHz; PCM beside ProRes, AAC otherwise."""
+        if self.codec == "prores":
+            return ["-c:a", "pcm_s24le", "-ar", str(AUDIO_RATE)]
+        return ["-c:a", "aac", "-b:a", bitrate, "-ar", str(AUDIO_RATE)]
+
+    def muxer_args(self) -> list[str]:
+        fast = ["-movflags", "+faststart"] if self.container in ("mp4", "mov") else []
+        return [*fast, "-f", self.container]
+
+
+def output_format(path: str | Path, codec: str | None = None) -> Format:
+    """The format for an output path and an optional codec; UsageError for a name or pairing that can't be made."""
+    path = Path(path)
+    container = CONTAINERS.get(path.suffix.lower())
+    if container is None:
+        raise UsageError(f"{path}: unsupported output type {path.suffix or '(no extension)'!r}; "
+                         f"name the file .mp4, .mov or .mkv")
+    codec = (codec or "h264").lower()
+    if codec not in CODECS:
+        raise UsageError(f"unknown codec {codec!r}; use one of {', '.join(CODECS)}")
+    if codec == "prores" and container != "mov":
+        raise UsageError(f"{path}: ProRes goes in a QuickTime file; name the output .mov")
+    return Format(container, codec)
