@@ -177,12 +177,12 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             avatar = avatars[job.avatar]
             if isinstance(avatar, DittoError):
                 raise avatar
-            clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
             out = job.output.resolve()
+            if out in inputs and out != job.audio.resolve():
+                raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
+            clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
             if out in outputs:
                 raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
-            if out in inputs:
-                raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
             clips[job.index], outputs[out] = clip, job.index
         except DittoError as e:
             job.fail(e)

@@ -127,13 +127,13 @@ def check_clip(avatar: Avatar, audio: str | Path, output: str | Path, *, seed: i
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise UsageError(f"seed must be an integer in 0..{2**63 - 1}, got {seed!r}")
     audio, output = Path(audio), Path(output)
-    fmt = output_format(output, codec)
-    rate = _clip_rate(fps, avatar)
     check_output_path(output)
     inputs = [audio, *([Path(controls)] if controls else []), avatar.dir]
     for p in inputs:
         if p.exists() and (output.resolve() == p.resolve() or p.resolve() in output.resolve().parents):
             raise UsageError(f"{output}: the output would overwrite an input ({p}); choose another output path")
+    fmt = output_format(output, codec)
+    rate = _clip_rate(fps, avatar)
     n = frames_for(len(load_audio(audio)), rate)
     return Clip(avatar, audio, output, n, emotion_schedule(emotion, n),
                 load_controls(controls, n) if controls else None, steps, seed, rate, fmt)

@@ -10,8 +10,8 @@ from conftest import assert_close_to_ref
 from ditto_fast import models
 from ditto_fast.errors import InputError
 from ditto_fast.motion.controls import BLINK_PROFILE, Controls, load_controls, parse_controls
-from ditto_fast.motion.keypoints import motion_to_info, transform_keypoints
-from ditto_fast.motion.stitch import EYE_KP, LIP_KP, MotionStitch
+from ditto_fast.motion.keypoints import motion_to_info, pose_degrees, transform_keypoints
+from ditto_fast.motion.stitch import EYE_KP, LIP_KP, MotionStitch, _fix_gaze
 
 N = 12
 
@@ -176,3 +176,28 @@ def test_control_file_unreadable(tmp_path):
         load_controls(tmp_path / "x.json", N)
     with pytest.raises(InputError, match="JSON object"):
         parse_controls([1, 2], N, "list.json")
+
+
+@pytest.mark.parametrize("is_image", [True, False])
+def test_between_two_motion_frames_pose_blends_in_degrees(stitch_net, source, motions, is_image):
+    """Another output rate: a frame between motion frames a and b blends them after mixing, pose in degrees;
+    weight 0 is exactly frame a, and the blended keypoints lie between a's and b's."""
+    plain = MotionStitch(stitch_net, is_image=is_image, stitching=False)
+    blend = MotionStitch(stitch_net, is_image=is_image, stitching=False)
+    a_only = [plain(source, m) for m in motions[:4]]
+    assert all(np.array_equal(blend(source, m, motions[i + 1], 0.0)[1], a_only[i][1]) for i, m in
+               enumerate(motions[:3]))
+    probe = MotionStitch(stitch_net, is_image=is_image, stitching=False)
+    probe(source, motions[0])
+    mixed = {w: probe._driven(source, motions[2]) if w == 0 else probe._driven(source, motions[3]) for w in (0, 1)}
+    half = MotionStitch(stitch_net, is_image=is_image, stitching=False)
+    half(source, motions[0])
+    _, x_half = half(source, motions[2], motions[3], 0.5)
+    info = {k: (mixed[0][k] + mixed[1][k]) / 2 for k in mixed[0]}
+    for k in ("pitch", "yaw", "roll"):
+        assert info[k].shape == (1,)                                    # degrees, not bin logits
+    if is_image:                                                        # the gaze follows the blended pose
+        src = {k: pose_degrees(source[k]) for k in ("pitch", "yaw")}
+        info["exp"] = _fix_gaze(info["exp"], float(info["yaw"][0] - src["yaw"][0]),
+                                float(info["pitch"][0] - src["pitch"][0]))
+    np.testing.assert_allclose(x_half[0], transform_keypoints(info)[0], atol=1e-5)
