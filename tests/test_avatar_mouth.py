@@ -96,3 +96,7 @@ def test_register_warns_on_an_open_mouth_video_and_strict_refuses_an_open_image(
     assert not (tmp_path / "home" / "avatars" / "open_image").exists()
     r = run_cli(["register", image, "--name", "open_image", "--quiet"], env)   # without --strict: registered
     assert r.returncode == 0 and "in the image" in r.stderr
+    r = run_cli(["avatars", "show", "open_image", "--preview", tmp_path / "open.png"], env)   # an image avatar
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["mouth"]["warning"] is True
+    assert cv2.imread(str(tmp_path / "open.png"), cv2.IMREAD_COLOR).shape[1] == 1600

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from ..avatar import Avatar
@@ -86,8 +87,6 @@ def _stored_points(avatar: Avatar) -> tuple[np.ndarray, list[str]] | None:
 
 
 def _dots(img: np.ndarray, pts: np.ndarray, groups: list[str], radius: int) -> None:
-    import cv2
-
     for (x, y), g in zip(pts, groups):
         cv2.circle(img, (int(round(x)), int(round(y))), radius, POINT_COLOURS[g], -1, cv2.LINE_AA)
 
@@ -95,8 +94,6 @@ def _dots(img: np.ndarray, pts: np.ndarray, groups: list[str], radius: int) -> N
 def _draw_pair(img: np.ndarray, avatar: Avatar, frame_rgb: np.ndarray, k: int, src: Box, crop: Box,
                points: tuple[np.ndarray, list[str]] | None) -> None:
     """One source frame with its crop box and points, and its crop beside it."""
-    import cv2
-
     M = avatar.M_c2o[k]
     s = paste(img, frame_rgb, src)
     paste(img, warp_crop(frame_rgb, M, DSIZE), crop)
@@ -105,9 +102,10 @@ def _draw_pair(img: np.ndarray, avatar: Avatar, frame_rgb: np.ndarray, k: int, s
         in_frame = np.c_[xy[k], np.ones(len(xy[k]))] @ M.T
         _dots(img, in_frame[:, :2] * s + (src.x, src.y), groups, 1)
         _dots(img, xy[k] * (crop.w / DSIZE) + (crop.x, crop.y), groups, 2)
-    corners = np.round(crop_corners(M) * s + (src.x, src.y)).astype(np.int32)
-    cv2.polylines(img[src.y:src.y + src.h, src.x:src.x + src.w], [(corners - (src.x, src.y)).reshape(-1, 1, 2)],
-                  True, CROP_BOX_COLOUR, 2, cv2.LINE_8)
+    corners = np.round(crop_corners(M) * s).astype(np.int32)               # cell pixels
+    cell = np.ascontiguousarray(img[src.y:src.y + src.h, src.x:src.x + src.w])  # the box is cut at the cell's edge
+    cv2.polylines(cell, [corners.reshape(-1, 1, 2)], True, CROP_BOX_COLOUR, 2, cv2.LINE_8)
+    img[src.y:src.y + src.h, src.x:src.x + src.w] = cell
     text(img, f"frame {k}  ({k / avatar.fps:.2f} s)", src.x, src.y - 6, 0.5, INK, bold=True)
 
 

@@ -86,11 +86,11 @@ class TimePlot:
         cv2.rectangle(img, (self.left, self.top), (self.right, self.bottom), FAINT, 1)
         text(img, label, self.left, box.y + 14, 0.5, INK, bold=True)
         step = nice_step(self.y_hi - self.y_lo, 3)
-        for v in np.arange(np.ceil(self.y_lo / step) * step, self.y_hi + step / 2, step):
-            y = self.py(v)
-            if self.top <= y <= self.bottom:
-                cv2.line(img, (self.left, y), (self.right, y), FAINT, 1)
-                text(img, f"{v:g}", box.x, y + 4, 0.4)
+        for j in range(int(np.ceil(self.y_lo / step)), int(np.floor(self.y_hi / step)) + 1):
+            v = j * step
+            y = int(self.py(v))
+            cv2.line(img, (self.left, y), (self.right, y), FAINT, 1)
+            text(img, f"{v:.4g}", box.x, y + 4, 0.4)
 
     def px(self, x: float | np.ndarray) -> np.ndarray:
         """Page column(s) of x."""

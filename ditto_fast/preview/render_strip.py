@@ -11,6 +11,7 @@ import os
 from fractions import Fraction
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from ..audio.decode import SAMPLE_RATE, load_audio
@@ -51,8 +52,6 @@ def _time_axis(plot: TimePlot, seconds: float) -> None:
 
 def _waveform(plot: TimePlot, audio: np.ndarray, peak: float) -> None:
     """Min-max envelope of the audio, one vertical line per page column."""
-    import cv2
-
     cols = plot.right - plot.left
     if len(audio) == 0 or cols <= 0:
         return
@@ -103,8 +102,6 @@ def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int
                     lo_m - pad, hi_m + pad, "generated lip opening")
     loud = _loudness(audio_16k, frames, rate)
     if frames and loud.max() > 0:       # speech loudness behind the lips, scaled to the panel
-        import cv2
-
         y = lips.py(lips.y_lo + loud / loud.max() * (lips.y_hi - lips.y_lo))
         xs = lips.px(t_frames)
         poly = np.concatenate([np.stack([xs, y], -1), [[xs[-1], lips.bottom - 1], [xs[0], lips.bottom - 1]]])
