@@ -21,7 +21,7 @@ import numpy as np
 
 ASTRONAUT_FACE_PX = 91.0     # face size in the 512x512 astronaut picture (measured with face_size)
 # her lips in the 512x512 picture (mediapipe points 13/14 and corners 61/291, measured once): centre, width, roll
-ASTRONAUT_MOUTH = (0.0, 0.0, 0.0, 0.0)
+ASTRONAUT_MOUTH = (223.3, 147.0, 42.8, 1.2)
 
 
 def astronaut() -> np.ndarray:
@@ -39,6 +39,8 @@ def _astronaut(mouth: float = 0.0) -> np.ndarray:
         cx, cy, width, roll = ASTRONAUT_MOUTH
         axes = (int(round(0.42 * width)), max(1, int(round(mouth * width / 2))))
         centre = (int(round(cx)), int(round(cy + mouth * width * 0.25)))       # the jaw drops: open downwards
+        lips = (int(round(0.5 * width)), axes[1] + int(round(0.09 * width)))
+        cv2.ellipse(pic, centre, lips, roll, 0, 360, (196, 120, 115), -1, cv2.LINE_AA)          # lips
         cv2.ellipse(pic, centre, axes, roll, 0, 360, (45, 12, 18), -1, cv2.LINE_AA)             # dark mouth
         teeth = (axes[0] - 3, max(1, axes[1] // 4))
         cv2.ellipse(pic, (centre[0], centre[1] - axes[1] + teeth[1]), teeth, roll, 0, 360, (225, 222, 210), -1,

@@ -63,7 +63,7 @@ def test_synthetic_open_mouth_measures_open_and_the_astronaut_closed():
         closed = mouth_openness(tracker(astronaut(), 0)[None])[0]
         tracker.reset()
         opened = mouth_openness(tracker(open_mouth_astronaut(), 0)[None])[0]
-    assert closed < threshold / 2 < threshold < opened, (closed, opened)
+    assert closed + 0.05 < threshold < opened - 0.05, (closed, opened)      # her smile parts the lips a little
 
 
 def test_the_closed_mouth_anchor_is_not_flagged(video_avatar, session_home, run_cli):
