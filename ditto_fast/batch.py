@@ -197,7 +197,7 @@ def _preview(job: Job, path: Path, result: RenderResult, avatar: Avatar) -> None
     try:
         job.extra["preview"] = str(write_render_preview(
             path, result.output, job.audio, result.profile["frames"], result.profile["rate"], mouth=result.mouth,
-            M_c2o=avatar.M_c2o, size=avatar.size))
+            M_c2o=avatar.M_c2o, size=avatar.size, random_weights=result.profile["random_weights"]))
     except Exception as e:  # noqa: BLE001 - the clip itself is fine; say what went wrong with its picture
         job.extra["preview_error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
 

@@ -233,7 +233,8 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
 
         opened = renderer.avatar(avatar)
         write_render_preview(preview, result.output, audio_path, result.profile["frames"], result.profile["rate"],
-                             mouth=result.mouth, M_c2o=opened.M_c2o, size=opened.size)
+                             mouth=result.mouth, M_c2o=opened.M_c2o, size=opened.size,
+                             random_weights=result.profile["random_weights"])
     click.echo(str(result.output))
 
 

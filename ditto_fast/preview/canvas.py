@@ -104,6 +104,8 @@ class TimePlot:
     def x_axis(self, ticks: np.ndarray, labels: list[str], caption: str) -> None:
         """Tick marks and labels under the panel at x = ticks, and a caption at the right end."""
         for x, s in zip(ticks, labels):
+            if x > self.x_max * (1 + 1e-9):
+                continue
             c = int(self.px(x))
             cv2.line(self.img, (c, self.bottom), (c, self.bottom + 4), INK, 1)
             text(self.img, s, c - text_width(s, 0.4) // 2, self.bottom + 17, 0.4)

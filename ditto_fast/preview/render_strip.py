@@ -63,11 +63,13 @@ def _waveform(plot: TimePlot, audio: np.ndarray, peak: float) -> None:
 
 
 def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int, rate: Fraction, *,
-                 mouth: np.ndarray | None = None, face: np.ndarray | None = None, title: str = "") -> np.ndarray:
+                 mouth: np.ndarray | None = None, face: np.ndarray | None = None, title: str = "",
+                 random_weights: bool = False) -> np.ndarray:
     """The preview page of a finished render: BGR uint8 [H, 1600, 3].
 
     frames, rate: the output's frame count and rate; mouth: the generated lip opening per frame [frames];
-    face: (cx, cy, side, 0) of the face close-ups in frame pixels (see face_square), none when not given.
+    face: (cx, cy, side, 0) of the face close-ups in frame pixels (see face_square), none when not given;
+    random_weights: say in the header that the face is noise.
     """
     rate = Fraction(rate)
     shown = evenly_spaced(max(frames, 1), THUMBS)
@@ -81,7 +83,7 @@ def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int
     seconds = max(frames, 1) / float(rate)
     text(img, title or f"render {Path(video).name}", MARGIN, 24, 0.65, INK, bold=True)
     text(img, f"{frames} frames at {rate} fps, {seconds:.2f} s; audio {Path(audio).name}; thumbnails at the "
-              "grey marks", MARGIN, 46, 0.5)
+              "grey marks" + ("; RANDOM WEIGHTS: the face is noise" if random_weights else ""), MARGIN, 46, 0.5)
     for j, (k, pic) in enumerate(zip(shown, pictures)):
         x = MARGIN + j * (cell_w + MARGIN)
         top = HEADER + LABEL
@@ -124,10 +126,11 @@ def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int
 
 def write_render_preview(path: str | os.PathLike, video: str | os.PathLike, audio: str | os.PathLike, frames: int,
                          rate: Fraction | str, *, mouth: np.ndarray | None = None, M_c2o: np.ndarray | None = None,
-                         size: tuple[int, int] | None = None, title: str = "") -> Path:
+                         size: tuple[int, int] | None = None, title: str = "", random_weights: bool = False) -> Path:
     """Draw a finished render's preview and write it as a PNG at `path` (atomically); returns the path.
 
     M_c2o [N, 3, 3] and size (w, h): the avatar's crops and frame size, for the face close-ups.
     """
     face = face_square(M_c2o, size) if M_c2o is not None and size is not None else None
-    return write_png(render_strip(video, audio, frames, Fraction(rate), mouth=mouth, face=face, title=title), path)
+    return write_png(render_strip(video, audio, frames, Fraction(rate), mouth=mouth, face=face, title=title,
+                                  random_weights=random_weights), path)
