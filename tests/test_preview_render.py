@@ -70,3 +70,10 @@ def test_render_preview_and_batch_previews(video_avatar, session_home, tiny_chec
     assert run_cli(args, env).returncode == 0                        # a rerun skips the job, keeps its preview
     row = json.loads((tmp_path / "report.json").read_text())["jobs"][0]
     assert row["status"] == "skipped" and row["preview"] == str(tmp_path / "previews" / "one.png")
+
+
+def test_batch_previews_are_refused_with_ray_before_anything_starts(tmp_path, run_cli):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"avatar": "anchor", "audio": "a.wav", "output": "a.mp4"}) + "\n")
+    r = run_cli(["batch", jobs, "--previews", tmp_path / "p", "--ray", "local"])
+    assert r.returncode == 2 and "--previews" in r.stderr and not (tmp_path / "p").exists()
