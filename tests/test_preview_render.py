@@ -77,3 +77,19 @@ def test_batch_previews_are_refused_with_ray_before_anything_starts(tmp_path, ru
     jobs.write_text(json.dumps({"avatar": "anchor", "audio": "a.wav", "output": "a.mp4"}) + "\n")
     r = run_cli(["batch", jobs, "--previews", tmp_path / "p", "--ray", "local"])
     assert r.returncode == 2 and "--previews" in r.stderr and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_video_frames_are_the_frames_asked_for(sequential, tmp_path, monkeypatch):
+    from synthetic import write_plate
+
+    from ditto_fast.preview import video_frames as vf
+
+    levels = [(40 + 5 * i) for i in range(40)]                      # frame i is all one level
+    write_plate((np.full((64, 96, 3), v, np.uint8) for v in levels), tmp_path / "v.mp4")
+    if not sequential:
+        monkeypatch.setattr(vf, "SEQUENTIAL_LIMIT", 0)              # a seek per frame
+    got = vf.video_frames(tmp_path / "v.mp4", np.array([0, 7, 26, 39, 45]))
+    assert [f.shape for f in got] == [(64, 96, 3)] * 5
+    means = [float(f.mean()) for f in got]
+    np.testing.assert_allclose(means, [levels[0], levels[7], levels[26], levels[39], levels[39]], atol=1.5)

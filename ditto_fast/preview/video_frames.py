@@ -56,7 +56,10 @@ def video_frames(path: str | os.PathLike, indices: np.ndarray,
         out = []
         for i in idx:
             seek = ["-ss", f"{float((i - Fraction(1, 2)) / rate):.6f}"] if i > 0 else []
-            out += _read([*seek, "-i", os.fspath(path), "-frames:v", "1", *tail], 1, size)[:1] or out[-1:]
+            got = _read([*seek, "-i", os.fspath(path), "-frames:v", "1", *tail], 1, size)
+            if not got and not out:
+                break
+            out += got or out[-1:]
     if not out:
         raise InputError(f"{path}: no video frame could be read; is the file complete?")
     return out + [out[-1]] * (len(idx) - len(out))
