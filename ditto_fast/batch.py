@@ -15,7 +15,8 @@ from .avatar import Avatar, load_avatar
 from .errors import DittoError, Terminated, UsageError
 from .ffpipe import container_comment
 from .filemode import give_usual_mode
-from .pipeline import Clip, Progress, Renderer, RenderSetup, check_clip
+from .pipeline import Clip, Progress, Renderer, RenderResult, RenderSetup, check_clip
+from .preview.paths import preview_paths
 
 JOB_KEYS = ("avatar", "audio", "output", "seed", "emotion", "controls", "steps", "fps", "codec")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
@@ -189,17 +190,33 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
     return clips
 
 
+def _preview(job: Job, path: Path, result: RenderResult, avatar: Avatar) -> None:
+    """Write a done job's preview; a failure is noted in its report row ("preview_error"), the job stays done."""
+    from .preview.render_strip import write_render_preview
+
+    try:
+        job.extra["preview"] = str(write_render_preview(
+            path, result.output, job.audio, result.profile["frames"], result.profile["rate"], mouth=result.mouth,
+            M_c2o=avatar.M_c2o, size=avatar.size, random_weights=result.profile["random_weights"]))
+    except Exception as e:  # noqa: BLE001 - the clip itself is fine; say what went wrong with its picture
+        job.extra["preview_error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_fast: bool = False,
               report: str | Path | None = None, progress: Progress | None = None,
-              on_job: Callable[[Job], None] | None = None) -> list[Job]:
+              on_job: Callable[[Job], None] | None = None, previews: str | Path | None = None) -> list[Job]:
     """Check all jobs, skip those whose output was made from the same inputs (unless `force`), render the rest
-    with one engine. The report (if any) is rewritten after every job and when interrupted."""
+    with one engine. The report (if any) is rewritten after every job and when interrupted. With `previews`
+    (a folder) each rendered job also gets a preview PNG there, named in its report row."""
+    targets = preview_paths(previews, {j.index: j.output for j in jobs if j.output}) if previews else {}
     clips = check_jobs(jobs, setup)
     for job in jobs:
         clip = clips.get(job.index)
         if clip is not None and not force and job.output.exists() and \
                 container_comment(job.output) == setup.digest(clip, job.emotion, job.controls):
             job.status, job.frames = "skipped", clip.frames
+            if job.index in targets and targets[job.index].exists():
+                job.extra["preview"] = str(targets[job.index])
     todo = [j for j in jobs if j.status == "pending"]
     total = sum(clips[j.index].frames for j in todo)
     done_frames = 0
@@ -218,6 +235,8 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
                 result = renderer.render(job.avatar, job.audio, job.output, progress=tick, **job.options())
                 job.status, job.frames = "done", result.profile["frames"]
                 job.extra["stages"] = result.profile["stages"]
+                if job.index in targets:
+                    _preview(job, targets[job.index], result, renderer.avatar(job.avatar))
             except DittoError as e:
                 job.fail(e)
             except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs

@@ -142,8 +142,9 @@ def _write_json(path: Path, data: dict) -> None:
 @click.option("--device", type=DEVICE, default="auto", show_default=True)
 @click.option("--batch-size", type=click.IntRange(1, 256), default=None, help="Crops per batch." + _default("register", "batch_size"))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--strict", is_flag=True, help="Refuse (exit 4) a source whose mouth is open, instead of a warning.")
 @CONFIG
-def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet,
+def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet, strict,
              config_path):
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
     from .avatar.register import Registrar
@@ -165,12 +166,14 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
     registrar = Registrar(checkpoints_dir, device, config)
     try:
         avatar_dir = registrar.register(source, name, max_size=max_size, max_frames=max_frames, force=force,
-                                        batch_size=batch_size, progress=None if quiet else progress)
+                                        batch_size=batch_size, progress=None if quiet else progress, strict=strict)
     finally:
         for b in bars:
             b.close()
     for note in registrar.notes:
         click.echo(f"ditto-fast: note: {note}", err=True)
+    for warning in registrar.warnings:
+        click.echo(f"ditto-fast: warning: {warning}", err=True)
     click.echo(str(avatar_dir))
 
 
@@ -191,10 +194,12 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 @click.option("--codec", type=CODEC, default=None, help=CODEC_HELP)
 @engine_options
 @click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
+@click.option("--preview", type=click.Path(path_type=Path), default=None,
+              help="Also write a PNG: thumbnails of the output, the waveform and the generated lip opening.")
 @click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
 @CONFIG
 def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, codec, device, precision, batch_size,
-           crf, preset, checkpoints_dir, profile, quiet, config_path):
+           crf, preset, checkpoints_dir, profile, preview, quiet, config_path):
     """Render AUDIO spoken by AVATAR into a video file (written to a temporary name, renamed when complete)."""
     from .avatar import load_avatar
     from .checkpoints import find_checkpoints
@@ -208,6 +213,10 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
     # every input checked before the networks load
     check_clip(load_avatar(avatar, expected_fingerprints=cs.avatar_fingerprints()), audio_path, output, seed=seed,
                emotion=emotion, controls=controls, steps=steps, config=config, fps=fps, codec=codec)
+    if preview is not None:
+        from .preview.paths import check_png_path
+
+        check_png_path(preview)
     serve_frames_from_mmap()
     renderer = Renderer(cs, device=device, precision=precision, config=config, batch_size=batch_size, crf=crf,
                         preset=preset)
@@ -219,6 +228,13 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
         _write_json(profile, result.profile)
     if not quiet:
         click.echo(stage_table(result.profile), err=True)
+    if preview is not None:
+        from .preview.render_strip import write_render_preview
+
+        opened = renderer.avatar(avatar)
+        write_render_preview(preview, result.output, audio_path, result.profile["frames"], result.profile["rate"],
+                             mouth=result.mouth, M_c2o=opened.M_c2o, size=opened.size,
+                             random_weights=result.profile["random_weights"])
     click.echo(str(result.output))
 
 
@@ -233,6 +249,9 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
               help="Write every job's outcome here as JSON (rewritten after each job).")
 @click.option("--force", is_flag=True, help="Render again jobs whose output was made from the same inputs.")
 @click.option("--fail-fast", is_flag=True, help="Stop rendering after the first failed job.")
+@click.option("--previews", "previews_dir", type=click.Path(path_type=Path), default=None,
+              help="Write a preview PNG of each rendered job into this folder (<output stem>.png); "
+                   "the report gives each job's \"preview\".")
 @click.option("--fps", default=None, metavar="RATE", help=FPS_HELP + " A job's own \"fps\" wins.")
 @click.option("--codec", type=CODEC, default=None, help=CODEC_HELP + " A job's own \"codec\" wins.")
 @engine_options
@@ -242,8 +261,8 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
 @click.option("--workers", type=click.IntRange(1, 1024), default=None,
               help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
 @CONFIG
-def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, fps, codec, device, precision, batch_size,
-          crf, preset, checkpoints_dir, quiet, ray_address, workers, config_path):
+def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previews_dir, fps, codec, device, precision,
+          batch_size, crf, preset, checkpoints_dir, quiet, ray_address, workers, config_path):
     """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional seed,
     emotion, controls, steps) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
     from .batch import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, run_batch, summary
@@ -268,6 +287,8 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, fps, 
         check_output_path(report)
     if workers is not None and ray_address is None:
         raise click.UsageError("--workers goes with --ray")
+    if previews_dir is not None and ray_address is not None:
+        raise click.UsageError("--previews does not work with --ray yet; render previews with `render --preview`")
     if ray_address is not None:
         from .scale import run_batch_ray
 
@@ -283,7 +304,8 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, fps, 
         setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset)
         serve_frames_from_mmap()
         with _bar("batch", quiet) as bar:
-            run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar)
+            run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar,
+                      previews=previews_dir)
     if not quiet:
         click.echo(f"{'job':>4}  {'status':<8}{'frames':>7}{'seconds':>9}  output / error", err=True)
         for j in jobs:
@@ -340,11 +362,22 @@ def avatars(ctx, as_json):
 @avatars.command("show")
 @click.argument("name")
 @click.option("--verify", is_flag=True, help="Check the full checksums of the cached files.")
-def avatars_show(name, verify):
+@click.option("--preview", type=click.Path(path_type=Path), default=None,
+              help="Also write a PNG: source frames with crop box and landmarks, the crops, pose/eye/mouth plots.")
+def avatars_show(name, verify, preview):
     """Show one avatar's details."""
-    from .avatar import avatar_info
+    from .avatar import avatar_info, load_avatar
 
-    click.echo(json.dumps(avatar_info(name, verify=verify), indent=2, default=str))
+    if preview is not None:
+        from .preview.paths import check_png_path
+
+        check_png_path(preview)
+    info = avatar_info(name, verify=verify)
+    if preview is not None:
+        from .preview.avatar_sheet import write_avatar_preview
+
+        info["preview"] = str(write_avatar_preview(load_avatar(name, verify="light"), preview))
+    click.echo(json.dumps(info, indent=2, default=str))
 
 
 @avatars.command("rm")

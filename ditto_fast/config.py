@@ -36,6 +36,8 @@ class RegisterConfig:
     crop_smooth_window: int = setting(int, 1, 101)    # frames, centred smoothing of crop parameters (video)
     info_smooth_window: int = setting(int, 1, 101)    # frames, centred mean over x_s_info (video)
     min_face_px: int = setting(int, 8, 4096)
+    mouth_open_threshold: float = setting(float, 0.0, 2.0)   # inner-lip gap / mouth width counted as open
+    mouth_open_share: float = setting(float, 0.0, 1.0)       # warn when more frames than this are open
 
 
 @dataclass

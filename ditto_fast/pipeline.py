@@ -48,6 +48,7 @@ from .motion.conditions import build_conditions, condition_parts, emotion_schedu
 from .motion.controls import load_controls
 from .motion.ddim import DDIMSampler
 from .motion.keypoints import info_to_motion, motion_to_info
+from .motion.lips import lip_opening
 from .motion.sampling import MotionSampler
 from .motion.stitch import MotionStitch
 from .rates import MOTION_FPS, frames_for, motion_timeline, parse_rate, rate_text, source_indices
@@ -67,6 +68,7 @@ Progress = Callable[[int, int], None]      # (frames done, frames in the clip)
 class RenderResult:
     output: Path
     profile: dict
+    mouth: np.ndarray | None = None     # [N] generated lip opening per output frame (for the render preview)
 
 
 def stage_table(profile: dict) -> str:
@@ -269,7 +271,7 @@ class Renderer:
         clip = check_clip(opened, audio, Path(output) if output else default_output(avatar, Path(audio)), seed=seed,
                           emotion=emotion, controls=controls, steps=steps, config=self.config, fps=fps, codec=codec)
         digest = self.setup.digest(clip, emotion, controls)
-        seconds = self._render(clip, digest, timer, progress)
+        seconds, mouth = self._render(clip, digest, timer, progress)
         wall = time.perf_counter() - t_start
         profile = {
             "frames": clip.frames, "audio_seconds": seconds, "wall_seconds": wall,
@@ -279,10 +281,12 @@ class Renderer:
             "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
             "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
         }
-        return RenderResult(clip.output, profile)
+        return RenderResult(clip.output, profile, mouth)
 
-    def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None) -> float:
-        """The loop for one checked clip; returns the audio's length in seconds.
+    def _render(self, clip: Clip, digest: str, timer: StageTimer,
+                progress: Progress | None) -> tuple[float, np.ndarray]:
+        """The loop for one checked clip; returns the audio's length in seconds and the generated lip
+        opening [N] per output frame.
 
         Motion is made at 25 fps; output frame i (time i / rate) blends the two motion frames around
         its time and shows the source frame at that time (mirror-looped), so nothing drifts at any rate.
@@ -312,6 +316,8 @@ class Renderer:
                                     overlap=m.overlap, smooth_window=m.smooth_window, device=self.device)
             motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)   # [M, 265]
             del cond
+            lips = lip_opening(motion, avatar.sc)                                # [M] at 25 fps
+            mouth = lips[j0] + w.astype(np.float32) * (lips[j1] - lips[j0])      # [N] at the output rate
 
         stitch = MotionStitch(self.stitch_net, is_image=avatar.is_image, controls=clip.controls)
         putback = Putback()
@@ -337,4 +343,4 @@ class Renderer:
                         writer.write(frame)
                 if progress is not None:
                     progress(idx.stop, n)
-        return len(audio) / SAMPLE_RATE
+        return len(audio) / SAMPLE_RATE, mouth

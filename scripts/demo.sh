@@ -25,11 +25,16 @@ echo "[demo] building a synthetic 1920x1080 anchor video from skimage.data.astro
 echo "[demo] registering the anchor"
 "$PY" -m ditto_fast.cli register "$OUT/anchor.mp4" --name demo_anchor --force --checkpoints "$CKPT" --device "$DEVICE"
 
+echo "[demo] avatar preview"
+"$PY" -m ditto_fast.cli avatars show demo_anchor --preview "$OUT/avatar_preview.png" > /dev/null
+
 echo "[demo] rendering $REPO/tests/data/speech_en_16k.wav"
 "$PY" -m ditto_fast.cli render --avatar demo_anchor --audio "$REPO/tests/data/speech_en_16k.wav" \
-    -o "$OUT/demo.mp4" --checkpoints "$CKPT" --device "$DEVICE" --profile "$OUT/demo_profile.json"
+    -o "$OUT/demo.mp4" --checkpoints "$CKPT" --device "$DEVICE" --profile "$OUT/demo_profile.json" \
+    --preview "$OUT/demo_preview.png"
 
 echo "[demo] output: $OUT/demo.mp4 (profile: $OUT/demo_profile.json)"
+echo "[demo] previews: $OUT/avatar_preview.png (the avatar), $OUT/demo_preview.png (the render)"
 if [ "$SIZE" = tiny ]; then
     echo "[demo] note: tiny RANDOM weights — the face region is noise; everything around it is the real pipeline"
 fi

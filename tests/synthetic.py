@@ -20,6 +20,8 @@ import cv2
 import numpy as np
 
 ASTRONAUT_FACE_PX = 91.0     # face size in the 512x512 astronaut picture (measured with face_size)
+# her lips in the 512x512 picture (mediapipe points 13/14 and corners 61/291, measured once): centre, width, roll
+ASTRONAUT_MOUTH = (223.3, 147.0, 42.8, 1.2)
 
 
 def astronaut() -> np.ndarray:
@@ -27,11 +29,28 @@ def astronaut() -> np.ndarray:
     return _astronaut().copy()
 
 
-@lru_cache(maxsize=1)
-def _astronaut() -> np.ndarray:
+@lru_cache(maxsize=4)
+def _astronaut(mouth: float = 0.0) -> np.ndarray:
+    """The picture, her lips parted by `mouth` x the mouth's width when mouth > 0 (read-only use)."""
     from skimage.data import astronaut as load
 
-    return np.ascontiguousarray(load())
+    pic = np.ascontiguousarray(load())
+    if mouth > 0:
+        cx, cy, width, roll = ASTRONAUT_MOUTH
+        axes = (int(round(0.42 * width)), max(1, int(round(mouth * width / 2))))
+        centre = (int(round(cx)), int(round(cy + mouth * width * 0.25)))       # the jaw drops: open downwards
+        lips = (int(round(0.5 * width)), axes[1] + int(round(0.09 * width)))
+        cv2.ellipse(pic, centre, lips, roll, 0, 360, (196, 120, 115), -1, cv2.LINE_AA)          # lips
+        cv2.ellipse(pic, centre, axes, roll, 0, 360, (45, 12, 18), -1, cv2.LINE_AA)             # dark mouth
+        teeth = (axes[0] - 3, max(1, axes[1] // 4))
+        cv2.ellipse(pic, (centre[0], centre[1] - axes[1] + teeth[1]), teeth, roll, 0, 360, (225, 222, 210), -1,
+                    cv2.LINE_AA)                                                             # upper teeth
+    return pic
+
+
+def open_mouth_astronaut(mouth: float = 0.35) -> np.ndarray:
+    """The astronaut with her mouth open, `mouth` x its width between the lips, RGB uint8 [512, 512, 3]."""
+    return _astronaut(float(mouth)).copy()
 
 
 @dataclass(frozen=True)
@@ -82,9 +101,10 @@ def _background(size: tuple[int, int]) -> np.ndarray:
 
 
 def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple[int, int] = (1920, 1080),
-                     noise: float = 0.0, seed: int = 0, extra: tuple[Motion, ...] = ()) -> np.ndarray:
+                     noise: float = 0.0, seed: int = 0, extra: tuple[Motion, ...] = (),
+                     mouth: float = 0.0) -> np.ndarray:
     """Frame `frame_index` [H, W, 3] uint8: the astronaut placed by `motion` (and by each of `extra`,
-    for more faces) on the studio background.
+    for more faces) on the studio background; `mouth` > 0 opens her mouth (see open_mouth_astronaut).
 
     `noise` > 0 adds Gaussian sensor noise of that std (0-255 units) over each picture's rectangle
     (where it moves landmarks; the plain background is left clean to save time), drawn from a
@@ -92,7 +112,7 @@ def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple
     """
     w, h = size
     frame = background(size)
-    pic = _astronaut()
+    pic = _astronaut(float(mouth))
     rng = np.random.default_rng([seed, frame_index])
     corners = np.array([[0, 0, 1], [512, 0, 1], [0, 512, 1], [512, 512, 1]], dtype=np.float64).T
     for m in (motion or Motion(),) + tuple(extra):
@@ -116,8 +136,10 @@ def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple
 
 def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: tuple[int, int] = (1920, 1080),
                        face_px: float | None = None, motion: Motion | None = None, noise: float = 0.0,
-                       seed: int = 0) -> Path:
+                       seed: int = 0, mouth: float | tuple[float, ...] = 0.0) -> Path:
     """Write an H.264 MP4 of `n_frames` astronaut frames (see astronaut_canvas) and return its path.
+
+    `mouth`: how far her mouth is open (0: closed, as in the picture), one value or one per frame.
 
     `face_px` sets the face size at frame 0 (it overrides motion.scale); the default motion is a
     gentle drift (0.5 px/frame right, 0.05 degree/frame) centred in the frame.
@@ -135,7 +157,8 @@ def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: t
     writer.send(None)
     try:
         for i in range(n_frames):
-            writer.send(astronaut_canvas(i, motion, size, noise=noise, seed=seed))
+            opening = mouth[i] if isinstance(mouth, tuple) else mouth
+            writer.send(astronaut_canvas(i, motion, size, noise=noise, seed=seed, mouth=opening))
     finally:
         writer.close()
     return path

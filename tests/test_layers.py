@@ -12,7 +12,7 @@ PACKAGE = REPO / "ditto_fast"
 LAYERS = (
     {"errors", "yuv", "ffpipe", "inputs", "memory", "timing", "devices", "config", "hubert_random",
      "smoothing", "rates", "filemode"},
-    {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"pipeline"}, {"batch", "scale"},
+    {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"preview"}, {"pipeline"}, {"batch", "scale"},
     {"doctor"}, {"cli"},
 )
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ditto_fast.avatar.format import F_S_DTYPE, F_S_NAME, PKL_NAME, bad_blocks, read_pkl
+from ditto_fast.avatar.mouth_check import mouth_check_of
 from ditto_fast.avatar.store import (
     avatars_dir, clean_stale_tmp, damaged_error, existing_names, missing_error, register_hint, validate_name,
 )
@@ -242,4 +243,6 @@ def avatar_info(name: str, verify: str | bool = "sampled", root: str | os.PathLi
         checksums={f: {**rec, "crc32": f"{len(rec['crc32'])} blocks"} for f, rec in b["checksums"].items()},
         verified=level,
     )
+    mouth = mouth_check_of(b)
+    info["mouth"] = mouth.summary() if mouth is not None else "not measured (registered before mouth checks)"
     return info

@@ -22,15 +22,18 @@ from .. import models
 from ..checkpoints import find_checkpoints
 from ..config import RegisterConfig, load_config
 from ..devices import numpy_blas_single_threaded, resolve_device
-from ..errors import InputError
+from ..errors import InputError, NoFaceError
 from ..face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ..face.eyes import eye_features
+from ..face.kept_points import KEPT_POINTS, kept_points
 from ..face.landmarks import FaceTracker
+from ..face.mouth import mouth_openness
 from ..rates import rate_text
 from ..smoothing import centred_mean
 from ..timing import StageTimer
 from ..yuv import YuvFrame
 from .format import file_sha256
+from .mouth_check import MouthCheck
 from .plate import write_plate_image
 from .source import SourceFrames, SourceInfo, open_source
 from .store import validate_name
@@ -119,6 +122,7 @@ class Registrar:
         self.device = resolve_device(device)
         self._nets: Extractors | None = None
         self.notes: list[str] = []      # what the last register() wants the user told (e.g. a rate it chose)
+        self.warnings: list[str] = []   # what the user should fix in the source (e.g. an open mouth)
 
     def _extractors(self) -> Extractors:
         if self._nets is None:
@@ -127,8 +131,12 @@ class Registrar:
 
     def register(self, source: str | Path, name: str | None = None, *, max_size: int | None = None,
                  max_frames: int | None = None, force: bool = False, batch_size: int | None = None,
-                 progress: ProgressFactory | None = None, timer: StageTimer | None = None) -> Path:
+                 progress: ProgressFactory | None = None, timer: StageTimer | None = None,
+                 strict: bool = False) -> Path:
         """Register an anchor video or image; returns the avatar directory (appears only when complete).
+
+        A source whose mouth is open (frame 0, or more than config.mouth_open_share of the frames) adds a
+        line to `warnings`; with `strict` it is refused (NoFaceError) and nothing is written.
 
         `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write,
         cache_write. A video is decoded once, by one ffmpeg process that also encodes the plate;
@@ -142,11 +150,12 @@ class Registrar:
         name = validate_name(name if name is not None else source.stem)
         info, image = open_source(source, max_size)
         self.notes = [f"{source}: {info.rate_note}"] if info.rate_note else []
-        return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer)
+        self.warnings = []
+        return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer, strict)
 
     def _register(self, source: Path, name: str, info: SourceInfo, image: np.ndarray | None,
                   max_frames: int | None, force: bool, batch_size: int, progress: ProgressFactory | None,
-                  timer: StageTimer) -> Path:
+                  timer: StageTimer, strict: bool = False) -> Path:
         """The streaming pass over an opened source (see register())."""
         cfg, cs = self.config, self.checkpoints
         smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
@@ -176,6 +185,8 @@ class Registrar:
             params: list[np.ndarray] = []          # raw crop parameters per frame [4]
             smoothed: list[np.ndarray] = []
             eyes: list[tuple[np.ndarray, np.ndarray]] = []
+            mouth: list[float] = []                # inner-lip gap / mouth width per frame
+            points: list[np.ndarray] = []          # the kept landmarks [K, 2] in crop pixels, per frame
             queue: deque[tuple[int, np.ndarray | YuvFrame, np.ndarray]] = deque()    # (index, frame, landmarks)
 
             def emit(ending: bool) -> None:
@@ -188,8 +199,11 @@ class Registrar:
                         smoothed.append(p)
                         M = params_to_matrix(p, DSIZE)
                         crop512 = warp_crop(frame, M, DSIZE)
-                        eo, eb = eye_features(landmarks_in_crop(lmk, M, DSIZE)[None])
+                        in_crop = landmarks_in_crop(lmk, M, DSIZE)
+                        eo, eb = eye_features(in_crop[None])
                         eyes.append((eo[0], eb[0]))
+                        mouth.append(float(mouth_openness(in_crop[None])[0]))
+                        points.append(kept_points(in_crop, DSIZE))
                         crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
                     sink.add(crop256)
 
@@ -210,6 +224,13 @@ class Registrar:
 
             n = len(params)
             x_s_info, sc = source_statistics(sink.x_s_info(), smooth_info)
+            mouth_check = MouthCheck(np.asarray(mouth, np.float32), cfg.mouth_open_threshold, cfg.mouth_open_share)
+            if mouth_check.flagged:
+                if strict:
+                    raise NoFaceError(f"{mouth_check.message(str(source))}; refused (--strict): register a take "
+                                      "where the mouth is closed")
+                self.warnings.append(f"{mouth_check.message(str(source))}; register a take where the mouth is "
+                                     "closed (--strict refuses such sources)")
             meta = {
                 "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
                            "size": list(info.size), "source_size": list(info.src_size), "frames": n},
@@ -225,7 +246,10 @@ class Registrar:
                 "sc": sc, "is_image": info.is_image,
                 "random_weights": bool(nets.random_weights or cs.random_weights),
                 "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "warnings": sorted({str(w.message) for w in caught} | ({info.rate_note} if info.rate_note else set())),
+                "warnings": sorted({str(w.message) for w in caught} | ({info.rate_note} if info.rate_note else set())
+                                   | set(self.warnings)),
+                "mouth": mouth_check.record(),
+                "landmarks": {"index": KEPT_POINTS.copy(), "crop_xy": np.stack(points)},   # [K], [N, K, 2] float16
             }
             with timer("cache_write"):
                 writer.finish(meta)
@@ -236,8 +260,9 @@ class Registrar:
 def register_avatar(source: str | Path, name: str | None = None, max_size: int | None = None,
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
                     device: str = "auto", batch_size: int | None = None, progress: ProgressFactory | None = None,
-                    timer: StageTimer | None = None, config: RegisterConfig | None = None) -> Path:
+                    timer: StageTimer | None = None, config: RegisterConfig | None = None,
+                    strict: bool = False) -> Path:
     """Register one source with a fresh Registrar (see Registrar.register)."""
     return Registrar(checkpoints, device, config).register(source, name, max_size=max_size, max_frames=max_frames,
                                                            force=force, batch_size=batch_size, progress=progress,
-                                                           timer=timer)
+                                                           timer=timer, strict=strict)
