@@ -112,7 +112,8 @@ def check_state_dict(name: str, sd: dict[str, torch.Tensor], path: str | os.Path
                               f"give {s.filename} for the {s.title}")
     try:
         widths = module_of(name).widths_from_state_dict(sd)
-        net = build(name, widths)
+        with torch.device("meta"):         # shapes only: the checkpoint's tensors replace them below
+            net = build(name, widths)
     except (KeyError, IndexError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path}: not a {s.title} checkpoint (cannot read its widths: {e}); "
                               f"give {s.filename} from the Ditto release") from None
@@ -121,8 +122,22 @@ def check_state_dict(name: str, sd: dict[str, torch.Tensor], path: str | os.Path
         shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise CheckpointError(f"{path}: does not match the {s.title}: {shown}; "
                               f"give {s.filename} from the Ditto release")
-    net.load_state_dict(sd, strict=True)
+    net.load_state_dict(sd, strict=True, assign=True)
+    net.float()                           # as built: float32 whatever the file stores
+    if _has_meta_tensors(net):            # a tensor made at construction that the checkpoint does not hold
+        net = build(name, widths)
+        net.load_state_dict(sd, strict=True)
     return net
+
+
+def _has_meta_tensors(net: nn.Module) -> bool:
+    """Whether any parameter, buffer or tensor attribute of `net` is still a shape without data."""
+    for m in net.modules():
+        tensors = [*m.parameters(recurse=False), *m.buffers(recurse=False),
+                   *(v for v in vars(m).values() if isinstance(v, torch.Tensor))]
+        if any(t.is_meta for t in tensors):
+            return True
+    return False
 
 
 def load(name: str, path: str | os.PathLike, device: str | torch.device = "cpu",
