@@ -10,7 +10,8 @@ Stage keys of the profile and the table (wall seconds each):
   load_models     finding the checkpoints and loading the networks and HuBERT
   load_avatar     opening the avatar cache
   audio_features  HuBERT features of the decoded audio
-  motion          conditions, LMDM sampling, and each frame's motion stitch
+  motion          conditions and LMDM sampling (the 25 fps motion of the whole clip)
+  stitch          each output frame's keypoints: motion mixed into the source, controls, stitching network
   render          fused warp + decode on the device, crops back on the host
   putback         pasting each crop into its background frame
   write           the loop's ffmpeg I/O: handing each frame to the encoder and getting each background
@@ -58,7 +59,7 @@ from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
 from .timing import StageTimer
 
-STAGES = ("load_models", "load_avatar", "audio_features", "motion", "render", "putback", "write")
+STAGES = ("load_models", "load_avatar", "audio_features", "motion", "stitch", "render", "putback", "write")
 
 
 Progress = Callable[[int, int], None]      # (frames done, frames in the clip)
@@ -80,7 +81,8 @@ def stage_table(profile: dict) -> str:
         lines.append(f"{s:<16}{sec:>10.2f}{1000 * sec / n:>11.1f}")
     lines.append(f"{'total':<16}{profile['wall_seconds']:>10.2f}{1000 * profile['wall_seconds'] / n:>11.1f}")
     lines.append(f"{profile['frames']} frames, {profile['audio_seconds']:.2f} s audio, {profile['fps']:.2f} fps, "
-                 f"{profile['device']} {profile['precision']}, {profile['steps']} steps"
+                 f"{profile['device']} {profile['precision']}, {profile['steps']} steps, {profile['rate']} fps "
+                 f"{profile['container']} {profile['encoder']}, batch {profile['batch_size']}"
                  + (" — RANDOM WEIGHTS: the face region is noise" if profile["random_weights"] else ""))
     return "\n".join(lines)
 
@@ -278,6 +280,7 @@ class Renderer:
             "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
             "precision": str(self.dtype).replace("torch.", ""), "steps": clip.steps, "seed": clip.seed,
             "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
+            "encoder": clip.format.encoder, "batch_size": self.setup.batch_size,
             "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
             "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
         }
@@ -327,7 +330,7 @@ class Renderer:
                             preset=self.setup.preset, comment=digest, frames=n, fmt=clip.format) as writer:
             for b0 in range(0, n, bs):
                 idx = range(b0, min(n, b0 + bs))
-                with timer("motion"):
+                with timer("stitch"):
                     kps = [stitch(avatar.frame_info(int(src_idx[i])), motion_to_info(motion[j0[i]]),
                                   motion_to_info(motion[j1[i]]) if w[i] else None, float(w[i])) for i in idx]
                     x_s = np.concatenate([k[0] for k in kps], 0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench_common import anchor, checkpoints, save, speech
 
-PER_FRAME = ("audio_features", "motion", "render", "putback", "write")
+PER_FRAME = ("audio_features", "motion", "stitch", "render", "putback", "write")
 
 
 def _cli(args: list[str], env: dict) -> float:

@@ -47,7 +47,7 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
         profile, rss = _render(anchor(50), ckpt, speech(seconds), device, precision)
         n = profile["frames"]
         per = {k: 1000 * v / n for k, v in profile["stages"].items()}
-        per_frame_loop = {k: per[k] for k in ("motion", "render", "putback", "write")}
+        per_frame_loop = {k: per[k] for k in ("motion", "stitch", "render", "putback", "write")}
         result[precision] = {"networks": "tiny" if tiny else "full", "frames": n, "fps": profile["fps"],
                              "wall_s": profile["wall_seconds"], "ms_per_frame": per, "peak_rss_mib": rss,
                              "non_render_loop_ms": sum(v for k, v in per_frame_loop.items() if k != "render")}

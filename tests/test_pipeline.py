@@ -67,8 +67,9 @@ def test_output_frames_size_and_audio(rendered):
     assert abs(audio_seconds(rendered["a"]) - 2.0) <= 0.05
     profile = json.loads(rendered["a"].with_suffix(".json").read_text())
     assert profile["frames"] == 50 and profile["random_weights"] is True and profile["steps"] == 25
-    assert set(profile["stages"]) == {"load_models", "load_avatar", "audio_features", "motion", "render",
+    assert set(profile["stages"]) == {"load_models", "load_avatar", "audio_features", "motion", "stitch", "render",
                                       "putback", "write"}
+    assert profile["encoder"] == "libx264" and profile["batch_size"] == 1 and profile["rate"] == "25"
     assert not list(rendered["a"].parent.glob(".*part*"))
 
 

@@ -27,19 +27,24 @@ class Format:
     codec: str
 
     @property
+    def encoder(self) -> str:
+        """The ffmpeg encoder that writes the video."""
+        return {"prores": "prores_ks", "hevc": "libx265"}.get(self.codec, "libx264")
+
+    @property
     def pix_fmt(self) -> str:
         return "yuv422p10le" if self.codec == "prores" else "yuv420p"
 
     def video_args(self, crf: int, preset: str) -> list[str]:
         """ffmpeg's video encoder options; crf and preset apply to the H.264/HEVC encoders (ProRes: HQ profile)."""
         if self.codec == "prores":
-            args = ["-c:v", "prores_ks", "-profile:v", "3", "-vendor", "apl0"]
+            args = ["-c:v", self.encoder, "-profile:v", "3", "-vendor", "apl0"]
         elif self.codec == "hevc":
-            args = ["-c:v", "libx265", "-preset", preset, "-crf", str(crf), "-x265-params", "log-level=error"]
+            args = ["-c:v", self.encoder, "-preset", preset, "-crf", str(crf), "-x265-params", "log-level=error"]
             if self.container in ("mp4", "mov"):
                 args += ["-tag:v", "hvc1"]          # the tag Apple players and most playout servers expect
         else:
-            args = ["-c:v", "libx264", "-preset", preset, "-crf", str(crf)]
+            args = ["-c:v", self.encoder, "-preset", preset, "-crf", str(crf)]
         return [*args, "-pix_fmt", self.pix_fmt, *COLOUR_TAGS]
 
     def audio_args(self, bitrate: str) -> list[str]:
