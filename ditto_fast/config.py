@@ -53,6 +53,7 @@ class RenderConfig:
     batch_size: int = setting(int, 1, 64)             # frames per warp+decode micro-batch
     crf: int = setting(int, 0, 51)                    # H.264 quality
     preset: str = setting(str, choices=X264_PRESETS)  # x264 preset
+    lookahead: bool = setting(bool)                   # next batch's warp+decode launched before this one is written
 
 
 @dataclass
@@ -68,6 +69,10 @@ _SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "render"
 def _check(value: Any, meta: dict, where: str) -> Any:
     """`value` converted to the setting's type, or UsageError naming `where` and what is allowed."""
     kind, low, high, choices = meta["kind"], meta["low"], meta["high"], meta["choices"]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise UsageError(f"{where} must be true or false, got {value!r}")
+        return value
     if choices is not None:
         if value not in choices:
             raise UsageError(f"{where} must be one of {', '.join(choices)}, got {value!r}")

@@ -325,18 +325,30 @@ class Renderer:
         stitch = MotionStitch(self.stitch_net, is_image=avatar.is_image, controls=clip.controls)
         putback = Putback()
         bs = self.setup.batch_size
+        batches = [range(b0, min(n, b0 + bs)) for b0 in range(0, n, bs)]
+
+        def launch(idx: range):
+            """Stitch a batch's keypoints and start its warp + decode."""
+            with timer("stitch"):
+                kps = [stitch(avatar.frame_info(int(src_idx[i])), motion_to_info(motion[j0[i]]),
+                              motion_to_info(motion[j1[i]]) if w[i] else None, float(w[i])) for i in idx]
+                x_s = np.concatenate([k[0] for k in kps], 0)
+                x_d = np.concatenate([k[1] for k in kps], 0)
+            with timer("render"):
+                return self.fused.launch(avatar.f_s[src_idx[idx.start:idx.stop]], x_s, x_d)
+
+        # look-ahead: batch k+1 is launched before batch k is pasted and written, so a GPU computes while
+        # this thread works; frames still go out in order, and the output is the same either way
+        ahead = self.config.render.lookahead
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image) as plate, \
                 VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.audio, crf=self.setup.crf,
                             preset=self.setup.preset, comment=digest, frames=n, fmt=clip.format) as writer:
-            for b0 in range(0, n, bs):
-                idx = range(b0, min(n, b0 + bs))
-                with timer("stitch"):
-                    kps = [stitch(avatar.frame_info(int(src_idx[i])), motion_to_info(motion[j0[i]]),
-                                  motion_to_info(motion[j1[i]]) if w[i] else None, float(w[i])) for i in idx]
-                    x_s = np.concatenate([k[0] for k in kps], 0)
-                    x_d = np.concatenate([k[1] for k in kps], 0)
+            pending = launch(batches[0]) if batches else None
+            for k, idx in enumerate(batches):
+                following = batches[k + 1] if k + 1 < len(batches) else None
+                after = launch(following) if ahead and following else None
                 with timer("render"):
-                    crops = self.fused(avatar.f_s[src_idx[b0:b0 + len(idx)]], x_s, x_d)   # uint8 [b,512,512,3]
+                    crops = self.fused.collect(pending)                  # uint8 [b,512,512,3]
                 for j, i in enumerate(idx):
                     with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
                         background = plate.frame(int(src_idx[i]))
@@ -346,4 +358,5 @@ class Renderer:
                         writer.write(frame)
                 if progress is not None:
                     progress(idx.stop, n)
+                pending = after if ahead else (launch(following) if following else None)
         return len(audio) / SAMPLE_RATE, mouth

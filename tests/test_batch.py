@@ -156,3 +156,23 @@ def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(en
     gen = imageio_ffmpeg.read_frames(str(new))
     assert tuple(next(gen)["size"]) == (1280, 720)
     gen.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_lookahead_gives_the_same_bytes(video_avatar, clips, tmp_path, tiny_checkpoints, batch_size):
+    """Launching batch k+1 before writing batch k changes nothing in the output (10 frames: 3+3+3+1)."""
+    import dataclasses
+
+    from ditto_fast.config import load_config
+    from ditto_fast.pipeline import Renderer
+
+    outs = {}
+    for ahead in (True, False):
+        cfg = load_config()
+        cfg = dataclasses.replace(cfg, render=dataclasses.replace(cfg.render, lookahead=ahead))
+        r = Renderer(tiny_checkpoints, device="cpu", config=cfg, batch_size=batch_size)
+        res = r.render("anchor", clips[0], tmp_path / f"{ahead}.mp4", seed=5)
+        assert res.profile["batch_size"] == batch_size and res.profile["stages"]["stitch"] > 0
+        outs[ahead] = res.output.read_bytes()
+    assert outs[True] == outs[False]

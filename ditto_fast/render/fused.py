@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +11,22 @@ import torch
 from .. import models
 
 
+@dataclass
+class Pending:
+    """A launched batch: its crops on the host (complete once `done` has fired; None = already complete)."""
+
+    crops: torch.Tensor                  # uint8 [B,512,512,3]
+    done: torch.cuda.Event | None
+
+
 class FusedRenderer:
     """(f_s [B,C,D,64,64] float16, x_s [B,21,3], x_d [B,21,3]) -> uint8 crops [B,512,512,3].
 
     "Fused" means the warp and the decode run back to back on the device in one call: the 3D
     feature volume f_3d and the warped features never leave it, and the only transfer back is the
     uint8 crop. (The two networks stay separate modules; no kernels are fused.) On CUDA the source
-    features travel in through a pinned staging buffer with a non-blocking copy.
+    features travel in, and the crops back, through pinned buffers with non-blocking copies, so
+    `launch` returns while the device works and `collect` waits only when the crops are needed.
     """
 
     def __init__(self, warp_path: str | Path, decoder_path: str | Path, device: torch.device,
@@ -26,23 +36,53 @@ class FusedRenderer:
         self.decoder = models.load("decoder", decoder_path, self.device, dtype)
         self.random_weights = any(getattr(m, "ditto_meta", {}).get("random_weights")
                                   for m in (self.warp, self.decoder))
-        self._pinned: torch.Tensor | None = None
+        self._pinned: dict[tuple, torch.Tensor] = {}
+        self._slot = 0
 
-    def _to_device(self, f_s: np.ndarray) -> torch.Tensor:
+    def _to_device(self, f_s: np.ndarray, slot: int) -> torch.Tensor:
         host = torch.from_numpy(np.array(f_s, copy=True))          # memmap rows -> one host copy
         if self.device.type != "cuda":
             return host.to(self.dtype)
-        if self._pinned is None or self._pinned.shape != host.shape:
-            self._pinned = torch.empty(host.shape, dtype=host.dtype).pin_memory()
-        self._pinned.copy_(host)
-        return self._pinned.to(self.device, non_blocking=True).to(self.dtype)
+        staging = self._staging(("in", slot), host.shape, host.dtype)
+        staging.copy_(host)
+        return staging.to(self.device, non_blocking=True).to(self.dtype)
+
+    def _staging(self, key: tuple, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A pinned host buffer per (direction, slot), reallocated when the batch shape changes."""
+        buf = self._pinned.get(key)
+        if buf is None or buf.shape != shape:
+            buf = self._pinned[key] = torch.empty(shape, dtype=dtype).pin_memory()
+        return buf
 
     @torch.inference_mode()
-    def __call__(self, f_s: np.ndarray, x_s: np.ndarray, x_d: np.ndarray) -> np.ndarray:
-        f_3d = self._to_device(f_s)                                          # [B,C,D,64,64]
+    def launch(self, f_s: np.ndarray, x_s: np.ndarray, x_d: np.ndarray) -> Pending:
+        """Start warp + decode of one batch; on CUDA this returns at once (kernels and the copy back queued).
+
+        Pending batches use two alternating pinned buffers, so collect a batch before launching the
+        second one after it (the render loop keeps at most two in flight).
+        """
+        slot, self._slot = self._slot, self._slot ^ 1
+        f_3d = self._to_device(f_s, slot)                                    # [B,C,D,64,64]
         kp_s = torch.from_numpy(np.asarray(x_s, np.float32)).to(self.device)  # [B,21,3]
         kp_d = torch.from_numpy(np.asarray(x_d, np.float32)).to(self.device)
         feature = self.warp(f_3d, kp_s, kp_d)                                # [B,256,64,64]
         image = self.decoder(feature)                                        # [B,3,512,512] in 0..1
         crop = (image.float() * 255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-        return crop.contiguous().cpu().numpy()                               # [B,512,512,3]
+        if self.device.type != "cuda":
+            return Pending(crop.contiguous(), None)
+        host = self._staging(("out", slot), crop.shape, torch.uint8)
+        host.copy_(crop, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Pending(host, done)
+
+    @staticmethod
+    def collect(pending: Pending) -> np.ndarray:
+        """The uint8 crops [B,512,512,3] of a launched batch, waiting for the device if it is still busy."""
+        if pending.done is not None:
+            pending.done.synchronize()
+        return pending.crops.numpy()
+
+    def __call__(self, f_s: np.ndarray, x_s: np.ndarray, x_d: np.ndarray) -> np.ndarray:
+        """Warp + decode one batch and wait for it: uint8 crops [B,512,512,3]."""
+        return self.collect(self.launch(f_s, x_s, x_d))
