@@ -95,6 +95,9 @@ def engine_options(command):
                      help="H.264 quality." + _default("render", "crf")),
         click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),
                      type=click.Choice(X264_PRESETS)),
+        click.option("--encoder", type=click.Choice(["auto", "software", "nvenc"]), default="auto", show_default=True,
+                     help="H.264/HEVC encoder: software (x264/x265), nvenc (the GPU's), or auto (NVENC when "
+                          "rendering on CUDA and it works)."),
         click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None),
     ]
     for option in reversed(options):
@@ -199,7 +202,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 @click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
 @CONFIG
 def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, codec, device, precision, batch_size,
-           crf, preset, checkpoints_dir, profile, preview, quiet, config_path):
+           crf, preset, encoder, checkpoints_dir, profile, preview, quiet, config_path):
     """Render AUDIO spoken by AVATAR into a video file (written to a temporary name, renamed when complete)."""
     from .avatar import load_avatar
     from .checkpoints import find_checkpoints
@@ -219,7 +222,7 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
         check_png_path(preview)
     serve_frames_from_mmap()
     renderer = Renderer(cs, device=device, precision=precision, config=config, batch_size=batch_size, crf=crf,
-                        preset=preset)
+                        preset=preset, encoder=encoder)
     with _bar("render", quiet) as bar:
         result = renderer.render(avatar, audio_path, output, seed=seed, emotion=emotion, controls=controls,
                                  steps=steps, fps=fps, codec=codec, progress=bar)
@@ -262,7 +265,7 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
               help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
 @CONFIG
 def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previews_dir, fps, codec, device, precision,
-          batch_size, crf, preset, checkpoints_dir, quiet, ray_address, workers, config_path):
+          batch_size, crf, preset, encoder, checkpoints_dir, quiet, ray_address, workers, config_path):
     """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional seed,
     emotion, controls, steps) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
     from .batch import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, run_batch, summary
@@ -296,12 +299,12 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
 
         setup_args = {"checkpoints": str(find_checkpoints(checkpoints_dir).root.resolve()), "device": device,
                       "precision": precision, "config": config, "batch_size": batch_size, "crf": crf,
-                      "preset": preset}
+                      "preset": preset, "encoder": encoder}
         with _bar("batch", quiet) as bar:
             run_batch_ray(jobs, setup_args, address=ray_address, workers=workers, force=force, fail_fast=fail_fast,
                           report=report, progress=bar)
     else:
-        setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset)
+        setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset, encoder)
         serve_frames_from_mmap()
         with _bar("batch", quiet) as bar:
             run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar,

@@ -53,7 +53,7 @@ from .motion.lips import lip_opening
 from .motion.sampling import MotionSampler
 from .motion.stitch import MotionStitch
 from .rates import MOTION_FPS, frames_for, motion_timeline, parse_rate, rate_text, source_indices
-from .render.formats import Format, output_format
+from .render.formats import Format, nvenc_works, output_format
 from .render.fused import FusedRenderer
 from .render.putback import Putback
 from .render.writer import VideoWriter, check_output_path
@@ -191,25 +191,46 @@ class RenderSetup:
     batch_size: int
     crf: int
     preset: str
+    nvenc: bool = False              # H.264/HEVC through the GPU's encoder
 
     @classmethod
     def resolve(cls, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
                 precision: str = "auto", config: Config | None = None, batch_size: int | None = None,
-                crf: int | None = None, preset: str | None = None) -> "RenderSetup":
-        """Find the checkpoints, pick device and precision, fill what is not given from the config."""
+                crf: int | None = None, preset: str | None = None, encoder: str = "auto") -> "RenderSetup":
+        """Find the checkpoints, pick device, precision and encoder, fill what is not given from the config.
+
+        encoder: "software" (x264/x265), "nvenc" (the GPU's encoder; refused if it does not work here) or
+        "auto" (NVENC when rendering on CUDA and it works, else software)."""
         config = config or load_config()
         cs = checkpoints if isinstance(checkpoints, CheckpointSet) else find_checkpoints(checkpoints)
         dev = resolve_device(device)
         r = config.render
         return cls(config, cs, dev, resolve_precision(precision, dev), max(1, batch_size or r.batch_size),
-                   r.crf if crf is None else crf, preset or r.preset)
+                   r.crf if crf is None else crf, preset or r.preset, _use_nvenc(encoder, dev))
+
+    def output_format(self, clip: Clip) -> Format:
+        """The clip's format with this setup's encoder."""
+        return dataclasses.replace(clip.format, nvenc=self.nvenc)
 
     def digest(self, clip: Clip, emotion: str = "neutral", controls: str | Path | None = None) -> str:
         """What a render of `clip` with this setup writes into its output's comment tag (see clip_digest)."""
         settings = {"checkpoints": self.checkpoints.fingerprints(), "device": self.device.type,
                     "precision": str(self.dtype), "batch_size": self.batch_size, "crf": self.crf,
-                    "preset": self.preset, "motion": dataclasses.asdict(self.config.motion)}
+                    "preset": self.preset, "encoder": self.output_format(clip).encoder,
+                    "motion": dataclasses.asdict(self.config.motion)}
         return clip_digest(clip, emotion, controls, settings)
+
+
+def _use_nvenc(encoder: str, device: torch.device) -> bool:
+    """Whether to encode with NVENC: asked for (and working), or `auto` on a CUDA device where it works."""
+    if encoder not in ("auto", "software", "nvenc"):
+        raise UsageError(f"unknown encoder {encoder!r}; use auto, software or nvenc")
+    if encoder == "software" or (encoder == "auto" and device.type != "cuda"):
+        return False
+    works, why = nvenc_works("h264")
+    if encoder == "nvenc" and not works:
+        raise UsageError(f"NVENC does not work on this machine ({why}); use --encoder software or auto")
+    return works
 
 
 class Renderer:
@@ -220,11 +241,13 @@ class Renderer:
 
     def __init__(self, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
                  precision: str = "auto", config: Config | None = None, batch_size: int | None = None,
-                 crf: int | None = None, preset: str | None = None, *, setup: RenderSetup | None = None):
+                 crf: int | None = None, preset: str | None = None, encoder: str = "auto", *,
+                 setup: RenderSetup | None = None):
         """Load the networks for `checkpoints` (default: $DITTO_FAST_CHECKPOINTS or ./checkpoints) on `device`,
         or for an already resolved `setup`."""
         t0 = time.perf_counter()
-        self.setup = setup or RenderSetup.resolve(checkpoints, device, precision, config, batch_size, crf, preset)
+        self.setup = setup or RenderSetup.resolve(checkpoints, device, precision, config, batch_size, crf, preset,
+                                                  encoder)
         self.config, self.checkpoints = self.setup.config, self.setup.checkpoints
         self.device, self.dtype = self.setup.device, self.setup.dtype
         files = self.checkpoints.files
@@ -280,7 +303,7 @@ class Renderer:
             "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
             "precision": str(self.dtype).replace("torch.", ""), "steps": clip.steps, "seed": clip.seed,
             "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
-            "encoder": clip.format.encoder, "batch_size": self.setup.batch_size,
+            "encoder": self.setup.output_format(clip).encoder, "batch_size": self.setup.batch_size,
             "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
             "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
         }
@@ -342,7 +365,8 @@ class Renderer:
         ahead = self.config.render.lookahead
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image) as plate, \
                 VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.audio, crf=self.setup.crf,
-                            preset=self.setup.preset, comment=digest, frames=n, fmt=clip.format) as writer:
+                            preset=self.setup.preset, comment=digest, frames=n,
+                            fmt=self.setup.output_format(clip)) as writer:
             pending = launch(batches[0]) if batches else None
             for k, idx in enumerate(batches):
                 following = batches[k + 1] if k + 1 < len(batches) else None

@@ -109,7 +109,8 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     from .avatar import store_root
 
     ray = start_ray(address)
-    clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "auto"}))
+    clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "auto",
+                                                    "encoder": "software"}))
     todo = [j for j in jobs if j.status == "pending"]
     total, done_frames = sum(clips[j.index].frames for j in todo), 0
     gpus = int(ray.cluster_resources().get("GPU", 0))

@@ -282,3 +282,23 @@ def test_avatar_files_follow_the_umask(tmp_path, tiny_checkpoints, monkeypatch):
         d = Registrar(tiny_checkpoints, "cpu").register(img, "still")
     assert d.stat().st_mode & 0o777 == 0o755
     assert {p.stat().st_mode & 0o777 for p in d.iterdir()} == {0o644}
+
+
+def test_encoders_software_by_default_on_cpu_and_nvenc_refused_where_it_does_not_work(tiny_checkpoints):
+    from ditto_fast.pipeline import RenderSetup
+    from ditto_fast.render.formats import Format, nvenc_works
+
+    assert RenderSetup.resolve(tiny_checkpoints, "cpu").nvenc is False                  # auto on a CPU
+    assert RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="software").nvenc is False
+    assert Format("mp4", "hevc", nvenc=True).encoder == "hevc_nvenc"
+    assert "-cq" in Format("mp4", "h264", nvenc=True).video_args(18, "veryfast")
+    assert Format("mov", "prores", nvenc=True).encoder == "prores_ks"
+    works, why = nvenc_works("h264")
+    if works:
+        assert RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="nvenc").nvenc is True
+    else:
+        assert why                                            # ffmpeg's reason, e.g. no libcuda
+        with pytest.raises(UsageError, match="NVENC does not work on this machine"):
+            RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="nvenc")
+    with pytest.raises(UsageError, match="unknown encoder"):
+        RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="x264")

@@ -1,6 +1,7 @@
 """Delivery formats: the container the output's extension names and the codec asked for, as ffmpeg options.
 
-Every output is tagged BT.709, TV range, with its audio at 48 kHz.
+Every output is tagged BT.709, TV range, with its audio at 48 kHz. H.264 and HEVC are encoded by x264/x265
+on the CPU, or by the GPU's NVENC (`nvenc`), with the same constant-quality number (crf / cq).
   .mp4  MPEG-4          h264 (default) or hevc, AAC audio
   .mov  QuickTime       h264 (default), hevc, or prores (ProRes 422 HQ, 10-bit 4:2:2, PCM audio)
   .mkv  Matroska        h264 (default) or hevc, AAC audio
@@ -8,8 +9,13 @@ Every output is tagged BT.709, TV range, with its audio at 48 kHz.
 
 from __future__ import annotations
 
+import functools
+import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import imageio_ffmpeg
 
 from ..errors import UsageError
 
@@ -25,11 +31,16 @@ class Format:
 
     container: str
     codec: str
+    nvenc: bool = False             # H.264/HEVC on the GPU's encoder
 
     @property
     def encoder(self) -> str:
         """The ffmpeg encoder that writes the video."""
-        return {"prores": "prores_ks", "hevc": "libx265"}.get(self.codec, "libx264")
+        if self.codec == "prores":
+            return "prores_ks"
+        if self.nvenc:
+            return f"{self.codec}_nvenc"
+        return "libx265" if self.codec == "hevc" else "libx264"
 
     @property
     def pix_fmt(self) -> str:
@@ -39,6 +50,11 @@ class Format:
         """ffmpeg's video encoder options; crf and preset apply to the H.264/HEVC encoders (ProRes: HQ profile)."""
         if self.codec == "prores":
             args = ["-c:v", self.encoder, "-profile:v", "3", "-vendor", "apl0"]
+        elif self.nvenc:
+            # constant quality as with crf; p5 + hq is NVENC's balanced high-quality setting
+            args = ["-c:v", self.encoder, "-preset", "p5", "-tune", "hq", "-rc", "vbr", "-cq", str(crf), "-b:v", "0"]
+            if self.codec == "hevc" and self.container in ("mp4", "mov"):
+                args += ["-tag:v", "hvc1"]
         elif self.codec == "hevc":
             args = ["-c:v", self.encoder, "-preset", preset, "-crf", str(crf), "-x265-params", "log-level=error"]
             if self.container in ("mp4", "mov"):
@@ -71,3 +87,18 @@ def output_format(path: str | Path, codec: str | None = None) -> Format:
     if codec == "prores" and container != "mov":
         raise UsageError(f"{path}: ProRes goes in a QuickTime file; name the output .mov")
     return Format(container, codec)
+
+
+@functools.lru_cache(maxsize=None)
+def nvenc_works(codec: str = "h264") -> tuple[bool, str]:
+    """Whether ffmpeg's NVENC encoder for `codec` encodes here (probed once per process), and why not."""
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-f", "lavfi",
+           "-i", "color=black:s=256x256:r=25", "-frames:v", "2", "-c:v", f"{codec}_nvenc", "-f", "null", "-"]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, str(e)
+    # the encoder's own first complaint ("[h264_nvenc @ 0x...] Cannot load libcuda.so.1"), without its prefix
+    lines = [re.sub(r"^(\[[^\]]*\]\s*)+", "", ln.strip()) for ln in res.stderr.splitlines()
+             if ln.strip().startswith(f"[{codec}_nvenc")]
+    return res.returncode == 0, (lines[0] if lines else f"ffmpeg exit {res.returncode}")[:160]
