@@ -14,13 +14,12 @@ print(json.dumps({{}}))
 """
 
 CHILD = """
-import json, torch
-from pathlib import Path
-from ditto_fast.pipeline import RenderOptions, render_video
-res = render_video(RenderOptions(avatar="bench", audio=Path({audio!r}), output=Path({out!r}), device={device!r},
-                                 precision={precision!r}, checkpoints=Path({ckpt!r}), quiet=True,
-                                 batch_size={batch}))
-print(res.table, flush=True)
+import json
+from ditto_fast.pipeline import Renderer, stage_table
+engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch})
+res = engine.render("bench", {audio!r}, {out!r})
+res.profile["stages"]["load_models"] = round(engine.load_seconds, 4)
+print(stage_table(res.profile), flush=True)
 print(json.dumps(res.profile))
 """
 
