@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_close_to_ref
+from conftest import assert_close_to_ref, native_bf16
 from ditto_fast import models
 from ditto_fast.errors import CheckpointError
 from ditto_fast.models.registry import module_of
@@ -73,6 +73,7 @@ def test_decoder_output_range(parity_outputs):
     assert img.min() >= 0.0 and img.max() <= 1.0
 
 
+@native_bf16
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NETS)
 def test_bfloat16_close_to_reference(name, parity_outputs, parity_vectors):

@@ -7,7 +7,7 @@ import torch
 from ditto_fast import models
 from ditto_fast.models import lmdm
 from ditto_fast.motion.ddim import DDIMSampler, DDIMScheduler
-from conftest import assert_close_to_ref
+from conftest import assert_close_to_ref, native_bf16
 from reference import lmdm_two_pass, lmdm_uncond
 
 TIMESTEPS = (999, 517, 3)
@@ -53,6 +53,7 @@ def test_lmdm_parity(parity_net, parity_vectors, inputs, step):
         assert_close_to_ref(got.numpy(), parity_vectors[f"lmdm.out.t{step}.{name}"], f"lmdm t{step} {name}")
 
 
+@native_bf16
 @pytest.mark.slow
 def test_lmdm_bf16_close_to_reference(parity_checkpoint, parity_vectors, inputs):
     net = models.load("lmdm", parity_checkpoint("lmdm"), dtype=torch.bfloat16)

@@ -5,7 +5,7 @@ import torch
 
 from ditto_fast import models
 from ditto_fast.models import motion_extractor
-from conftest import assert_close_to_ref
+from conftest import assert_close_to_ref, native_bf16
 
 HEADS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 
@@ -25,6 +25,7 @@ def test_motion_extractor_parity(parity_checkpoint, parity_vectors, image):
         assert_close_to_ref(out[name].numpy(), parity_vectors[f"motion_extractor.out.{name}"], f"motion_extractor.{name}")
 
 
+@native_bf16
 @pytest.mark.slow
 def test_motion_extractor_bf16_close_to_reference(parity_checkpoint, parity_vectors, image):
     net = models.load("motion_extractor", parity_checkpoint("motion_extractor"), dtype=torch.bfloat16)
