@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .avatar import Avatar, load_avatar
+from .avatar import Avatar, load_avatar, validate_name
 from .errors import DittoError, Terminated, UsageError
 from .ffpipe import container_comment
+from .motion.conditions import schedule_file
 from .filemode import give_usual_mode
 from .pipeline import Clip, Progress, Renderer, RenderSetup, check_clip
 
@@ -89,11 +90,14 @@ def _job_from_line(index: int, line: str, base: Path, where: str) -> Job:
     if data.get("controls") is not None:
         job.controls = base / str(data["controls"])
     emotion = data.get("emotion", "neutral")
+    if isinstance(emotion, dict):              # a schedule written inline in the job line
+        emotion = json.dumps(emotion, sort_keys=True)
     if isinstance(emotion, str) and emotion.endswith(".json") and not Path(emotion).is_absolute():
         emotion = str(base / emotion)
     seed, steps = data.get("seed", 0), data.get("steps")
     if not isinstance(emotion, str):
-        job.fail(UsageError(f"{where}: emotion must be a string (a label, a mix like happy+surprise, or a .json file)"))
+        job.fail(UsageError(f"{where}: emotion must be a label, a mix like happy+surprise, a schedule object or "
+                            "a .json file"))
     elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         job.fail(UsageError(f"{where}: seed must be an integer in 0..{2**63 - 1}"))
     elif steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000):
@@ -161,13 +165,14 @@ def write_report(path: str | Path, jobs: list[Job]) -> None:
 def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
     """Check every pending job without loading a network; failed ones are marked, the rest get their Clip."""
     avatars: dict[str, Avatar | DittoError] = {}
-    inputs = {p.resolve() for j in jobs for p in (j.audio, j.controls) if p is not None}
+    inputs = {p.resolve() for j in jobs for p in (j.audio, j.controls, schedule_file(j.emotion)) if p is not None}
     outputs: dict[Path, int] = {}
     clips: dict[int, Clip] = {}
     for job in jobs:
         if job.status != "pending":
             continue
         try:
+            validate_name(job.avatar)
             if job.avatar not in avatars:
                 try:
                     avatars[job.avatar] = load_avatar(job.avatar,
@@ -181,7 +186,8 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             out = job.output.resolve()
             if out in outputs:
                 raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
-            if out in inputs:
+            stores = {a.dir.resolve() for a in avatars.values() if isinstance(a, Avatar)}
+            if out in inputs or stores & set(out.parents):
                 raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
             clips[job.index], outputs[out] = clip, job.index
         except DittoError as e:

@@ -80,3 +80,32 @@ def test_report_is_written_whole_with_a_summary(tmp_path):
                                      "frames", "seconds"}
     assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_outputs_that_are_inputs_fail_alone(video_avatar, tiny_checkpoints, clips, tmp_path):
+    """An output that is an input of any job (audio, controls, emotion schedule, a file of an avatar) fails
+    with exit 2 before anything renders; so does an avatar named by a path; the other jobs stand."""
+    import shutil
+
+    from ditto_fast.batch import check_jobs
+    from ditto_fast.pipeline import RenderSetup
+
+    for i in range(2):
+        shutil.copy(clips[i], tmp_path / f"a{i}.wav")
+    (tmp_path / "c.json").write_text('{"default": {"yaw": 2}}')
+    (tmp_path / "emo.json").write_text('{"default": "happy"}')
+    rows = [{"audio": "a0.wav", "output": "ok.mp4", "emotion": {"default": "sad", "frames": {"0-3": "happy"}}},
+            {"audio": "a0.wav", "output": "a0.wav"},
+            {"audio": "a1.wav", "output": "c.json"},                           # another job's controls
+            {"audio": "a1.wav", "output": "emo.json", "controls": "c.json"},
+            {"audio": "a1.wav", "output": str(video_avatar / "f_s.npy")},
+            {"audio": "a1.wav", "output": "x.mp4", "emotion": "emo.json", "avatar": "../avatars/anchor"}]
+    f = tmp_path / "jobs.jsonl"
+    f.write_text("".join(json.dumps({"avatar": "anchor", **r}) + "\n" for r in rows))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    jobs = read_jobs(f)
+    check_jobs(jobs, RenderSetup.resolve(tiny_checkpoints, device="cpu"))
+    assert jobs[0].status == "pending", jobs[0].error
+    assert [j.exit_code for j in jobs[1:]] == [2] * 5, [j.error for j in jobs]
+    assert all("input" in j.error for j in jobs[1:5]) and "invalid avatar name" in jobs[5].error
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

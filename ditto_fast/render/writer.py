@@ -3,7 +3,9 @@ path only when complete, with the process's usual file mode."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import subprocess
 import tempfile
 from fractions import Fraction
@@ -39,10 +41,64 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return out
 
 
-def _spawn(cmd: list[str], stderr_file) -> subprocess.Popen:
-    """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us."""
+# the hidden name a VideoWriter writes to: "." + the output's name + ".part" + mkstemp's 8 characters + suffix
+PART_RE = re.compile(r"^\..+\.part[a-z0-9_]{8}(\.[^./]+)?$")
+
+
+def _lock_if_free(fd: int) -> bool:
+    """Take an exclusive flock on `fd` without waiting; False if another process holds one."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def remove_stale_parts(folder: str | os.PathLike) -> list[Path]:
+    """Delete the hidden partial files (`.NAME.part*`) in `folder` whose writer is gone: a live VideoWriter holds
+    an flock on its file until the file is renamed into place, so only dead renders' files can be locked here."""
+    removed: list[Path] = []
+    try:
+        entries = [e for e in os.scandir(folder) if PART_RE.match(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if _lock_if_free(fd) and os.stat(entry.path, follow_symlinks=False).st_ino == st.st_ino:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _locked_part_file(out: Path) -> tuple[Path, int]:
+    """A new hidden file beside `out` and an open descriptor holding its flock (held until it is renamed or
+    removed, so remove_stale_parts leaves it alone)."""
+    parent = out.parent if str(out.parent) else Path(".")
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.part", suffix=out.suffix, dir=parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:        # a cleaner may have taken it between mkstemp and flock: then make another
+            if os.stat(tmp, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                return Path(tmp), fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us. `pass_fds`
+    stay open in ffmpeg (the temporary file's lock: held while ffmpeg still writes, even if we were killed)."""
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
-                            start_new_session=True)
+                            start_new_session=True, pass_fds=pass_fds)
 
 
 class VideoWriter:
@@ -54,8 +110,9 @@ class VideoWriter:
     (the same bytes every run); without it, ffmpeg's -shortest stops it near the video's end.
     `fps` is exact as a Fraction (30000/1001 is written as such in the stream).
     `comment` goes into the container's comment tag (batch records what a file was made from there).
-    The file is written to a hidden temporary name beside `out_path` and renamed into place by
-    `close()`; `abort()` (also called when an exception leaves the `with` block) removes it.
+    The file is written to a hidden temporary name beside `out_path` (flock'd while being written) and renamed
+    into place by `close()`; `abort()` (also called when an exception leaves the `with` block) removes it. A
+    writer first removes the temporaries of dead writers (killed with SIGKILL, say) in its folder.
     """
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
@@ -72,10 +129,8 @@ class VideoWriter:
         self.size = (width, height)
         self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
-        parent = self.out_path.parent if str(self.out_path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.out_path.name}.part", suffix=self.out_path.suffix, dir=parent)
-        os.close(fd)
-        self._tmp_path = Path(tmp)
+        remove_stale_parts(self.out_path.parent if str(self.out_path.parent) else Path("."))
+        self._tmp_path, self._lock_fd = _locked_part_file(self.out_path)
         self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
         self._done = False
 
@@ -103,7 +158,7 @@ class VideoWriter:
             cmd += ["-metadata", f"comment={comment}"]
         cmd += [*fmt.muxer_args(), str(self._tmp_path)]
         try:
-            self._proc = _spawn(cmd, self._stderr)
+            self._proc = _spawn(cmd, self._stderr, pass_fds=(self._lock_fd,))
         except OSError as exc:
             self._cleanup_files()
             raise DittoError(f"writing {self.out_path} failed: cannot start ffmpeg ({exc}); "
@@ -152,6 +207,7 @@ class VideoWriter:
                              f"check the directory still exists and is writable") from None
         self._done = True
         self._stderr.close()
+        self._unlock()
         return self.out_path
 
     def abort(self) -> None:
@@ -187,6 +243,13 @@ class VideoWriter:
         except FileNotFoundError:
             pass
         self._stderr.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        """Release the temporary file's flock (closing its descriptor)."""
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __del__(self) -> None:
         if getattr(self, "_done", True) is False and hasattr(self, "_proc"):
