@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from .errors import DittoError, Terminated, UsageError
 from .ffpipe import container_comment
 from .motion.conditions import schedule_file
 from .filemode import give_usual_mode
+from .partfiles import create_locked
 from .pipeline import Clip, Progress, Renderer, RenderSetup, check_clip
 
 JOB_KEYS = ("avatar", "audio", "output", "seed", "emotion", "controls", "steps", "fps", "codec")
@@ -150,9 +150,9 @@ def summary(jobs: list[Job]) -> dict[str, int]:
 def write_report(path: str | Path, jobs: list[Job]) -> None:
     """The report JSON, replaced atomically (a reader never sees half of it)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or Path("."))
+    tmp, lock = create_locked(path, "tmp")         # a killed batch's leftover is removed by the next write
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "w") as f:
             json.dump({"jobs": [j.row() for j in jobs], "summary": summary(jobs)}, f, indent=2)
             f.write("\n")
         give_usual_mode(tmp)
@@ -160,6 +160,8 @@ def write_report(path: str | Path, jobs: list[Job]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(lock)
 
 
 def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:

@@ -3,9 +3,7 @@ path only when complete, with the process's usual file mode."""
 
 from __future__ import annotations
 
-import fcntl
 import os
-import re
 import subprocess
 import tempfile
 from fractions import Fraction
@@ -18,6 +16,7 @@ import numpy as np
 from ditto_fast.errors import DittoError, InputError
 from ditto_fast.ffpipe import last_stderr_line
 from ditto_fast.filemode import give_usual_mode
+from ditto_fast.partfiles import create_locked, remove_stale
 from ditto_fast.rates import rate_text
 from ditto_fast.render.formats import Format, output_format
 
@@ -41,57 +40,9 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return out
 
 
-# the hidden name a VideoWriter writes to: "." + the output's name + ".part" + mkstemp's 8 characters + suffix
-PART_RE = re.compile(r"^\..+\.part[a-z0-9_]{8}(\.[^./]+)?$")
-
-
-def _lock_if_free(fd: int) -> bool:
-    """Take an exclusive flock on `fd` without waiting; False if another process holds one."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
 def remove_stale_parts(folder: str | os.PathLike) -> list[Path]:
-    """Delete the hidden partial files (`.NAME.part*`) in `folder` whose writer is gone: a live VideoWriter holds
-    an flock on its file until the file is renamed into place, so only dead renders' files can be locked here."""
-    removed: list[Path] = []
-    try:
-        entries = [e for e in os.scandir(folder) if PART_RE.match(e.name) and e.is_file(follow_symlinks=False)]
-    except OSError:
-        return removed
-    for entry in entries:
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if _lock_if_free(fd) and os.stat(entry.path, follow_symlinks=False).st_ino == st.st_ino:
-                os.unlink(entry.path)
-                removed.append(Path(entry.path))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _locked_part_file(out: Path) -> tuple[Path, int]:
-    """A new hidden file beside `out` and an open descriptor holding its flock (held until it is renamed or
-    removed, so remove_stale_parts leaves it alone)."""
-    parent = out.parent if str(out.parent) else Path(".")
-    while True:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.part", suffix=out.suffix, dir=parent)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:        # a cleaner may have taken it between mkstemp and flock: then make another
-            if os.stat(tmp, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                return Path(tmp), fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+    """Delete the hidden partial files (`.NAME.part*`) in `folder` whose writer is gone (see partfiles.py)."""
+    return remove_stale(folder, "part")
 
 
 def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -129,8 +80,7 @@ class VideoWriter:
         self.size = (width, height)
         self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
-        remove_stale_parts(self.out_path.parent if str(self.out_path.parent) else Path("."))
-        self._tmp_path, self._lock_fd = _locked_part_file(self.out_path)
+        self._tmp_path, self._lock_fd = create_locked(self.out_path, "part", self.out_path.suffix)
         self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
         self._done = False
 
