@@ -60,7 +60,7 @@ def exif_orientation(path: Path) -> int:
     try:
         with Image.open(path) as im:
             value = im.getexif().get(0x0112, 1)
-    except (OSError, ValueError, SyntaxError):
+    except Exception:  # noqa: BLE001 - any EXIF Pillow cannot read (corrupt, a "decompression bomb"): as stored
         return 1
     return value if value in _UPRIGHT else 1
 
@@ -71,7 +71,10 @@ def _read_image(path: Path) -> np.ndarray | None:
     if not any(head.startswith(m) for m in _IMAGE_MAGIC) or (head.startswith(b"RIFF") and head[8:12] != b"WEBP"):
         return None
     # colour, 8 bits (16-bit samples scaled by the fixed 1/256, as Ditto reads them), alpha dropped
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    try:
+        img = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error:          # e.g. a header declaring more pixels than OpenCV will allocate
+        img = None
     if img is None:
         raise InputError(f"{path}: image is truncated or corrupt; re-export it as PNG or JPEG")
     img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
@@ -126,6 +129,8 @@ def stream_rate(line: str) -> tuple[Fraction, str | None]:
     if avg is None and base is None:
         return Fraction(MOTION_FPS), f"the video states no frame rate; kept at {MOTION_FPS} fps"
     if avg is None or avg <= 0:
+        if base is None or base <= 0:
+            return Fraction(MOTION_FPS), f"the video states no frame rate; kept at {MOTION_FPS} fps"
         return from_stream(base), None
     if base is not None and abs(avg - base) > 1e-3 * base:
         rate = nearest_standard(avg)

@@ -32,9 +32,9 @@ def check_output_path(path: str | os.PathLike) -> Path:
     if not parent.is_dir():
         raise InputError(f"{out}: {parent} is not a directory; choose another output path")
     try:  # a real probe also catches read-only file systems and root-squashed mounts
-        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.probe", dir=parent)
-        os.close(fd)
+        probe, fd = create_locked(out, "probe")
         os.unlink(probe)
+        os.close(fd)
     except OSError as exc:
         raise InputError(f"{out}: cannot write in {parent} ({exc.strerror}); choose another output path") from None
     return out
