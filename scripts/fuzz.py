@@ -206,7 +206,9 @@ def run_case(case: Case, path: Path, work: Path, env: dict, timeout: float) -> C
         if left and case.exit_code is not None:
             problems.append(f"partial files {left}")
     else:
-        tmp = sorted(p.name for p in store.iterdir() if p.name.startswith(".tmp-")) if store.is_dir() else []
+        mine = f"fz{case.index}-"           # this run's temporaries only (others may be running beside it)
+        tmp = sorted(p.name for p in store.iterdir() if p.name.startswith(".tmp-") and mine in p.name) \
+            if store.is_dir() else []
         if tmp and case.exit_code is not None:
             problems.append(f"store temporaries {tmp}")
         if case.exit_code not in (0, None) and out.exists():

@@ -136,3 +136,12 @@ def test_a_pickle_that_runs_code_is_refused_in_one_whole_sentence(ckpt_copy, tmp
 
     path.write_bytes(pickle.dumps({"a": _Eval()}, protocol=4))                 # a legacy pickle, no zip
     _expect("not a plain weights file; refused to load it", lambda: models.load("stitch_network", path))
+
+
+def test_weights_holding_nan_are_refused(ckpt_copy):
+    path = ckpt_copy / MODELS_SUBDIR / "stitch_network.pth"
+    obj = torch.load(path, weights_only=True)
+    obj["retarget_shoulder"]["mlp.0.weight"][0, 0] = float("nan")
+    torch.save(obj, path)
+    msg = _expect("mlp.0.weight holds NaN or infinite values", lambda: models.load("stitch_network", path))
+    assert str(path) in msg

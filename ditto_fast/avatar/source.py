@@ -96,7 +96,7 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
     import imageio_ffmpeg
 
     streams = stream_lines(path)
-    line = next((ln for ln in streams if ": Video: " in ln), None)
+    line = next((ln for ln in streams if ": Video: " in ln and "(attached pic)" not in ln), None)  # not cover art
     if streams and line is None:
         raise InputError(f"{path}: has no video stream (an audio-only file?); give the anchor's video or an image")
     try:

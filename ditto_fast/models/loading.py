@@ -134,6 +134,10 @@ def check_state_dict(name: str, sd: dict[str, torch.Tensor], path: str | os.Path
         raise CheckpointError(f"{path}: not a {s.title} checkpoint (cannot read its widths: {e}); "
                               f"give {s.filename} from the Ditto release") from None
     bad = _mismatches(net.state_dict(), sd)
+    broken = next((k for k, v in sd.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+    if broken is not None and not bad:
+        raise CheckpointError(f"{path}: {broken} holds NaN or infinite values; re-download the {s.title} "
+                              f"checkpoint {s.filename}")
     if bad:
         shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise CheckpointError(f"{path}: does not match the {s.title}: {shown}; "
