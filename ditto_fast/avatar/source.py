@@ -103,7 +103,7 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
         gen = imageio_ffmpeg.read_frames(str(path))
         meta = next(gen)
         gen.close()
-    except (OSError, RuntimeError, StopIteration) as e:
+    except (OSError, RuntimeError, StopIteration, IndexError, ValueError, AttributeError) as e:  # + header parsing
         msg = str(e).strip().splitlines()[-1][:120] if str(e).strip() else "no video stream"
         raise InputError(f"{path}: not a readable video or image ({msg}); give an MP4/MOV/MKV video "
                          "or a PNG/JPEG image") from None
