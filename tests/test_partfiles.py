@@ -12,9 +12,9 @@ from ditto_fast.partfiles import create_locked, remove_stale
 
 
 def test_only_files_nobody_holds_are_removed(tmp_path):
-    dead = tmp_path / ".out.mp4.partabcd1234.mp4"
-    dead.write_bytes(b"half a video")
     live, fd = create_locked(tmp_path / "other.mp4", "part", ".mp4")
+    dead = tmp_path / ".out.mp4.partabcd1234.mp4"                # as a killed writer leaves it: nobody holds it
+    dead.write_bytes(b"half a video")
     alike = [tmp_path / ".out.mp4.part", tmp_path / "out.mp4.partabcd1234.mp4", tmp_path / ".x.partABCD1234"]
     for p in alike:                                         # not our names: left alone
         p.write_text("user's")
