@@ -135,12 +135,12 @@ def check_clip(avatar: Avatar, audio: str | Path, output: str | Path, *, seed: i
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise UsageError(f"seed must be an integer in 0..{2**63 - 1}, got {seed!r}")
     audio, output = Path(audio), Path(output)
-    fmt = output_format(output, codec)
-    rate = _clip_rate(fps, avatar)
     emotion_file = schedule_file(emotion)
     for p in (audio, *([Path(controls)] if controls else []), *([emotion_file] if emotion_file else []), avatar.dir):
         if overwrites(output, p):
             raise UsageError(f"{output}: the output would overwrite an input ({p}); choose another output path")
+    fmt = output_format(output, codec)
+    rate = _clip_rate(fps, avatar)
     check_output_path(output)
     n = frames_for(len(load_audio(audio)), rate)
     return Clip(avatar, audio, output, n, emotion_schedule(emotion, n),
