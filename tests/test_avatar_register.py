@@ -93,7 +93,8 @@ def bad_sources(tmp_path_factory, anchor_video) -> dict[str, tuple[Path, int, st
     subprocess.run([ff, "-y", "-loglevel", "error", "-i", str(anchor_video), "-c", "copy", "-movflags", "+faststart",
                     str(d / "faststart.mp4")], check=True)
     whole = (d / "faststart.mp4").read_bytes()
-    (d / "cut_short.mp4").write_bytes(whole[: len(whole) // 3])
+    (d / "cut_short.mp4").write_bytes(whole[: len(whole) * 2 // 3])
+    (d / "cut_to_nothing.mp4").write_bytes(whole[: len(whole) // 3])         # not even the first frame
     blank = np.full((1080, 1920, 3), 90, np.uint8)
     write_anchor_video(d / "noface_later.mp4", 6, size=(1280, 720), face_px=120,
                        motion=Motion(center=(500, 360), velocity=(300.0, 0.0)))
@@ -106,6 +107,7 @@ def bad_sources(tmp_path_factory, anchor_video) -> dict[str, tuple[Path, int, st
         "truncated": (d / "truncated.mp4", 3, "truncated|not a readable"),
         "audio_only": (d / "audio_only.mp4", 3, "has no video stream"),
         "cut_short": (d / "cut_short.mp4", 3, r"cut short: decoded \d+ frames \(.* s\) of the 1\.00 s \(25 frames\)"),
+        "cut_to_nothing": (d / "cut_to_nothing.mp4", 3, r"cut short|not a readable video"),
         "noface": (_image(d / "blank.png", blank), 4, "frame 0"),
         "noface_later": (d / "noface_later.mp4", 4, r"frame [1-5]\b"),
         "small_face": (_image(d / "small.png", cv2.cvtColor(tiny_face, cv2.COLOR_RGB2BGR)), 4, "px"),
@@ -113,7 +115,7 @@ def bad_sources(tmp_path_factory, anchor_video) -> dict[str, tuple[Path, int, st
 
 
 @pytest.mark.parametrize("case", ["missing", "directory", "empty", "text", "truncated", "audio_only", "cut_short",
-                                  "noface", "noface_later", "small_face"])
+                                  "cut_to_nothing", "noface", "noface_later", "small_face"])
 def test_bad_sources(case, bad_sources, tiny_checkpoints, tmp_path, run_cli):
     path, code, pattern = bad_sources[case]
     r = run_cli(["register", str(path), "--name", "bad", "--quiet"], store_env(tmp_path, tiny_checkpoints))

@@ -104,6 +104,9 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
         meta = next(gen)
         gen.close()
     except (OSError, RuntimeError, StopIteration, IndexError, ValueError, AttributeError) as e:  # + header parsing
+        if "partial file" in str(e):
+            raise InputError(f"{path}: video is cut short, not one frame decodes (ffmpeg: partial file); copy or "
+                             "re-export the whole file") from None
         msg = str(e).strip().splitlines()[-1][:120] if str(e).strip() else "no video stream"
         raise InputError(f"{path}: not a readable video or image ({msg}); give an MP4/MOV/MKV video "
                          "or a PNG/JPEG image") from None
