@@ -132,7 +132,10 @@ class AvatarWriter:
     def _discard(self) -> None:
         """Remove the temporary directory and release its lock."""
         if self._f_s is not None:
-            self._f_s.close()
+            try:
+                self._f_s.close()
+            except OSError:     # its buffer cannot be flushed (a full disk): the file is going anyway
+                pass
         self._f_s = None
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
