@@ -184,13 +184,13 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             avatar = avatars[job.avatar]
             if isinstance(avatar, DittoError):
                 raise avatar
+            clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
             out = job.output.resolve()
+            if out in outputs:
+                raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
             stores = {a.dir.resolve() for a in avatars.values() if isinstance(a, Avatar)}
             if out in inputs or stores & set(out.parents):
                 raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
-            clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
-            if out in outputs:
-                raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
             clips[job.index], outputs[out] = clip, job.index
         except DittoError as e:
             job.fail(e)

@@ -90,16 +90,22 @@ def test_outputs_that_are_inputs_fail_alone(video_avatar, tiny_checkpoints, clip
     from ditto_fast.batch import check_jobs
     from ditto_fast.pipeline import RenderSetup
 
-    for i in range(2):
-        shutil.copy(clips[i], tmp_path / f"a{i}.wav")
-    (tmp_path / "c.json").write_text('{"default": {"yaw": 2}}')
-    (tmp_path / "emo.json").write_text('{"default": "happy"}')
-    rows = [{"audio": "a0.wav", "output": "ok.mp4", "emotion": {"default": "sad", "frames": {"0-3": "happy"}}},
-            {"audio": "a0.wav", "output": "a0.wav"},
-            {"audio": "a1.wav", "output": "c.json"},                           # another job's controls
-            {"audio": "a1.wav", "output": "emo.json", "controls": "c.json"},
-            {"audio": "a1.wav", "output": str(video_avatar / "f_s.npy")},
-            {"audio": "a1.wav", "output": "x.mp4", "emotion": "emo.json", "avatar": "../avatars/anchor"}]
+    import subprocess
+
+    import imageio_ffmpeg
+
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(clips[0]), str(tmp_path / "a0.mkv")],
+                   check=True)                                           # audio in a name an output may have
+    shutil.copy(clips[1], tmp_path / "a1.wav")
+    (tmp_path / "c.mov").write_text('{"default": {"yaw": 2}}')          # any name holds JSON
+    (tmp_path / "emo.mkv").write_text('{"default": "happy"}')
+    rows = [{"audio": "a0.mkv", "output": "ok.mp4", "emotion": {"default": "sad", "frames": {"0-3": "happy"}},
+             "controls": "c.mov"},
+            {"audio": "a0.mkv", "output": "a0.mkv"},                           # its own audio
+            {"audio": "a1.wav", "output": "c.mov"},                            # another job's controls
+            {"audio": "a1.wav", "output": "emo.mkv", "controls": "c.mov"},     # another job's emotion schedule
+            {"audio": "a1.wav", "output": str(video_avatar / "plate.mp4")},
+            {"audio": "a1.wav", "output": "x.mp4", "emotion": str(tmp_path / "emo.mkv"), "avatar": "../avatars/anchor"}]
     f = tmp_path / "jobs.jsonl"
     f.write_text("".join(json.dumps({"avatar": "anchor", **r}) + "\n" for r in rows))
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
