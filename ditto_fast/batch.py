@@ -184,13 +184,14 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             avatar = avatars[job.avatar]
             if isinstance(avatar, DittoError):
                 raise avatar
-            clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
             out = job.output.resolve()
+            own = {p.resolve() for p in (job.audio, job.controls, schedule_file(job.emotion)) if p is not None}
+            others = {a.dir.resolve() for a in avatars.values() if isinstance(a, Avatar) and a is not avatar}
+            if out in inputs - own or others & set(out.parents):   # the job's own inputs: check_clip says so
+                raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
+            clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
             if out in outputs:
                 raise UsageError(f"{job.output}: also the output of job {outputs[out]}; give each job its own output")
-            stores = {a.dir.resolve() for a in avatars.values() if isinstance(a, Avatar)}
-            if out in inputs or stores & set(out.parents):
-                raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
             clips[job.index], outputs[out] = clip, job.index
         except DittoError as e:
             job.fail(e)
