@@ -63,8 +63,8 @@ def setup(work: Path) -> tuple[dict, Path]:
     write_random(ckpt, tiny=True, seed=0)
     env = dict(os.environ, DITTO_FAST_HOME=str(work / "home"), DITTO_FAST_CHECKPOINTS=str(ckpt),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    anchor = write_anchor_video(work / "anchor.mp4", 8, size=(640, 360), face_px=120,
-                                motion=Motion(center=(320, 180), velocity=(0.5, 0.0)))
+    anchor = write_anchor_video(work / "anchor.mp4", 8, size=(1280, 720), face_px=120,
+                                motion=Motion(center=(640, 360), velocity=(0.5, 0.0)))
     subprocess.run([sys.executable, "-m", "ditto_fast.cli", "register", str(anchor), "--name", "base", "--device",
                     "cpu", "--quiet"], env=env, check=True, stdout=subprocess.DEVNULL, cwd=REPO)
     x, sr = sf.read(REPO / "tests" / "data" / "speech_en_16k.wav", dtype="float32")

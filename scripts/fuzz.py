@@ -69,12 +69,12 @@ def make_seeds(work: Path) -> dict[str, list[Path]]:
 
     ffmpeg("-i", str(d / "speech.wav"), "-ac", "2", "-ar", "44100", "-c:a", "pcm_f32le", str(d / "stereo.wav"))
     ffmpeg("-i", str(d / "speech.wav"), "-c:a", "libmp3lame", "-b:a", "64k", str(d / "speech.mp3"))
-    size = (640, 360)
-    motion = Motion(center=(320, 180), velocity=(0.5, 0.0))
+    size = (1280, 720)                     # the face as in the tests' small anchors (mediapipe finds it)
+    motion = Motion(center=(640, 360), velocity=(0.5, 0.0))
     write_anchor_video(d / "anchor.mp4", 8, size=size, face_px=120, motion=motion)
     ffmpeg("-i", str(d / "anchor.mp4"), "-f", "lavfi", "-i", "sine=f=300:d=0.32", "-c:v", "copy", "-c:a", "aac",
            "-movflags", "+faststart", "-shortest", str(d / "anchor_faststart.mp4"))
-    still = cv2.cvtColor(astronaut_canvas(0, Motion.for_face(120, center=(320, 180)), size), cv2.COLOR_RGB2BGR)
+    still = cv2.cvtColor(astronaut_canvas(0, Motion.for_face(120, center=(640, 360)), size), cv2.COLOR_RGB2BGR)
     cv2.imwrite(str(d / "anchor.png"), still)
     cv2.imwrite(str(d / "anchor.jpg"), still, [cv2.IMWRITE_JPEG_QUALITY, 90])
     return {"render": [d / "speech.wav", d / "stereo.wav", d / "speech.mp3"],
@@ -225,6 +225,8 @@ def run_case(case: Case, path: Path, work: Path, env: dict, timeout: float) -> C
         case.verdict = "leftover"
     case.verdict = case.verdict or "ok"
     case.problem = "; ".join(problems)
+    print(f"{case.command}:{case.index} exit {case.exit_code} {case.verdict} ({case.seconds:.0f} s, {case.mutation})",
+          flush=True)
     if case.command == "register" and out.exists():
         shutil.rmtree(out, ignore_errors=True)                 # keep the store small
     if case.command == "render" and case.exit_code == 0:
