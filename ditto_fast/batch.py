@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .avatar import Avatar, load_avatar
+from .avatar import Avatar, load_avatar, validate_name
 from .errors import DittoError, Terminated, UsageError
 from .ffpipe import container_comment
+from .motion.conditions import schedule_file
 from .filemode import give_usual_mode
+from .partfiles import create_locked
 from .pipeline import Clip, Progress, Renderer, RenderResult, RenderSetup, check_clip
 from .preview.paths import preview_paths
 
@@ -90,11 +91,14 @@ def _job_from_line(index: int, line: str, base: Path, where: str) -> Job:
     if data.get("controls") is not None:
         job.controls = base / str(data["controls"])
     emotion = data.get("emotion", "neutral")
+    if isinstance(emotion, dict):              # a schedule written inline in the job line
+        emotion = json.dumps(emotion, sort_keys=True)
     if isinstance(emotion, str) and emotion.endswith(".json") and not Path(emotion).is_absolute():
         emotion = str(base / emotion)
     seed, steps = data.get("seed", 0), data.get("steps")
     if not isinstance(emotion, str):
-        job.fail(UsageError(f"{where}: emotion must be a string (a label, a mix like happy+surprise, or a .json file)"))
+        job.fail(UsageError(f"{where}: emotion must be a label, a mix like happy+surprise, a schedule object or "
+                            "a .json file"))
     elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         job.fail(UsageError(f"{where}: seed must be an integer in 0..{2**63 - 1}"))
     elif steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000):
@@ -147,9 +151,9 @@ def summary(jobs: list[Job]) -> dict[str, int]:
 def write_report(path: str | Path, jobs: list[Job]) -> None:
     """The report JSON, replaced atomically (a reader never sees half of it)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or Path("."))
+    tmp, lock = create_locked(path, "tmp")         # a killed batch's leftover is removed by the next write
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "w") as f:
             json.dump({"jobs": [j.row() for j in jobs], "summary": summary(jobs)}, f, indent=2)
             f.write("\n")
         give_usual_mode(tmp)
@@ -157,18 +161,21 @@ def write_report(path: str | Path, jobs: list[Job]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(lock)
 
 
 def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
     """Check every pending job without loading a network; failed ones are marked, the rest get their Clip."""
     avatars: dict[str, Avatar | DittoError] = {}
-    inputs = {p.resolve() for j in jobs for p in (j.audio, j.controls) if p is not None}
+    inputs = {p.resolve() for j in jobs for p in (j.audio, j.controls, schedule_file(j.emotion)) if p is not None}
     outputs: dict[Path, int] = {}
     clips: dict[int, Clip] = {}
     for job in jobs:
         if job.status != "pending":
             continue
         try:
+            validate_name(job.avatar)
             if job.avatar not in avatars:
                 try:
                     avatars[job.avatar] = load_avatar(job.avatar,
@@ -179,7 +186,9 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             if isinstance(avatar, DittoError):
                 raise avatar
             out = job.output.resolve()
-            if out in inputs and out != job.audio.resolve():
+            own = {p.resolve() for p in (job.audio, job.controls, schedule_file(job.emotion)) if p is not None}
+            others = {a.dir.resolve() for a in avatars.values() if isinstance(a, Avatar) and a is not avatar}
+            if out in inputs - own or others & set(out.parents):   # the job's own inputs: check_clip says so
                 raise UsageError(f"{job.output}: is an input of this batch; choose another output path")
             clip = check_clip(avatar, job.audio, job.output, config=setup.config, **job.options())
             if out in outputs:

@@ -188,10 +188,11 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
               help="Output file; .mp4, .mov or .mkv picks the container (default <avatar>_<audio stem>.mp4 "
                    "in the current directory).")
 @click.option("--steps", type=click.IntRange(1, 1000), default=None, help="DDIM steps." + _default("motion", "steps"))
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @click.option("--emotion", default="neutral", show_default=True,
               help="angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, "
-                   "or a per-frame schedule file (JSON).")
+                   "or a per-frame schedule: a JSON file, or inline JSON like "
+                   "'{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")
 @click.option("--controls", type=click.Path(path_type=Path), default=None, help="Per-frame control file (JSON).")
 @click.option("--fps", default=None, metavar="RATE", help=FPS_HELP)
 @click.option("--codec", type=CODEC, default=None, help=CODEC_HELP)
@@ -204,7 +205,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, codec, device, precision, batch_size,
            crf, preset, encoder, checkpoints_dir, profile, preview, quiet, config_path):
     """Render AUDIO spoken by AVATAR into a video file (written to a temporary name, renamed when complete)."""
-    from .avatar import load_avatar
+    from .avatar import load_avatar, validate_name
     from .checkpoints import find_checkpoints
     from .config import load_config
     from .memory import serve_frames_from_mmap
@@ -214,8 +215,8 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
     output = output or default_output(avatar, audio_path)
     cs = find_checkpoints(checkpoints_dir)
     # every input checked before the networks load
-    check_clip(load_avatar(avatar, expected_fingerprints=cs.avatar_fingerprints()), audio_path, output, seed=seed,
-               emotion=emotion, controls=controls, steps=steps, config=config, fps=fps, codec=codec)
+    check_clip(load_avatar(validate_name(avatar), expected_fingerprints=cs.avatar_fingerprints()), audio_path, output,
+               seed=seed, emotion=emotion, controls=controls, steps=steps, config=config, fps=fps, codec=codec)
     if preview is not None:
         from .preview.paths import check_png_path
 
@@ -402,7 +403,7 @@ def checkpoints():
 @checkpoints.command("init-random")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--tiny", is_flag=True, help="Tiny widths of the same architectures (fast CPU tests).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 def checkpoints_init_random(directory, tiny, seed):
     """Write random weights for all six networks and HuBERT into DIRECTORY (outputs are labelled random)."""
     from .checkpoints import write_random
@@ -433,14 +434,16 @@ def checkpoints_info(checkpoints_dir):
 @cli.command()
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
 def doctor(checkpoints_dir):
-    """Check ffmpeg, torch device, mediapipe models, checkpoints and the avatar store, one line each."""
+    """Check ffmpeg, torch device, mediapipe models, checkpoints (each loaded) and the avatar store, one line each;
+    changes nothing. Exit 6 if the checkpoints fail, 3 if the store is not writable."""
     from .doctor import run_checks
 
-    ok = True
+    failed = []
     for check in run_checks(checkpoints_dir):
-        ok &= check.ok
+        failed += [] if check.ok else [check.exit_code]
         click.echo(f"[{'ok' if check.ok else 'FAIL'}] {check.name:<12} {check.detail}")
-    sys.exit(0 if ok else 1)
+    # 6 for the checkpoints, 3 for the store (a broken install, ffmpeg or torch say, leaves 1)
+    sys.exit(next((c for c in failed if c != 1), failed[0]) if failed else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    exit_code: int = 1      # what `doctor` exits with when this check fails (6: checkpoints, 3: store)
 
 
 def _ffmpeg() -> Check:
@@ -58,32 +58,53 @@ def _mediapipe() -> Check:
 
 
 def _checkpoints(directory) -> Check:
-    from .checkpoints import find_checkpoints
+    """Find the checkpoints and load each network and HuBERT on the CPU, as a render would."""
+    from . import models
+    from .audio.hubert import load_hubert_encoder
+    from .checkpoints import find_checkpoints, resolve_root
 
+    root = resolve_root(directory)
     try:
         cs = find_checkpoints(directory)
+        for name, path in cs.files.items():
+            models.load(name, path, "cpu", fuse=False)
+        load_hubert_encoder(cs.hubert_dir)
     except DittoError as e:
-        return Check("checkpoints", False, str(e))
+        return Check("checkpoints", False, str(e), exit_code=e.exit_code)
+    except Exception as e:  # noqa: BLE001 - doctor reports anything; a file it cannot load is a checkpoint problem
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        return Check("checkpoints", False, f"{root}: not loaded ({type(e).__name__}: {first}); re-download the "
+                     "checkpoints", exit_code=6)
     kind = "RANDOM weights" if cs.random_weights else "weights"
-    return Check("checkpoints", True, f"{cs.root}: six networks + HuBERT ({kind})")
+    return Check("checkpoints", True, f"{cs.root}: six networks + HuBERT loaded ({kind})")
+
+
+def _writable_dir(path: Path) -> tuple[bool, Path]:
+    """Whether `path` (or, if it does not exist yet, its nearest existing parent) is a writable directory."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK), probe
 
 
 def _store() -> Check:
+    """The avatar store, looked at without changing anything (no directory made, no file written)."""
     from .avatar import list_avatars, store_root
 
     root = store_root() / "avatars"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root, prefix=".doctor-"):
-            pass
-    except OSError as e:
-        return Check("store", False, f"{root}: not writable ({e.strerror}); set DITTO_FAST_HOME to a writable dir")
-    n = len(list_avatars())
-    free = os.statvfs(root)
+    ok, where = _writable_dir(root)
+    if not ok:
+        return Check("store", False, f"{root}: not writable ({where} is not a writable directory); set "
+                     "DITTO_FAST_HOME to a writable dir", exit_code=3)
+    rows = list_avatars()
+    damaged = sum(1 for r in rows if r.get("error"))
+    free = os.statvfs(where)
     gib = free.f_bavail * free.f_frsize / 2**30
-    return Check("store", True, f"{root}: {n} avatar(s), {gib:.1f} GiB free")
+    note = f" ({damaged} damaged: see `ditto-fast avatars`)" if damaged else ""
+    made = "" if root.is_dir() else " (created by the first register)"
+    return Check("store", True, f"{root}{made}: {len(rows)} avatar(s){note}, {gib:.1f} GiB free")
 
 
 def run_checks(checkpoints_dir=None) -> list[Check]:
-    """All checks, in order; each never raises."""
+    """All checks, in order; each never raises, and none changes anything on disk."""
     return [_ffmpeg(), _torch(), _mediapipe(), _checkpoints(checkpoints_dir), _store()]

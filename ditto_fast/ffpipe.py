@@ -23,6 +23,11 @@ def _describe(path: str | os.PathLike) -> list[str]:
     return res.stderr.splitlines()
 
 
+def stream_lines(path: str | os.PathLike) -> list[str]:
+    """ffmpeg's one-line description of each stream of `path` ("Stream #0:0...: Video: h264 ..."); [] if unreadable."""
+    return [ln for ln in _describe(path) if re.search(r"Stream #\S+: \w+: ", ln)]
+
+
 def video_stream_line(path: str | os.PathLike) -> str | None:
     """ffmpeg's one-line description of the first video stream of `path` ("Stream #0:0...: Video: h264 ..."), or None."""
     return next((ln for ln in _describe(path) if re.search(r"Stream #.*: Video: ", ln)), None)
@@ -93,6 +98,15 @@ class RawVideoPipe:
     def last_error(self) -> str:
         """ffmpeg's last stderr line, shortened (empty if none)."""
         return last_stderr_line(self._stderr)[:160]
+
+    def stderr_text(self, limit: int = 1 << 16) -> str:
+        """The last `limit` bytes ffmpeg wrote to stderr, as text (empty if none or closed)."""
+        try:
+            self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, self._stderr.tell() - limit))
+            return self._stderr.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
 
     def close(self) -> None:
         """Stop ffmpeg if it is still running and release the pipe and the stderr file."""

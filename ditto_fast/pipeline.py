@@ -45,7 +45,7 @@ from .checkpoints import CheckpointSet, find_checkpoints
 from .config import Config, load_config
 from .devices import resolve_device, resolve_precision
 from .errors import InputError, UsageError
-from .motion.conditions import build_conditions, condition_parts, emotion_schedule
+from .motion.conditions import build_conditions, condition_parts, emotion_schedule, schedule_file
 from .motion.controls import load_controls
 from .motion.ddim import DDIMSampler
 from .motion.keypoints import info_to_motion, motion_to_info
@@ -118,6 +118,14 @@ def _clip_rate(fps: str | float | Fraction | None, avatar: Avatar) -> Fraction:
         raise UsageError(str(e)) from None
 
 
+def overwrites(output: Path, source: Path) -> bool:
+    """Whether writing `output` would replace `source` or a file inside it (symbolic links followed)."""
+    if not os.path.lexists(source):
+        return False
+    out, src = output.resolve(), source.resolve()
+    return out == src or src in out.parents
+
+
 def check_clip(avatar: Avatar, audio: str | Path, output: str | Path, *, seed: int = 0, emotion: str = "neutral",
                controls: str | Path | None = None, steps: int | None = None, config: Config | None = None,
                fps: str | float | Fraction | None = None, codec: str | None = None) -> Clip:
@@ -132,9 +140,9 @@ def check_clip(avatar: Avatar, audio: str | Path, output: str | Path, *, seed: i
         raise UsageError(f"seed must be an integer in 0..{2**63 - 1}, got {seed!r}")
     audio, output = Path(audio), Path(output)
     check_output_path(output)
-    inputs = [audio, *([Path(controls)] if controls else []), avatar.dir]
-    for p in inputs:
-        if p.exists() and (output.resolve() == p.resolve() or p.resolve() in output.resolve().parents):
+    emotion_file = schedule_file(emotion)
+    for p in (audio, *([Path(controls)] if controls else []), *([emotion_file] if emotion_file else []), avatar.dir):
+        if overwrites(output, p):
             raise UsageError(f"{output}: the output would overwrite an input ({p}); choose another output path")
     fmt = output_format(output, codec)
     rate = _clip_rate(fps, avatar)
@@ -169,10 +177,10 @@ def _avatar_identity(avatar: Avatar) -> str:
 def clip_digest(clip: Clip, emotion: str, controls: str | Path | None, settings: dict) -> str:
     """What an output was made from, as a short string written into its comment tag: the same inputs and
     settings give the same digest (batch skips a job whose output carries it)."""
-    emo = Path(emotion)
+    emo = schedule_file(emotion)
     parts = {
         "version": __version__, "audio": _file_sha256(clip.audio), "seed": clip.seed, "steps": clip.steps,
-        "emotion": _file_sha256(emo) if emo.is_file() else emotion,
+        "emotion": _file_sha256(emo) if emo is not None else emotion,
         "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
         "controls": _file_sha256(Path(controls)) if controls else None,
         "avatar": _avatar_identity(clip.avatar), **settings,

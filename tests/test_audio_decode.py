@@ -210,3 +210,17 @@ def test_bad_input(tmp_path, kind, words):
     assert "\n" not in msg
     assert str(path) in msg
     assert words in msg
+
+
+@pytest.mark.parametrize("rate", [1, 100, 3999, 2_000_000])
+def test_a_header_stating_an_absurd_sample_rate_is_refused(tmp_path, rate):
+    """1.6 s of samples said to be at 1 Hz would be hours of audio (and a render that never ends)."""
+    path = tmp_path / "odd.wav"
+    sf.write(path, np.zeros(25600, np.float32), 16000, subtype="PCM_16")
+    data = bytearray(path.read_bytes())
+    data[24:28] = struct.pack("<I", rate)               # the fmt chunk's sample rate
+    data[28:32] = struct.pack("<I", rate * 2)           # and its byte rate, to match
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"states a sample rate of {rate} Hz") as e:
+        load_audio(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)

@@ -73,7 +73,8 @@ def test_valid_names(name):
     assert store.validate_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "x" * 65, "a b", "../evil", "a/b", ".tmp-x", "rübÿ", "a.b"])
+@pytest.mark.parametrize("name", ["", "x" * 65, "a b", "../evil", "a/b", ".tmp-x", "rübÿ", "a.b", "-x", "--force",
+                                  "../../../etc"])
 def test_invalid_names(name):
     with pytest.raises(UsageError, match="invalid avatar name"):
         store.validate_name(name)
@@ -712,13 +713,16 @@ def test_stale_tmp_cleaned_and_never_listed(tmp_path):
     fd = os.open(held, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # a live writer still working on it
     try:
+        before = store_entries(tmp_path)
         rows = reader.list_avatars(tmp_path)
+        assert store_entries(tmp_path) == before          # a listing changes nothing, stale or not
+        write_avatar(tmp_path, name="other", n=2)         # registering cleans what nobody holds
+        assert not old.exists() and fresh.exists() and held.exists()
     finally:
         os.close(fd)
     assert [r["name"] for r in rows] == ["ruby"]
-    assert not old.exists() and fresh.exists() and held.exists()
-    # the writer cleans too, once nobody holds it
-    write_avatar(tmp_path, name="other", n=2)
+    # once its writer is gone, the next registration removes it too
+    write_avatar(tmp_path, name="third", n=2)
     assert not held.exists() and fresh.exists()
 
 
@@ -769,3 +773,70 @@ def test_load_maps_features(tmp_path):
     load_avatar("long", root=tmp_path)  # warm
     av = load_avatar("long", root=tmp_path)
     assert av.n_frames == 200 and isinstance(av.f_s, np.memmap)
+
+
+# ----------------------------------------------------------------------------- hardening (issue 15)
+def _reseal(d: Path, change) -> None:
+    """Rewrite avatar.pkl with `change(body)` applied and a fresh, valid CRC-32 (a deliberate edit, not rot)."""
+    raw = (d / fmt.PKL_NAME).read_bytes().partition(b"\n")[2]
+    body = pickle.loads(raw)
+    change(body)
+    (d / fmt.PKL_NAME).write_bytes(fmt.encode_pkl(body))
+
+
+@pytest.mark.parametrize("where", ["yaw", "M_c2o", "sc", "eye_open"])
+def test_arrays_holding_nan_are_damaged(tmp_path, where, run_cli):
+    d, _, _ = write_avatar(tmp_path, n=4)
+
+    def poison(body):
+        arr = body["x_s_info"][where] if where in body["x_s_info"] else body[where]
+        arr.reshape(-1)[-1] = np.nan if where != "M_c2o" else np.inf
+
+    _reseal(d, poison)
+    with pytest.raises(AvatarError, match=r"damaged .*NaN or infinite"):
+        load_avatar("ruby", root=tmp_path)
+    r = run_cli(["avatars", "show", "ruby"], {"DITTO_FAST_HOME": str(tmp_path)})
+    assert r.returncode == 5 and "damaged" in r.stderr and "ditto-fast register" in r.stderr, r.stderr
+
+
+def test_features_holding_nan_are_damaged(tmp_path):
+    d, _, _ = write_avatar(tmp_path, n=4)
+    f_s = np.load(d / fmt.F_S_NAME, mmap_mode="r+")
+    f_s[3, 0, 0, 0, 0] = np.nan                       # the last frame, which a sampled check reads
+    f_s.flush()
+    del f_s
+    rec = fmt.file_record(d / fmt.F_S_NAME, fmt.F_S_HEADER_BYTES, int(np.prod(TAIL)) * 2)
+    _reseal(d, lambda body: body["checksums"][fmt.F_S_NAME].update(crc32=rec["crc32"]))
+    assert load_avatar("ruby", root=tmp_path, verify="light").n_frames == 4      # not read: not checked
+    with pytest.raises(AvatarError, match="f_s.npy holds NaN or infinite values at frame 3"):
+        load_avatar("ruby", root=tmp_path)
+
+
+def test_rm_and_force_on_a_symlinked_avatar_leave_nothing_behind(tmp_path):
+    elsewhere, home = tmp_path / "elsewhere", tmp_path / "home"
+    target, _, _ = write_avatar(elsewhere, name="ruby", n=2)
+    keep = snapshot(target)
+    (home / "avatars").mkdir(parents=True)
+    (home / "avatars" / "ruby").symlink_to(target)
+    assert load_avatar("ruby", root=home).n_frames == 2
+    store.remove_avatar("ruby", root=home)
+    assert store_entries(home) == [] and snapshot(target) == keep          # link gone, target untouched
+    (home / "avatars" / "ruby").symlink_to(target)
+    write_avatar(home, name="ruby", n=3, force=True)
+    assert store_entries(home) == ["ruby"] and not (home / "avatars" / "ruby").is_symlink()
+    assert load_avatar("ruby", root=home).n_frames == 3 and snapshot(target) == keep
+    (home / "avatars" / "amber").symlink_to(tmp_path / "nowhere")          # a dangling link is an existing name
+    with pytest.raises(UsageError, match="--force"):
+        write_avatar(home, name="amber", n=1)
+    write_avatar(home, name="amber", n=1, force=True)
+    assert store_entries(home) == ["amber", "ruby"] and load_avatar("amber", root=home).n_frames == 1
+
+
+def test_names_that_are_paths_or_options_are_refused(tmp_path, run_cli):
+    write_avatar(tmp_path, n=2)
+    env = {"DITTO_FAST_HOME": str(tmp_path)}
+    for args in (["avatars", "show", "../../../etc"], ["avatars", "show", "--", "-x"], ["avatars", "rm", "--", "-x"],
+                 ["avatars", "show", str(tmp_path / "avatars" / "ruby")], ["avatars", "rm", "../avatars/ruby"]):
+        r = run_cli(args, env)
+        assert r.returncode == 2 and "invalid avatar name" in r.stderr, (args, r.stderr)
+    assert store_entries(tmp_path) == ["ruby"]

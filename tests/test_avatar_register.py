@@ -89,6 +89,12 @@ def bad_sources(tmp_path_factory, anchor_video) -> dict[str, tuple[Path, int, st
     (d / "truncated.mp4").write_bytes(data[: len(data) // 3])
     subprocess.run([ff, "-y", "-loglevel", "error", "-f", "lavfi", "-i", "sine=f=440:d=1", str(d / "audio_only.mp4")],
                    check=True)
+    # moov at the front ("faststart"), then cut: the container still declares all 25 frames
+    subprocess.run([ff, "-y", "-loglevel", "error", "-i", str(anchor_video), "-c", "copy", "-movflags", "+faststart",
+                    str(d / "faststart.mp4")], check=True)
+    whole = (d / "faststart.mp4").read_bytes()
+    (d / "cut_short.mp4").write_bytes(whole[: len(whole) * 2 // 3])
+    (d / "cut_to_nothing.mp4").write_bytes(whole[: len(whole) // 3])         # not even the first frame
     blank = np.full((1080, 1920, 3), 90, np.uint8)
     write_anchor_video(d / "noface_later.mp4", 6, size=(1280, 720), face_px=120,
                        motion=Motion(center=(500, 360), velocity=(300.0, 0.0)))
@@ -99,15 +105,17 @@ def bad_sources(tmp_path_factory, anchor_video) -> dict[str, tuple[Path, int, st
         "empty": (d / "empty.mp4", 3, "empty"),
         "text": (d / "text.mp4", 3, "not a readable video or image"),
         "truncated": (d / "truncated.mp4", 3, "truncated|not a readable"),
-        "audio_only": (d / "audio_only.mp4", 3, "no video|not a readable video"),
+        "audio_only": (d / "audio_only.mp4", 3, "has no video stream"),
+        "cut_short": (d / "cut_short.mp4", 3, r"cut short: decoded \d+ frames \(.* s\) of the 1\.00 s \(25 frames\)"),
+        "cut_to_nothing": (d / "cut_to_nothing.mp4", 3, r"cut short|not a readable video"),
         "noface": (_image(d / "blank.png", blank), 4, "frame 0"),
         "noface_later": (d / "noface_later.mp4", 4, r"frame [1-5]\b"),
         "small_face": (_image(d / "small.png", cv2.cvtColor(tiny_face, cv2.COLOR_RGB2BGR)), 4, "px"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "empty", "text", "truncated", "audio_only", "noface",
-                                  "noface_later", "small_face"])
+@pytest.mark.parametrize("case", ["missing", "directory", "empty", "text", "truncated", "audio_only", "cut_short",
+                                  "cut_to_nothing", "noface", "noface_later", "small_face"])
 def test_bad_sources(case, bad_sources, tiny_checkpoints, tmp_path, run_cli):
     path, code, pattern = bad_sources[case]
     r = run_cli(["register", str(path), "--name", "bad", "--quiet"], store_env(tmp_path, tiny_checkpoints))
@@ -178,3 +186,41 @@ def test_ctrl_c_leaves_store_unchanged(tmp_path, tiny_checkpoints, tmp_path_fact
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert _store_clean(tmp_path / "home"), list((tmp_path / "home" / "avatars").iterdir())
+
+
+# ----------------------------------------------------------------------------- a full disk (issue 15)
+def _register_on_a_small_disk(tmp_path, tiny_checkpoints, source, size_kib: int, skip_estimate: bool):
+    """Register `source` into a store on a fresh tmpfs of `size_kib` KiB (a private mount namespace, so
+    nothing outside the test sees it); returns (exit code, stderr, what the store held afterwards)."""
+    home = tmp_path / "home"
+    home.mkdir(parents=True)
+    code = ("import sys; import ditto_fast.avatar.register as r; "
+            + ("r.check_free_space = lambda *a, **k: None; " if skip_estimate else "")
+            + "from ditto_fast.cli import main; main(sys.argv[1:])")
+    script = (f'mount -t tmpfs -o size={size_kib}k tmpfs "$HOME_DIR" || exit 99; '
+              f'"$PY" -c "$CODE" register "$SRC" --name big --quiet; rc=$?; '
+              f'ls -A "$HOME_DIR/avatars" 2>/dev/null; exit $rc')
+    env = dict(os.environ, DITTO_FAST_HOME=str(home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints),
+               HOME_DIR=str(home), PY=sys.executable, CODE=code, SRC=str(source))
+    try:
+        r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    except FileNotFoundError:
+        pytest.skip("unshare is not installed")
+    if r.returncode == 99 or "unshare:" in r.stderr:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()[:200]}")
+    return r.returncode, r.stderr, r.stdout.split()
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_an_input_error_and_leaves_nothing(tmp_path, tiny_checkpoints, anchor_video):
+    # 25 frames x 128 KiB of tiny features do not fit in 1 MiB: refused before any work ...
+    code, err, left = _register_on_a_small_disk(tmp_path, tiny_checkpoints, anchor_video, 1024, skip_estimate=False)
+    lines = err.strip().splitlines()
+    assert code == 3 and len(lines) == 1 and "not enough free space for avatar 'big'" in lines[0], err
+    assert "DITTO_FAST_HOME" in lines[0] and left == []
+    # ... and when the disk fills up anyway (estimate skipped), the same exit code and nothing half-written
+    code, err, left = _register_on_a_small_disk(tmp_path / "again", tiny_checkpoints, anchor_video, 1024,
+                                                skip_estimate=True)
+    lines = err.strip().splitlines()
+    assert code == 3 and len(lines) == 1 and "no space left on" in lines[0] and "while writing the avatar" in lines[0], err
+    assert left == []

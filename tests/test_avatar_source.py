@@ -196,3 +196,11 @@ def test_16_bit_images_use_the_fixed_scale_not_their_own_maximum(tmp_path):
     expected = np.dstack([ramp // 3, ramp // 2, ramp]) / 256.0          # RGB, 16 -> 8 bits
     assert np.abs(img - expected).max() <= 1
     assert img.max() <= 112                                             # not stretched to 255
+
+
+def test_a_stream_stating_no_usable_rate_is_kept_at_25():
+    from ditto_fast.avatar.source import stream_rate
+
+    for line in ("Stream #0:0: Video: h264, yuv420p, 640x360, 0 fps", "Stream #0:0: Video: h264, yuv420p, 640x360"):
+        rate, note = stream_rate(line)
+        assert rate == 25 and "no frame rate" in note

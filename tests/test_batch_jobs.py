@@ -80,3 +80,40 @@ def test_report_is_written_whole_with_a_summary(tmp_path):
                                      "frames", "seconds"}
     assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_outputs_that_are_inputs_fail_alone(video_avatar, tiny_checkpoints, clips, tmp_path):
+    """An output that is an input of any job (audio, controls, emotion schedule, a file of an avatar) fails
+    with exit 2 before anything renders; so does an avatar named by a path; the other jobs stand."""
+    import shutil
+
+    from ditto_fast.batch import check_jobs
+    from ditto_fast.pipeline import RenderSetup
+
+    import subprocess
+
+    import imageio_ffmpeg
+
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(clips[0]), str(tmp_path / "a0.mkv")],
+                   check=True)                                           # audio in a name an output may have
+    shutil.copy(clips[1], tmp_path / "a1.wav")
+    (tmp_path / "c.mov").write_text('{"default": {"yaw": 2}}')          # any name holds JSON
+    (tmp_path / "emo.mkv").write_text('{"default": "happy"}')
+    rows = [{"audio": "a0.mkv", "output": "ok.mp4", "emotion": {"default": "sad", "frames": {"0-3": "happy"}},
+             "controls": "c.mov"},
+            {"audio": "a0.mkv", "output": "a0.mkv"},                           # its own audio
+            {"audio": "a1.wav", "output": "c.mov"},                            # another job's controls
+            {"audio": "a1.wav", "output": "emo.mkv", "controls": "c.mov"},     # another job's emotion schedule
+            {"audio": "a1.wav", "output": str(video_avatar / "plate.mp4")},
+            {"audio": "a1.wav", "output": "x.mp4", "emotion": str(tmp_path / "emo.mkv"), "avatar": "../avatars/anchor"}]
+    f = tmp_path / "jobs.jsonl"
+    f.write_text("".join(json.dumps({"avatar": "anchor", **r}) + "\n" for r in rows))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    jobs = read_jobs(f)
+    check_jobs(jobs, RenderSetup.resolve(tiny_checkpoints, device="cpu"))
+    assert jobs[0].status == "pending", jobs[0].error
+    assert [j.exit_code for j in jobs[1:]] == [2] * 5, [j.error for j in jobs]
+    said = ("would overwrite an input", "is an input of this batch")
+    assert all(any(s in j.error for s in said) for j in jobs[1:5]), [j.error for j in jobs]
+    assert "invalid avatar name" in jobs[5].error
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -110,3 +110,38 @@ def test_module_prefix_is_stripped(tmp_path):
     net = models.build("stitch_network", tiny=True)
     torch.save({"retarget_shoulder": {"module." + k: v for k, v in net.state_dict().items()}}, tmp_path / "s.pth")
     models.load("stitch_network", tmp_path / "s.pth")
+
+
+class _RunsCode:
+    """Pickles as a call of os.system: what a booby-trapped .pth holds."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo this should never run",))
+
+
+def test_a_pickle_that_runs_code_is_refused_in_one_whole_sentence(ckpt_copy, tmp_path, capfd):
+    path = ckpt_copy / MODELS_SUBDIR / "stitch_network.pth"
+    torch.save({"retarget_shoulder": _RunsCode()}, path)
+    msg = _expect("not a plain weights file; refused to load it", lambda: models.load("stitch_network", path))
+    assert str(path) in msg and "system" in msg and msg.endswith("file from the Ditto release")
+    out = capfd.readouterr()
+    assert "should never run" not in out.out + out.err and "Warning" not in out.err
+    import pickle
+
+    class _Eval:
+        def __reduce__(self):
+            return (eval, ("1+1",))
+
+    path.write_bytes(pickle.dumps({"a": _Eval()}, protocol=4))                 # a legacy pickle, no zip
+    _expect("not a plain weights file; refused to load it", lambda: models.load("stitch_network", path))
+
+
+def test_weights_holding_nan_are_refused(ckpt_copy):
+    path = ckpt_copy / MODELS_SUBDIR / "stitch_network.pth"
+    obj = torch.load(path, weights_only=True)
+    obj["retarget_shoulder"]["mlp.0.weight"][0, 0] = float("nan")
+    torch.save(obj, path)
+    msg = _expect("mlp.0.weight holds NaN or infinite values", lambda: models.load("stitch_network", path))
+    assert str(path) in msg

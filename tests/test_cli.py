@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
+
+from conftest import store_env
 
 from ditto_fast.cli import main
 
@@ -50,7 +53,7 @@ def test_doctor_reports_each_check(tiny_checkpoints, tmp_path, run_cli):
     assert r.returncode == 0 and all(ln.startswith("[ok]") for ln in lines), r.stdout
     assert "RANDOM" in r.stdout
     r = run_cli(["doctor", "--checkpoints", str(tmp_path / "none")], {"DITTO_FAST_HOME": str(tmp_path)})
-    assert r.returncode == 1 and "[FAIL] checkpoints" in r.stdout
+    assert r.returncode == 6 and "[FAIL] checkpoints" in r.stdout
 
 
 def test_usage_errors_exit_2(tmp_path, run_cli, monkeypatch):
@@ -72,3 +75,93 @@ def test_checkpoints_info(tiny_checkpoints, capsys):
                  "hubert"):
         assert name in out
     assert "RANDOM" in out
+
+
+# ----------------------------------------------------------------------------- hardening (issue 15)
+def _checkpoint_copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst / "ditto_pytorch" / "models"
+
+
+def test_doctor_loads_the_checkpoints_it_checks(tiny_checkpoints, tmp_path, run_cli):
+    env = {"DITTO_FAST_HOME": str(tmp_path / "home")}
+    models = _checkpoint_copy(tiny_checkpoints, tmp_path / "cut")
+    data = (models / "decoder.pth").read_bytes()
+    (models / "decoder.pth").write_bytes(data[: len(data) // 2])              # truncated
+    wrong = _checkpoint_copy(tiny_checkpoints, tmp_path / "wrong")
+    (wrong / "decoder.pth").write_bytes((wrong / "warp_network.pth").read_bytes())   # another network's file
+    for root, why in ((tmp_path / "cut", "decoder.pth"), (tmp_path / "wrong", "not the")):
+        r = run_cli(["doctor", "--checkpoints", str(root)], env)
+        line = next(ln for ln in r.stdout.splitlines() if " checkpoints " in ln)
+        assert r.returncode == 6 and line.startswith("[FAIL]") and why in line, r.stdout
+    r = run_cli(["doctor", "--checkpoints", str(tiny_checkpoints)], env)
+    assert r.returncode == 0 and "loaded" in r.stdout, r.stdout
+
+
+def test_listing_and_doctor_change_nothing(tiny_checkpoints, tmp_path, run_cli):
+    import os
+
+    home = tmp_path / "home"
+    r = run_cli(["doctor", "--checkpoints", str(tiny_checkpoints)], {"DITTO_FAST_HOME": str(home)})
+    assert r.returncode == 0 and not home.exists(), r.stdout          # no store made by looking at it
+    stale = home / "avatars" / ".tmp-ruby-old"
+    stale.mkdir(parents=True)
+    os.utime(stale, (0, 0))
+    before = sorted(p.name for p in (home / "avatars").iterdir())
+    for args in (["avatars"], ["avatars", "--json"], ["doctor", "--checkpoints", str(tiny_checkpoints)]):
+        assert run_cli(args, {"DITTO_FAST_HOME": str(home)}).returncode == 0
+        assert sorted(p.name for p in (home / "avatars").iterdir()) == before, args
+
+
+def test_seeds_out_of_range_are_usage_errors(tmp_path, run_cli):
+    r = run_cli(["render", "--avatar", "a", "--audio", "x.wav", "--seed", str(2**64)], {"DITTO_FAST_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "0<=x<=9223372036854775807" in r.stderr, r.stderr
+    r = run_cli(["render", "--avatar", "a", "--audio", "x.wav", "--seed", "-1"], {"DITTO_FAST_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "--seed" in r.stderr
+    r = run_cli(["checkpoints", "init-random", str(tmp_path / "ck"), "--tiny", "--seed", str(2**64)])
+    assert r.returncode == 2 and "--seed" in r.stderr and not (tmp_path / "ck").exists()
+
+
+def test_render_avatar_must_be_a_name(tmp_path, run_cli, tiny_checkpoints):
+    for name in ("../../../etc", "-x", str(tmp_path)):
+        r = run_cli(["render", "--avatar", name, "--audio", "x.wav", "--checkpoints", str(tiny_checkpoints)],
+                    {"DITTO_FAST_HOME": str(tmp_path)})
+        assert r.returncode == 2 and "invalid avatar name" in r.stderr, (name, r.stderr)
+
+
+def test_output_that_is_an_input_is_refused_and_nothing_is_touched(video_avatar, session_home, tiny_checkpoints,
+                                                                   clips, tmp_path, run_cli):
+    import shutil
+
+    audio = shutil.copy(clips[0], tmp_path / "a.wav")
+    controls = tmp_path / "c.json"
+    controls.write_text('{"default": {"yaw": 2}}')
+    emotion = tmp_path / "emo.json"
+    emotion.write_text('{"default": "happy"}')
+    (tmp_path / "via").symlink_to(tmp_path)                               # the same folder by another path
+    plate = video_avatar / "plate.mp4"
+    watched = [audio, controls, emotion, *sorted(video_avatar.iterdir())]
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in watched}
+    listing = sorted(p.name for p in tmp_path.iterdir())
+    env = store_env(session_home, tiny_checkpoints)
+    base = ["render", "--avatar", "anchor", "--audio", str(audio), "--device", "cpu", "--quiet"]
+    for extra, out in (([], audio), (["--controls", str(controls)], controls), (["--emotion", str(emotion)], emotion),
+                       ([], plate), ([], video_avatar / "new.mp4"), ([], tmp_path / "via" / "a.wav")):
+        r = run_cli([*base, *extra, "-o", str(out)], env)
+        assert r.returncode == 2 and "would overwrite an input" in r.stderr, (out, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in watched} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing
+    assert not (video_avatar / "new.mp4").exists()
+
+
+@pytest.mark.slow
+def test_render_takes_an_inline_emotion_schedule(video_avatar, session_home, tiny_checkpoints, clips, tmp_path,
+                                                 run_cli):
+    out = tmp_path / "inline.mp4"
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(clips[0]), "-o", str(out), "--device", "cpu",
+                 "--quiet", "--emotion", '{"default": "neutral", "frames": {"0-4": "happy"}}'],
+                store_env(session_home, tiny_checkpoints))
+    assert r.returncode == 0 and out.is_file(), r.stderr

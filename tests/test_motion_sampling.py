@@ -209,6 +209,23 @@ def test_emotion_vectors_and_schedule(tmp_path):
         emotion_schedule(str(f), 40)
 
 
+def test_emotion_schedule_inline_as_the_readme_shows(tmp_path):
+    inline = '{"default": "neutral", "frames": {"0-49": "happy"}}'
+    f = tmp_path / "emo.json"
+    f.write_text(inline)
+    s = emotion_schedule(inline, 60)
+    np.testing.assert_array_equal(s, emotion_schedule(str(f), 60))
+    assert s[:50].argmax(1).tolist() == [3] * 50 and s[50:].argmax(1).tolist() == [4] * 10
+    for bad, pattern in (('{"default": "happy"', "not valid JSON"), ('{"mood": "happy"}', "unknown key"),
+                         ('{"default": 3}', "'default' must be an emotion"), ('{"default": "grumpy"}', "unknown emotion"),
+                         ('{"frames": {"0-99": "sad"}}', "outside the 60 frames")):
+        with pytest.raises(UsageError, match=pattern) as e:
+            emotion_schedule(bad, 60)
+        assert str(e.value).startswith("--emotion") and "\n" not in str(e.value)
+    with pytest.raises(UsageError, match="unknown emotion"):         # a label too long to be a file name
+        emotion_schedule("x" * 5000, 60)
+
+
 def test_condition_layout_and_mirror_loop():
     assert condition_parts(1103, 1024) == ("emotion", "eye_open", "eye_ball", "sc")
     assert condition_parts(1024 + 63, 1024) == ("sc",)

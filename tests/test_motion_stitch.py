@@ -158,6 +158,12 @@ def test_control_file(tmp_path):
     ({"blinks": [4, 12]}, "blinks"),
     ({"fade_in": 13}, "fade_in"),
     ({"fade_out": -1}, "fade_out"),
+    ({"default": {"yaw": 1e308, "pose_scale": 1e308}}, "default.yaw"),
+    ({"default": {"pose_scale": 1e308}}, "default.pose_scale"),
+    ({"default": {"pose_scale": -1}}, "default.pose_scale"),
+    ({"frames": {"3": {"exp_scale": 6}}}, "frames.3.exp_scale"),
+    ({"frames": {"3": {"roll": -91}}}, "frames.3.roll"),
+    ({"default": {"exp_offset": [0] * 62 + [1e308]}}, "default.exp_offset"),
 ])
 def test_control_file_errors(tmp_path, data, key):
     p = tmp_path / "bad.json"
@@ -201,3 +207,21 @@ def test_between_two_motion_frames_pose_blends_in_degrees(stitch_net, source, mo
         info["exp"] = _fix_gaze(info["exp"], float(info["yaw"][0] - src["yaw"][0]),
                                 float(info["pitch"][0] - src["pitch"][0]))
     np.testing.assert_allclose(x_half[0], transform_keypoints(info)[0], atol=1e-5)
+
+
+def test_control_values_out_of_range_name_the_range(tmp_path):
+    p = tmp_path / "huge.json"
+    p.write_text('{"default": {"yaw": 1e308, "pose_scale": 1e308}}')
+    with pytest.raises(InputError, match=r"'default\.yaw' must be a number in -90\.\.90, got 1e\+308"):
+        load_controls(p, n_frames=N)
+    p.write_text('{"default": {"yaw": 1e999}}')                      # JSON's way to write infinity
+    with pytest.raises(InputError, match=r"-90\.\.90, got inf"):
+        load_controls(p, n_frames=N)
+
+
+def test_extreme_allowed_controls_keep_keypoints_finite(stitch_net, source, motions):
+    """The range's ends still give finite keypoints (no value can turn into NaN/inf downstream)."""
+    for keys in ({"yaw": 90, "pitch": -90, "roll": 90, "pose_scale": 5, "exp_scale": 5, "exp_offset": [1] * 63},
+                 {"yaw": -90, "pose_scale": 0, "exp_scale": 0, "exp_offset": [-1] * 63}):
+        x_s, x_d = run(stitch_net, source, motions, is_image=True, stitching=True, controls=_controls(**keys))
+        assert np.isfinite(x_s).all() and np.isfinite(x_d).all()

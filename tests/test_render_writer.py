@@ -7,6 +7,7 @@ import re
 import resource
 import signal
 import subprocess
+import sys
 import wave
 from pathlib import Path
 
@@ -140,12 +141,12 @@ def test_ffmpeg_killed_mid_write_is_a_clear_error(tmp_path):
 
 def test_disk_full_is_a_clear_error(tmp_path, monkeypatch):
     """Emulate a full disk: ffmpeg may only write 20 kB (RLIMIT_FSIZE -> EFBIG on write)."""
-    def limited(cmd, stderr_file):
+    def limited(cmd, stderr_file, pass_fds=()):
         def limit():
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
         return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
-                                preexec_fn=limit)
+                                preexec_fn=limit, pass_fds=pass_fds)
 
     monkeypatch.setattr(writer_mod, "_spawn", limited)
     out = tmp_path / "out.mp4"
@@ -186,3 +187,70 @@ def test_bad_arguments(tmp_path):
             vw.write(np.zeros((H, W + 2, 3), np.uint8))
         vw.write(frames(1)[0])
     assert sorted(os.listdir(tmp_path)) == ["o.mp4"]
+
+
+# ----------------------------------------------------------------------------- dead writers' leftovers (issue 15)
+_HOLD_A_WRITER = """
+import sys, numpy as np
+from ditto_fast.render.writer import VideoWriter
+vw = VideoWriter(sys.argv[1], (64, 48))
+vw.write(np.zeros((48, 64, 3), np.uint8))
+print("writing", flush=True)
+sys.stdin.read()
+"""
+
+
+def _writer_process(out: Path) -> subprocess.Popen:
+    """A process writing `out` that stays in the middle of it until killed (or its stdin closes)."""
+    p = subprocess.Popen([sys.executable, "-c", _HOLD_A_WRITER, str(out)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "writing"
+    return p
+
+
+def parts(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".part" in p.name)
+
+
+def _wait_writer_gone(path: Path, timeout: float = 20.0) -> None:
+    """Wait until nobody holds `path`'s lock (a killed render's ffmpeg finishes on its own, holding it till then)."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + timeout
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{path} still locked"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+def test_dead_renders_partial_files_are_removed_by_the_next_writer_live_ones_kept(tmp_path):
+    (tmp_path / ".notes.part.txt").write_text("not ours")            # a user's file that only looks alike
+    dead, live = _writer_process(tmp_path / "dead.mp4"), _writer_process(tmp_path / "live.mp4")
+    try:
+        assert len(parts(tmp_path)) == 3
+        dead.kill()                                                  # SIGKILL: no cleanup of its own ran
+        dead.wait()
+        left = [n for n in parts(tmp_path) if n.startswith(".dead.mp4.part")]
+        assert len(left) == 1
+        _wait_writer_gone(tmp_path / left[0])
+        with VideoWriter(tmp_path / "next.mp4", (W, H)) as vw:       # the next render to that folder
+            assert left[0] not in parts(tmp_path)                    # the dead one's file is gone ...
+            assert any(n.startswith(".live.mp4.part") for n in parts(tmp_path))   # ... a live one's is kept
+            vw.write(frames(1)[0])
+        assert (tmp_path / "next.mp4").is_file()
+    finally:
+        for p in (dead, live):
+            p.kill()
+            p.wait()
+    for name in parts(tmp_path):
+        _wait_writer_gone(tmp_path / name)
+    writer_mod.remove_stale_parts(tmp_path)
+    assert parts(tmp_path) == [".notes.part.txt"] and not (tmp_path / "live.mp4").exists()

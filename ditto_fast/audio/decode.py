@@ -24,6 +24,7 @@ from ditto_fast.inputs import check_input_file
 
 SAMPLE_RATE = 16000
 SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
+RATE_RANGE = (4000, 1_000_000)   # source sample rates taken as audio (a header saying 1 Hz would mean hours)
 _READ_BYTES = 1 << 20
 
 
@@ -99,6 +100,9 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
             rate, channels = _read_wav_header(proc.stdout)
         except ValueError:
             rate = channels = 0
+        if rate and not RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
+            raise InputError(f"{path}: states a sample rate of {rate} Hz, not one of a speech recording "
+                             f"({RATE_RANGE[0]}..{RATE_RANGE[1]} Hz); re-export the audio as WAV or MP3")
         if rate:
             resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
             frame_bytes = 4 * channels

@@ -84,6 +84,9 @@ def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device
         model, info = HubertModel.from_pretrained(model_dir, local_files_only=True,
                                                   output_loading_info=True, dtype=torch.float32)
     except Exception as exc:  # corrupt/truncated weights, shape mismatch, bad config values
+        if "Weights only load failed" in str(exc):      # the pickle asks for code, not just tensors
+            raise CheckpointError(f"{model_dir}: pytorch_model.bin is not a plain weights file; refused to load it; "
+                                  "re-download the HuBERT directory") from None
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise CheckpointError(f"{model_dir}: HuBERT weights cannot be loaded ({msg[:160]}); "
                               "re-download the HuBERT directory") from None

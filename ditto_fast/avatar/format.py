@@ -100,6 +100,14 @@ def _check_record(rec: Any, fname: str) -> None:
         raise ValueError(f"checksum record of {fname} is wrong")
 
 
+def _check_finite(a: np.ndarray, what: str) -> None:
+    """ValueError naming the array and its first bad frame if it holds NaN or infinite values."""
+    bad = ~np.isfinite(a)
+    if bad.any():
+        frame = int(np.argwhere(bad)[0][0]) if a.ndim > 1 else 0
+        raise ValueError(f"{what} holds NaN or infinite values (frame {frame})")
+
+
 def check_record(body: Any) -> None:
     """Raise ValueError/KeyError/TypeError if a decoded record is not a complete avatar."""
     if not isinstance(body, dict):
@@ -109,14 +117,17 @@ def check_record(body: Any) -> None:
         raise ValueError("no frames")
     for k, tail in X_S_INFO_SHAPES.items():
         a = body["x_s_info"][k]
-        if not isinstance(a, np.ndarray) or a.shape != (n, *tail):
+        if not isinstance(a, np.ndarray) or a.shape != (n, *tail) or a.dtype.kind != "f":
             raise ValueError(f"x_s_info[{k}] has the wrong shape")
+        _check_finite(a, f"x_s_info[{k}]")
     for k, (tail, dtype) in FRAME_ARRAYS.items():
         a = body[k]
         if not isinstance(a, np.ndarray) or a.shape != (n, *tail) or a.dtype != dtype:
             raise ValueError(f"{k} has the wrong shape or dtype")
-    if not isinstance(body["sc"], np.ndarray) or body["sc"].shape != SC_SHAPE:
+        _check_finite(a, k)
+    if not isinstance(body["sc"], np.ndarray) or body["sc"].shape != SC_SHAPE or body["sc"].dtype.kind != "f":
         raise ValueError("sc has the wrong shape")
+    _check_finite(body["sc"], "sc")
     shape = tuple(body["f_s_shape"])
     if len(shape) != 5 or shape[0] != n:
         raise ValueError("f_s shape record is wrong")

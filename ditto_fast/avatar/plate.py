@@ -24,7 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ditto_fast.errors import AvatarError
+from ditto_fast.errors import AvatarError, InputError
 from ditto_fast.ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
 from ditto_fast.rates import from_stream
 
@@ -67,7 +67,8 @@ def write_plate_image(frame_rgb: np.ndarray, path: str | os.PathLike) -> None:
     """Write the background of an image avatar (PNG, lossless)."""
     path = Path(path)
     if not cv2.imwrite(str(path), cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR)):
-        raise AvatarError(f"{path}: cannot write the background image; check the avatar directory is writable")
+        raise InputError(f"{path}: cannot write the background image; check the avatar store has free space "
+                         "and is writable")
 
 
 def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], Fraction]:

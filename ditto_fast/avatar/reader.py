@@ -21,7 +21,7 @@ import numpy as np
 from ditto_fast.avatar.format import F_S_DTYPE, F_S_NAME, PKL_NAME, bad_blocks, read_pkl
 from ditto_fast.avatar.mouth_check import mouth_check_of
 from ditto_fast.avatar.store import (
-    avatars_dir, clean_stale_tmp, damaged_error, existing_names, missing_error, register_hint, validate_name,
+    avatars_dir, damaged_error, existing_names, missing_error, register_hint, validate_name,
 )
 from ditto_fast.errors import AvatarError
 from ditto_fast.rates import from_stream
@@ -113,6 +113,11 @@ def _check_files(name: str, d: Path, body: dict[str, Any], level: str) -> np.nda
         raise damaged_error(
             name, d, f"{F_S_NAME} is {f_s.dtype}{list(f_s.shape)}, expected float16{list(body['f_s_shape'])}", src
         )
+    if level != "light":   # the frames whose checksums were read: finite too (a re-sealed file could hold NaN)
+        rows = range(len(f_s)) if level == "full" else sorted({0, len(f_s) - 1})
+        bad = next((i for i in rows if not np.isfinite(f_s[i]).all()), None)
+        if bad is not None:
+            raise damaged_error(name, d, f"{F_S_NAME} holds NaN or infinite values at frame {bad}", src)
     return f_s  # [N, C, D, 64, 64] float16, read-only memmap
 
 
@@ -207,12 +212,12 @@ def _summary(av: Avatar) -> dict[str, Any]:
 
 
 def list_avatars(root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
-    """One summary dict per avatar, sorted by name; damaged ones carry an "error" field instead."""
+    """One summary dict per avatar, sorted by name; damaged ones carry an "error" field instead.
+
+    Read-only: leftover temporaries are cleaned by the next `register`, never by a listing."""
     adir = avatars_dir(root)
     if not adir.is_dir():
         return []
-    if os.access(adir, os.W_OK):
-        clean_stale_tmp(adir)
     rows: list[dict[str, Any]] = []
     for name in existing_names(adir):
         try:
@@ -225,9 +230,10 @@ def list_avatars(root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
 
 
 def avatar_info(name: str, verify: str | bool = "sampled", root: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Details of one avatar, checked at the given level (True or "full": every block of every file)."""
+    """Details of one avatar given by its store name, checked at the given level (True or "full": every block
+    of every file)."""
     level = _check_level(verify)
-    av = load_avatar(name, verify=level, root=root)
+    av = load_avatar(validate_name(name), verify=level, root=root)
     b = av.meta
     info = _summary(av)
     info.update(

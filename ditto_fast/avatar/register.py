@@ -7,6 +7,8 @@ tracked; nothing else is kept per frame except landmarks-sized arrays.
 
 from __future__ import annotations
 
+import errno
+import os
 import warnings
 from collections import deque
 from contextlib import ExitStack
@@ -32,11 +34,11 @@ from ..rates import rate_text
 from ..smoothing import centred_mean
 from ..timing import StageTimer
 from ..yuv import YuvFrame
-from .format import file_sha256
+from .format import F_S_DTYPE, file_sha256
 from .mouth_check import MouthCheck
 from .plate import write_plate_image
 from .source import SourceFrames, SourceInfo, open_source
-from .store import validate_name
+from .store import avatars_dir, validate_name
 from .writer import AvatarWriter
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
@@ -54,6 +56,13 @@ class Extractors:
         self.motion = models.load("motion_extractor", files["motion_extractor"], device)
         self.random_weights = any(getattr(m, "ditto_meta", {}).get("random_weights")
                                   for m in (self.appearance, self.motion))
+
+    @property
+    def f_s_row_bytes(self) -> int:
+        """Bytes of one frame's f_s row in the cache (float16 [C, D, H, W] for a 256x256 crop)."""
+        net = self.appearance
+        side = 256 >> len(net.down_blocks)
+        return net.reshape_channel * net.reshape_depth * side * side * F_S_DTYPE.itemsize
 
     @torch.inference_mode()
     def __call__(self, crops256: np.ndarray) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
@@ -107,6 +116,27 @@ def source_statistics(raw: dict[str, np.ndarray], window: int) -> tuple[dict[str
     return {k: centred_mean(v, window) for k, v in raw.items()}, raw["kp"][0].reshape(-1).copy()
 
 
+def estimate_plate_bytes(info: SourceInfo) -> int:
+    """About how large the plate will be: the source's own size scaled to the kept picture size (video), or
+    an uncompressed RGB frame (image)."""
+    (w, h), (tw, th) = info.src_size, info.size
+    if info.is_image:
+        return tw * th * 3
+    return int(info.path.stat().st_size * (tw * th) / max(1, w * h))
+
+
+def check_free_space(where: Path, name: str, frames: int, row_bytes: int, plate_bytes: int) -> None:
+    """InputError before any work if the avatar (frames x an f_s row, the plate) cannot fit in `where`'s disk."""
+    need = frames * row_bytes + plate_bytes + (1 << 20)      # + the record and slack
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise InputError(f"{where.parent}: not enough free space for avatar '{name}': it needs about "
+                         f"{need / 2**20:,.0f} MiB ({frames} frames x {row_bytes / 2**20:.2f} MiB of features + the "
+                         f"plate), {free / 2**20:,.0f} MiB are free; free some space, register fewer frames "
+                         "(--max-frames), or set DITTO_FAST_HOME to a bigger disk")
+
+
 def _no_progress(total: int, label: str) -> Step:
     return lambda n=1: None
 
@@ -151,7 +181,13 @@ class Registrar:
         info, image = open_source(source, max_size)
         self.notes = [f"{source}: {info.rate_note}"] if info.rate_note else []
         self.warnings = []
-        return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer, strict)
+        try:
+            return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer, strict)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise InputError(f"no space left on the disk of {avatars_dir()} while writing the avatar '{name}' "
+                             "(nothing was kept); free some space or set DITTO_FAST_HOME to a bigger disk") from None
 
     def _register(self, source: Path, name: str, info: SourceInfo, image: np.ndarray | None,
                   max_frames: int | None, force: bool, batch_size: int, progress: ProgressFactory | None,
@@ -168,6 +204,7 @@ class Registrar:
         with AvatarWriter(name, force=force) as writer, ExitStack() as stack:   # name/store checked first
             stack.enter_context(numpy_blas_single_threaded())
             nets = self._extractors()
+            check_free_space(writer.tmp_dir, name, n_est, nets.f_s_row_bytes, estimate_plate_bytes(info))
             sink = _FeatureSink(nets, writer, n_cap, batch_size, (progress or _no_progress)(n_est, "register"), timer)
             tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source)))
             caught = stack.enter_context(warnings.catch_warnings(record=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from PIL import Image
 
 from ..errors import InputError
 from ..inputs import check_input_file
-from ..ffpipe import RawVideoPipe, TruncatedFrame, video_stream_line
+from ..ffpipe import RawVideoPipe, TruncatedFrame, stream_lines
 from ..rates import MOTION_FPS, from_stream, nearest_standard, rate_text
 from ..yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
 from .plate import plate_encoder_args
@@ -36,6 +37,7 @@ class SourceInfo:
     colorspace: str | None = None  # the video stream's colorspace tag (bt709, smpte170m, ...), None if untagged
     rate: Fraction = Fraction(MOTION_FPS)   # the rate frames are kept at: the source's own (images: 25)
     rate_note: str | None = None  # why the rate is not the source's exact one (variable-rate sources)
+    duration: float = 0.0         # seconds the container declares (0 if it declares none)
 
 
 def target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
@@ -58,7 +60,7 @@ def exif_orientation(path: Path) -> int:
     try:
         with Image.open(path) as im:
             value = im.getexif().get(0x0112, 1)
-    except (OSError, ValueError, SyntaxError):
+    except Exception:  # noqa: BLE001 - any EXIF Pillow cannot read (corrupt, a "decompression bomb"): as stored
         return 1
     return value if value in _UPRIGHT else 1
 
@@ -69,7 +71,10 @@ def _read_image(path: Path) -> np.ndarray | None:
     if not any(head.startswith(m) for m in _IMAGE_MAGIC) or (head.startswith(b"RIFF") and head[8:12] != b"WEBP"):
         return None
     # colour, 8 bits (16-bit samples scaled by the fixed 1/256, as Ditto reads them), alpha dropped
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    try:
+        img = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error:          # e.g. a header declaring more pixels than OpenCV will allocate
+        img = None
     if img is None:
         raise InputError(f"{path}: image is truncated or corrupt; re-export it as PNG or JPEG")
     img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
@@ -90,11 +95,18 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
         return SourceInfo(path, True, (w, h), (tw, th), 0.0, 1), np.ascontiguousarray(img)
     import imageio_ffmpeg
 
+    streams = stream_lines(path)
+    line = next((ln for ln in streams if ": Video: " in ln and "(attached pic)" not in ln), None)  # not cover art
+    if streams and line is None:
+        raise InputError(f"{path}: has no video stream (an audio-only file?); give the anchor's video or an image")
     try:
         gen = imageio_ffmpeg.read_frames(str(path))
         meta = next(gen)
         gen.close()
-    except (OSError, RuntimeError, StopIteration) as e:
+    except (OSError, RuntimeError, StopIteration, IndexError, ValueError, AttributeError) as e:  # + header parsing
+        if "partial file" in str(e):
+            raise InputError(f"{path}: video is cut short, not one frame decodes (ffmpeg: partial file); copy or "
+                             "re-export the whole file") from None
         msg = str(e).strip().splitlines()[-1][:120] if str(e).strip() else "no video stream"
         raise InputError(f"{path}: not a readable video or image ({msg}); give an MP4/MOV/MKV video "
                          "or a PNG/JPEG image") from None
@@ -103,10 +115,10 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
         raise InputError(f"{path}: video has no picture size; re-export it")
     duration = float(meta.get("duration") or 0.0)
     tw, th = target_size(w, h, max_size)
-    line = video_stream_line(path) or ""
+    line = line or ""
     rate, note = stream_rate(line)
     return SourceInfo(path, False, (w, h), (tw, th), float(meta.get("fps") or rate), max(1, int(round(duration * rate))),
-                      _colorspace_tag(line), rate, note), None
+                      _colorspace_tag(line), rate, note, duration), None
 
 
 def stream_rate(line: str) -> tuple[Fraction, str | None]:
@@ -120,6 +132,8 @@ def stream_rate(line: str) -> tuple[Fraction, str | None]:
     if avg is None and base is None:
         return Fraction(MOTION_FPS), f"the video states no frame rate; kept at {MOTION_FPS} fps"
     if avg is None or avg <= 0:
+        if base is None or base <= 0:
+            return Fraction(MOTION_FPS), f"the video states no frame rate; kept at {MOTION_FPS} fps"
         return from_stream(base), None
     if base is not None and abs(avg - base) > 1e-3 * base:
         rate = nearest_standard(avg)
@@ -178,6 +192,7 @@ class SourceFrames:
         args += ["-map", "[raw]", *limit, "-thread_queue_size", str(max(1, int(ahead))),
                  "-f", "rawvideo", "pipe:1"]
         self.info = info
+        self.max_frames = max_frames
         self.count = 0
         bufs = np.empty((max(2, int(ring)), h * 3 // 2, w), np.uint8)   # [R, H * 3/2, W] I420
         self._ring = [YuvFrame(b, w, h, matrix) for b in bufs]
@@ -195,11 +210,25 @@ class SourceFrames:
             yield frame
 
     def finish(self) -> None:
-        """Wait for ffmpeg to end (plate complete); InputError if it failed."""
+        """Wait for ffmpeg to end (plate complete). InputError if it failed or the video is cut short (fewer frames
+        than the container's duration declares, or ffmpeg found a partial file); OSError ENOSPC if the plate's
+        disk filled up."""
         code, err = self._pipe.wait()
+        text = self._pipe.stderr_text()
+        if "No space left on device" in text:
+            raise OSError(errno.ENOSPC, "No space left on device (writing the plate)")
         if code != 0:
             raise InputError(f"{self.info.path}: video is truncated or corrupt ({err or f'ffmpeg exit {code}'}); "
                              "re-export it")
+        if self.max_frames is not None and self.count >= self.max_frames:
+            return                                  # stopped early on purpose: the rest was never read
+        rate, declared = float(self.info.rate), self.info.duration
+        short = self.count < self.info.est_frames - max(3, round(0.5 * rate)) if declared > 0 else False
+        if short or "partial file" in text:
+            said = f" of the {declared:.2f} s ({self.info.est_frames} frames) its container declares" if declared else ""
+            raise InputError(f"{self.info.path}: video is cut short: decoded {self.count} frames "
+                             f"({self.count / rate:.2f} s){said}" + ("; ffmpeg: partial file" if "partial file" in text
+                                                                     else "") + "; copy or re-export the whole file")
 
     def close(self) -> None:
         """Stop ffmpeg (if running) and free the pipe."""

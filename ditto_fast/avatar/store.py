@@ -20,7 +20,7 @@ from ditto_fast.errors import AvatarError, InputError, UsageError
 
 TMP_PREFIX = ".tmp-"
 STALE_TMP_AGE_S = 3600.0
-NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")   # never a leading "-": it would read as an option
 
 
 # ----------------------------------------------------------------------------- paths and names
@@ -36,10 +36,11 @@ def avatars_dir(root: str | os.PathLike | None = None) -> Path:
 
 
 def validate_name(name: str) -> str:
-    """Return name if it is 1-64 characters of [A-Za-z0-9_-], else raise UsageError."""
+    """Return name if it is 1-64 characters of [A-Za-z0-9_-] not starting with "-", else raise UsageError."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise UsageError(
-            f"invalid avatar name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ - (e.g. --name ruby_2)"
+            f"invalid avatar name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ - , not starting with - "
+            "(e.g. --name ruby_2)"
         )
     return name
 
@@ -103,6 +104,17 @@ def unlock(fd: int | None) -> None:
         os.close(fd)
 
 
+def remove_tree(path: Path) -> None:
+    """Delete a directory moved aside, or just the link if it is a symlink (its target is left alone)."""
+    if path.is_symlink():
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def aside_path(adir: Path, what: str, name: str) -> Path:
     """A fresh temporary name in adir for an avatar directory moved out of the way."""
     return adir / f"{TMP_PREFIX}{what}-{name}-{uuid.uuid4().hex[:8]}"
@@ -162,5 +174,5 @@ def remove_avatar(name: str, root: str | os.PathLike | None = None) -> Path:
         os.rename(d, aside)
     except OSError as exc:
         raise InputError(f"cannot remove {d} ({exc.strerror or exc}); check the permissions of {adir}") from exc
-    shutil.rmtree(aside, ignore_errors=True)
+    remove_tree(aside)
     return d

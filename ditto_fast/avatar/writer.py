@@ -25,8 +25,8 @@ from ditto_fast.avatar.format import (
     npy_header, plain,
 )
 from ditto_fast.avatar.store import (
-    TMP_PREFIX, aside_path, avatars_dir, clean_stale_tmp, ensure_writable_store, fsync_path, lock_dir, unlock,
-    validate_name,
+    TMP_PREFIX, aside_path, avatars_dir, clean_stale_tmp, ensure_writable_store, fsync_path, lock_dir, remove_tree,
+    unlock, validate_name,
 )
 from ditto_fast.errors import InputError, UsageError
 from ditto_fast.filemode import give_usual_mode
@@ -108,7 +108,7 @@ class AvatarWriter:
     def __enter__(self) -> "AvatarWriter":
         ensure_writable_store(self.adir)
         clean_stale_tmp(self.adir)
-        if self.final_dir.exists() and not self.force:
+        if os.path.lexists(self.final_dir) and not self.force:
             raise UsageError(f"avatar {self.name} exists in {self.adir}; use --force to replace it")
         try:
             self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.name}-", dir=self.adir))
@@ -132,7 +132,10 @@ class AvatarWriter:
     def _discard(self) -> None:
         """Remove the temporary directory and release its lock."""
         if self._f_s is not None:
-            self._f_s.close()
+            try:
+                self._f_s.close()
+            except OSError:     # its buffer cannot be flushed (a full disk): the file is going anyway
+                pass
         self._f_s = None
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
@@ -262,7 +265,7 @@ class AvatarWriter:
         try:
             os.rename(tmp, self.final_dir)
         except OSError as exc:
-            if not self.final_dir.exists():
+            if not os.path.lexists(self.final_dir):
                 raise
             if not self.force:
                 raise UsageError(f"avatar {self.name} exists in {self.adir}; use --force to replace it") from exc
@@ -273,7 +276,7 @@ class AvatarWriter:
 
     def _replace(self, tmp: Path) -> None:
         """Rename the existing avatar aside, tmp into its place (the old one back on failure), delete the old."""
-        old_fd = lock_dir(self.final_dir)
+        old_fd = lock_dir(self.final_dir) if self.final_dir.exists() else None   # a dangling link: nothing to lock
         try:
             old = aside_path(self.adir, "old", self.name)
             os.rename(self.final_dir, old)
@@ -284,7 +287,7 @@ class AvatarWriter:
                 raise
             self._mark_installed()
             fsync_path(self.adir)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)
         finally:
             unlock(old_fd)
 

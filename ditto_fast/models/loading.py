@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -67,6 +69,20 @@ def unwrap(obj: object, wrapping: str, path: Path, title: str) -> dict[str, torc
     return sd
 
 
+def _unreadable(p: Path, title: str, e: BaseException) -> CheckpointError:
+    """The error for a checkpoint torch.load refused: one whole sentence, never a cut-off torch message."""
+    text = str(e)
+    if "Weights only load failed" in text:      # the pickle asks for code (a global or a call), not just tensors
+        what = re.search(r"GLOBAL ([\w.]+)", text)
+        named = f" (it asks for {what.group(1)})" if what else ""
+        return CheckpointError(f"{p}: not a plain weights file; refused to load it{named}; use the {title} "
+                               "file from the Ditto release")
+    first = (text.strip().splitlines() or [type(e).__name__])[0]
+    first = first if len(first) <= 160 else first[:157].rsplit(" ", 1)[0] + "..."
+    return CheckpointError(f"{p}: cannot read the {title} checkpoint (truncated or corrupt: {first}); "
+                           "re-download it")
+
+
 def read_state_dict(name: str, path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Load a checkpoint file (weights_only) and return its unwrapped state dict, with clear errors."""
     return read_checkpoint(name, path)[0]
@@ -84,11 +100,12 @@ def read_checkpoint(name: str, path: str | os.PathLike) -> tuple[dict[str, torch
     if p.stat().st_size == 0:
         raise CheckpointError(f"{p}: empty file, expected the {s.title} checkpoint; re-download it")
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():          # torch's pickle-protocol warnings: the error below says it
+            warnings.simplefilter("ignore")
+            obj = torch.load(p, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
             OSError, AttributeError, KeyError, IndexError) as e:
-        raise CheckpointError(f"{p}: cannot read the {s.title} checkpoint (truncated or corrupt: "
-                              f"{str(e).splitlines()[0][:160]}); re-download it") from None
+        raise _unreadable(p, s.title, e) from None
     return unwrap(obj, s.wrapping, p, s.title), file_metadata(obj)
 
 
@@ -118,6 +135,10 @@ def check_state_dict(name: str, sd: dict[str, torch.Tensor], path: str | os.Path
         raise CheckpointError(f"{path}: not a {s.title} checkpoint (cannot read its widths: {e}); "
                               f"give {s.filename} from the Ditto release") from None
     bad = _mismatches(net.state_dict(), sd)
+    broken = next((k for k, v in sd.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+    if broken is not None and not bad:
+        raise CheckpointError(f"{path}: {broken} holds NaN or infinite values; re-download the {s.title} "
+                              f"checkpoint {s.filename}")
     if bad:
         shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise CheckpointError(f"{path}: does not match the {s.title}: {shown}; "

@@ -55,24 +55,61 @@ def _parse_range(spec: str, n: int, path: Path) -> range:
     return range(start, stop)
 
 
+def schedule_file(emotion: str) -> Path | None:
+    """The schedule file an --emotion value names (it ends in .json or is a file), else None."""
+    if emotion.lstrip().startswith("{"):
+        return None
+    return Path(emotion) if emotion.endswith(".json") or _is_file(Path(emotion)) else None
+
+
+def _is_file(p: Path) -> bool:
+    """Path.is_file, False (not an error) for a name too long for a file or one holding a NUL byte."""
+    try:
+        return p.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def emotion_schedule(emotion: str, n: int) -> np.ndarray:
-    """[n,8] per-frame emotion: one label for all frames, or a JSON schedule file
+    """[n,8] per-frame emotion: one label for all frames, or a schedule, given inline or as a JSON file:
     {"default": "neutral", "frames": {"0-49": "happy", "120-": "sad"}}."""
-    p = Path(emotion)
-    if not (emotion.endswith(".json") or p.is_file()):
+    if emotion.lstrip().startswith("{"):
+        try:
+            data = json.loads(emotion)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--emotion {emotion!r}: not valid JSON ({e.msg}); write a schedule like "
+                             '\'{"default": "neutral", "frames": {"0-49": "happy"}}\'') from None
+        return _schedule(data, n, "--emotion", UsageError)
+    p = schedule_file(emotion)
+    if p is None:
         return np.repeat(emotion_vector(emotion)[None], n, axis=0)
-    if not p.is_file():
+    if not _is_file(p):
         raise InputError(f"{p}: emotion schedule file not found")
     try:
         data = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{p}: not valid JSON ({e}); fix the emotion schedule") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read the emotion schedule ({e.strerror}); check the file") from None
+    return _schedule(data, n, str(p), InputError)
+
+
+def _schedule(data: object, n: int, where: str, error: type) -> np.ndarray:
+    """[n,8] from a decoded schedule; `error` (UsageError inline, InputError for a file) names `where`."""
     unknown = set(data) - {"default", "frames"} if isinstance(data, dict) else {"<not an object>"}
     if unknown:
-        raise InputError(f"{p}: unknown key(s) {sorted(unknown)}; an emotion schedule has 'default' and 'frames'")
-    out = np.repeat(emotion_vector(data.get("default", "neutral"))[None], n, axis=0)
-    for spec, label in (data.get("frames") or {}).items():
-        out[_parse_range(str(spec), n, p)] = emotion_vector(label)
+        raise error(f"{where}: unknown key(s) {sorted(unknown)}; an emotion schedule has 'default' and 'frames'")
+    frames = data.get("frames") or {}
+    labels = [data.get("default", "neutral"), *(frames.values() if isinstance(frames, dict) else [None])]
+    if not all(isinstance(v, str) for v in labels):
+        raise error(f"{where}: 'default' must be an emotion and 'frames' an object of \"A-B\": emotion; "
+                    "fix the emotion schedule")
+    try:
+        out = np.repeat(emotion_vector(labels[0])[None], n, axis=0)
+        for spec, label in frames.items():
+            out[_parse_range(str(spec), n, Path(where))] = emotion_vector(label)
+    except (UsageError, InputError) as e:
+        raise error(f"{where}: {e}" if not str(e).startswith(where) else str(e)) from None
     return out
 
 

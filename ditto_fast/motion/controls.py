@@ -11,11 +11,11 @@ Control file (all keys optional; frame numbers are 0-based output frames, ranges
 
 Per-frame keys (`FRAME_KEYS`):
   pitch, yaw, roll   degrees added to the head pose (image avatars; video avatars keep the plate's pose
-                     but the offset still applies)
-  pose_scale         multiplies the driven head motion around the source pose (0 = still head)
+                     but the offset still applies), -90..90
+  pose_scale         multiplies the driven head motion around the source pose (0 = still head), 0..5
   exp_scale          multiplies the driven expression around the source expression (0 = source face,
-                     1 = as generated, >1 = exaggerated mouth/eyes)
-  exp_offset         63 numbers added to the expression (21 keypoints x (x, y, z)), for expert tweaks
+                     1 = as generated, >1 = exaggerated mouth/eyes), 0..5
+  exp_offset         63 numbers added to the expression (21 keypoints x (x, y, z)), each -1..1, for expert tweaks
 A range's keys override `default` for its frames; later ranges override earlier ones.
 `fade_in`/`fade_out` k: blend from/to the source pose and expression over the first/last k frames
 (frame 0 and the last frame are exactly the source). `blinks`: frames where a blink starts; each blink
@@ -34,6 +34,10 @@ import numpy as np
 from ditto_fast.errors import InputError
 
 FRAME_KEYS = ("pitch", "yaw", "roll", "pose_scale", "exp_scale", "exp_offset")
+# allowed values of each per-frame key (inclusive; exp_offset: each of its 63 numbers): wide enough for any
+# sensible look, narrow enough that no value can overflow into inf/NaN keypoints downstream
+RANGES = {"pitch": (-90.0, 90.0), "yaw": (-90.0, 90.0), "roll": (-90.0, 90.0), "pose_scale": (0.0, 5.0),
+          "exp_scale": (0.0, 5.0), "exp_offset": (-1.0, 1.0)}
 FILE_KEYS = ("default", "frames", "fade_in", "fade_out", "blinks")
 # Eye closure (0 open .. 1 closed) over the frames of one blink, starting at the blink's frame.
 BLINK_PROFILE = (0.35, 0.8, 1.0, 0.8, 0.55, 0.3, 0.1)
@@ -98,9 +102,10 @@ def _bad(path: Path, key: str, why: str) -> InputError:
     return InputError(f"{path}: control key '{key}' {why}; fix it in the control file")
 
 
-def _number(path: Path, key: str, v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise _bad(path, key, f"must be a finite number, got {v!r}")
+def _number(path: Path, key: str, v: object, allowed: tuple[float, float]) -> float:
+    lo, hi = allowed
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise _bad(path, key, f"must be a number in {lo:g}..{hi:g}, got {v!r}")
     return float(v)
 
 
@@ -115,9 +120,9 @@ def _frame_keys(path: Path, where: str, obj: object) -> dict:
         if k == "exp_offset":
             if not isinstance(v, list) or len(v) != 63:
                 raise _bad(path, name, "must be a list of 63 numbers")
-            out[k] = [_number(path, name, x) for x in v]
+            out[k] = [_number(path, name, x, RANGES[k]) for x in v]
         else:
-            out[k] = _number(path, name, v)
+            out[k] = _number(path, name, v, RANGES[k])
     return out
 
 

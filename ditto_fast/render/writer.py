@@ -16,6 +16,7 @@ import numpy as np
 from ditto_fast.errors import DittoError, InputError
 from ditto_fast.ffpipe import last_stderr_line
 from ditto_fast.filemode import give_usual_mode
+from ditto_fast.partfiles import create_locked, remove_stale
 from ditto_fast.rates import rate_text
 from ditto_fast.render.formats import Format, output_format
 
@@ -31,18 +32,24 @@ def check_output_path(path: str | os.PathLike) -> Path:
     if not parent.is_dir():
         raise InputError(f"{out}: {parent} is not a directory; choose another output path")
     try:  # a real probe also catches read-only file systems and root-squashed mounts
-        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.probe", dir=parent)
-        os.close(fd)
+        probe, fd = create_locked(out, "probe")
         os.unlink(probe)
+        os.close(fd)
     except OSError as exc:
         raise InputError(f"{out}: cannot write in {parent} ({exc.strerror}); choose another output path") from None
     return out
 
 
-def _spawn(cmd: list[str], stderr_file) -> subprocess.Popen:
-    """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us."""
+def remove_stale_parts(folder: str | os.PathLike) -> list[Path]:
+    """Delete the hidden partial files (`.NAME.part*`) in `folder` whose writer is gone (see partfiles.py)."""
+    return remove_stale(folder, "part")
+
+
+def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us. `pass_fds`
+    stay open in ffmpeg (the temporary file's lock: held while ffmpeg still writes, even if we were killed)."""
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
-                            start_new_session=True)
+                            start_new_session=True, pass_fds=pass_fds)
 
 
 class VideoWriter:
@@ -54,8 +61,9 @@ class VideoWriter:
     (the same bytes every run); without it, ffmpeg's -shortest stops it near the video's end.
     `fps` is exact as a Fraction (30000/1001 is written as such in the stream).
     `comment` goes into the container's comment tag (batch records what a file was made from there).
-    The file is written to a hidden temporary name beside `out_path` and renamed into place by
-    `close()`; `abort()` (also called when an exception leaves the `with` block) removes it.
+    The file is written to a hidden temporary name beside `out_path` (flock'd while being written) and renamed
+    into place by `close()`; `abort()` (also called when an exception leaves the `with` block) removes it. A
+    writer first removes the temporaries of dead writers (killed with SIGKILL, say) in its folder.
     """
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
@@ -72,10 +80,7 @@ class VideoWriter:
         self.size = (width, height)
         self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
-        parent = self.out_path.parent if str(self.out_path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.out_path.name}.part", suffix=self.out_path.suffix, dir=parent)
-        os.close(fd)
-        self._tmp_path = Path(tmp)
+        self._tmp_path, self._lock_fd = create_locked(self.out_path, "part", self.out_path.suffix)
         self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
         self._done = False
 
@@ -103,7 +108,7 @@ class VideoWriter:
             cmd += ["-metadata", f"comment={comment}"]
         cmd += [*fmt.muxer_args(), str(self._tmp_path)]
         try:
-            self._proc = _spawn(cmd, self._stderr)
+            self._proc = _spawn(cmd, self._stderr, pass_fds=(self._lock_fd,))
         except OSError as exc:
             self._cleanup_files()
             raise DittoError(f"writing {self.out_path} failed: cannot start ffmpeg ({exc}); "
@@ -152,6 +157,7 @@ class VideoWriter:
                              f"check the directory still exists and is writable") from None
         self._done = True
         self._stderr.close()
+        self._unlock()
         return self.out_path
 
     def abort(self) -> None:
@@ -187,6 +193,13 @@ class VideoWriter:
         except FileNotFoundError:
             pass
         self._stderr.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        """Release the temporary file's flock (closing its descriptor)."""
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __del__(self) -> None:
         if getattr(self, "_done", True) is False and hasattr(self, "_proc"):
