@@ -11,7 +11,7 @@ PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
     {"errors", "yuv", "ffpipe", "inputs", "memory", "timing", "devices", "config", "hubert_random",
-     "smoothing", "rates", "filemode"},
+     "smoothing", "rates", "filemode", "partfiles"},
     {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"preview"}, {"pipeline"}, {"batch", "scale"},
     {"doctor"}, {"cli"},
 )
