@@ -81,9 +81,26 @@ class VideoWriter:
         self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
         self._tmp_path, self._lock_fd = create_locked(self.out_path, "part", self.out_path.suffix)
-        self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
-        self._done = False
+        try:
+            self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
+            self._done = False
+            self._start(audio_path, crf, preset, audio_bitrate, comment, frames)
+        except BaseException:                         # a failure or Ctrl-C while starting: nothing is left
+            proc = getattr(self, "_proc", None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            self._done = True
+            self._tmp_path.unlink(missing_ok=True)
+            if hasattr(self, "_stderr"):
+                self._stderr.close()
+            self._unlock()
+            raise
 
+    def _start(self, audio_path: str | os.PathLike | None, crf: int, preset: str, audio_bitrate: str,
+               comment: str | None, frames: int | None) -> None:
+        """Start the ffmpeg process that encodes into the temporary file."""
+        width, height = self.size
         fmt = self.format
         cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y",
                "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-framerate", rate_text(self.fps),
@@ -110,7 +127,6 @@ class VideoWriter:
         try:
             self._proc = _spawn(cmd, self._stderr, pass_fds=(self._lock_fd,))
         except OSError as exc:
-            self._cleanup_files()
             raise DittoError(f"writing {self.out_path} failed: cannot start ffmpeg ({exc}); "
                              f"reinstall imageio-ffmpeg") from None
 
