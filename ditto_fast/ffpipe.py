@@ -33,6 +33,24 @@ def video_stream_line(path: str | os.PathLike) -> str | None:
     return next((ln for ln in _describe(path) if re.search(r"Stream #.*: Video: ", ln)), None)
 
 
+# colorspace tags as ffmpeg prints them in a stream description
+_COLORSPACES = frozenset({"bt709", "bt470bg", "smpte170m", "bt2020nc", "bt2020c", "smpte240m", "fcc", "gbr",
+                          "ycgco", "ycgco-re", "ycgco-ro", "chroma-derived-nc", "chroma-derived-c", "ictcp",
+                          "ipt-c2"})
+
+
+def colorspace_tag(line: str) -> str | None:
+    """The colorspace tag in ffmpeg's description of a video stream ("bt709", "bt470bg", ...), or None."""
+    # e.g. "Stream #0:0[0x1](und): Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown,
+    # progressive), 1920x1080 [SAR 1:1 DAR 16:9], ..."
+    m = re.search(r"Video: [^,]+(?:\([^)]*\))*, [\w-]+\(([^)]*)\)", line)
+    for part in (t.strip() for t in m.group(1).split(",")) if m else ():
+        tag = part.split("/")[0]
+        if tag in _COLORSPACES:
+            return tag
+    return None
+
+
 def container_comment(path: str | os.PathLike) -> str | None:
     """The container-level comment tag of a media file, or None."""
     for ln in _describe(path):

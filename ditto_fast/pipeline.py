@@ -55,7 +55,7 @@ from .motion.stitch import MotionStitch
 from .rates import MOTION_FPS, frames_for, motion_timeline, parse_rate, rate_text, source_indices
 from .render.formats import Format, nvenc_works, output_format
 from .render.fused import FusedRenderer
-from .render.putback import Putback
+from .render.putback_yuv import YuvPutback
 from .render.writer import VideoWriter, check_output_path
 from .timing import StageTimer
 
@@ -354,7 +354,7 @@ class Renderer:
             mouth = lips[j0] + w.astype(np.float32) * (lips[j1] - lips[j0])      # [N] at the output rate
 
         stitch = MotionStitch(self.stitch_net, is_image=avatar.is_image, controls=clip.controls)
-        putback = Putback()
+        putback = YuvPutback()
         bs = self.setup.batch_size
         batches = [range(b0, min(n, b0 + bs)) for b0 in range(0, n, bs)]
 
@@ -371,10 +371,12 @@ class Renderer:
         # look-ahead: batch k+1 is launched before batch k is pasted and written, so a GPU computes while
         # this thread works; frames still go out in order, and the output is the same either way
         ahead = self.config.render.lookahead
-        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image) as plate, \
+        # the plate's own yuv420p goes to the encoder: only the face box is converted and blended
+        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image,
+                         pix_fmt="yuv420p") as plate, \
                 VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.audio, crf=self.setup.crf,
                             preset=self.setup.preset, comment=digest, frames=n,
-                            fmt=self.setup.output_format(clip)) as writer:
+                            fmt=self.setup.output_format(clip), pix_fmt="yuv420p") as writer:
             pending = launch(batches[0]) if batches else None
             for k, idx in enumerate(batches):
                 following = batches[k + 1] if k + 1 < len(batches) else None

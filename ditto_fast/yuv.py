@@ -43,6 +43,37 @@ def yuv_to_rgb_matrix(matrix: str = "bt601", full_range: bool = False) -> np.nda
     return np.hstack([m, off[:, None]]).astype(np.float32)
 
 
+def rgb_to_yuv_matrix(matrix: str = "bt709") -> np.ndarray:
+    """[3, 4] float32 affine map from (R, G, B) levels to limited-range (Y, U, V) levels, for cv2.transform
+    (which rounds): the conversion ffmpeg makes for out_range=tv with that matrix."""
+    kr, kb = _KR_KB[matrix]
+    kg = 1.0 - kr - kb
+    luma = np.array([kr, kg, kb])
+    m = np.stack([luma * 219 / 255,
+                  (np.array([0.0, 0.0, 1.0]) - luma) / (2 * (1 - kb)) * 224 / 255,
+                  (np.array([1.0, 0.0, 0.0]) - luma) / (2 * (1 - kr)) * 224 / 255])
+    return np.hstack([m, np.array([[16.0], [128.0], [128.0]])]).astype(np.float32)
+
+
+def i420_planes(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Views of a yuv420p frame [H * 3 / 2, W] uint8: luma [1, H, W] and chroma [2, H/2, W/2] (U, V)."""
+    h, w = frame.shape[0] * 2 // 3, frame.shape[1]
+    return frame[:h].reshape(1, h, w), frame[h:].reshape(2, h // 2, w // 2)
+
+
+def rgb_to_i420(rgb: np.ndarray, matrix: str = "bt709") -> np.ndarray:
+    """An RGB image [H, W, 3] uint8 (even H, W) as a limited-range yuv420p frame [H * 3 / 2, W] uint8; each
+    chroma sample is the mean of its 2x2 pixels."""
+    h, w = rgb.shape[:2]
+    yuv = cv2.transform(np.ascontiguousarray(rgb), rgb_to_yuv_matrix(matrix))
+    out = np.empty((h * 3 // 2, w), np.uint8)
+    luma, chroma = i420_planes(out)
+    luma[0] = yuv[..., 0]
+    uv = cv2.resize(yuv[..., 1:], (w // 2, h // 2), interpolation=cv2.INTER_AREA)
+    chroma[0], chroma[1] = uv[..., 0], uv[..., 1]
+    return out
+
+
 class YuvFrame:
     """One I420 frame ([H * 3 / 2, W] uint8: Y, then U and V at half size) that gives RGB by region.
 

@@ -1,5 +1,6 @@
-"""Benchmark: putback ms/frame at 1080p (Cython kernel vs numpy fallback vs naive full-frame warp+blend),
-VideoWriter ms/frame at 1080p with audio, and plate reading ms/frame forward and backward.
+"""Benchmark: putback ms/frame at 1080p (Cython kernel vs numpy fallback vs naive full-frame warp+blend, and
+the yuv420p kernel the render loop uses), VideoWriter ms/frame at 1080p with audio, and plate reading ms/frame
+forward and backward; writer and reader both as RGB and as yuv420p.
 
 Face crops of 500, 600 and 700 px in the frame, with a slightly different M_c2o every frame (so
 the warped mask is never reused), plus the repeated-M_c2o case of image avatars. Target: kernel
@@ -22,7 +23,9 @@ import bench_common  # noqa: F401  (puts tests/ on sys.path: write_plate is shar
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.render import putback as pb_mod
 from ditto_fast.render.putback import Putback, feathered_mask
+from ditto_fast.render.putback_yuv import YuvPutback
 from ditto_fast.render.writer import VideoWriter
+from ditto_fast.yuv import rgb_to_i420
 from synthetic import write_plate
 
 W, H = 1920, 1080
@@ -79,10 +82,11 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     result: dict = {"bench": "putback", "quick": quick, "frame": [W, H], "kernel_built": pb_mod._blend is not None,
                     "target_ms": TARGET_MS, "putback_ms": {}, "putback_cpu_ms": {}}
     for face in FACE_PX:
-        kernel, fallback = Putback(), Putback(use_kernel=False)
-        frame = bg.copy()
+        kernel, fallback, yuv = Putback(), Putback(use_kernel=False), YuvPutback()
+        frame, frame_yuv = bg.copy(), rgb_to_i420(bg)
         row = {
             "kernel": _time_ms(lambda i: kernel(frame, crop, _matrix(face, i)), n),
+            "yuv420p_kernel": _time_ms(lambda i: yuv(frame_yuv, crop, _matrix(face, i)), n),
             "kernel_repeated_M": _time_ms(lambda i: kernel(frame, crop, _matrix(face, 0)), n),
             "numpy_fallback": _time_ms(lambda i: fallback(frame, crop, _matrix(face, i)), max(5, n // 4)),
             "naive_full_frame": _time_ms(lambda i: _naive_putback(mask, bg, crop, _matrix(face, i)), max(5, n // 4)),
@@ -106,11 +110,14 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
             wf.setsampwidth(2)
             wf.setframerate(16000)
             wf.writeframes((0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16).tobytes())
-        t0 = time.perf_counter()
-        with VideoWriter(Path(tmp) / "out.mp4", (W, H), audio_path=wav) as vw:
-            for k in range(n_write):
-                vw.write(pool[k % len(pool)])
-        result["writer_ms_per_frame"] = round((time.perf_counter() - t0) * 1000 / n_write, 2)
+        pool_yuv = [rgb_to_i420(f) for f in pool]
+        for pix_fmt, frames in (("rgb24", pool), ("yuv420p", pool_yuv)):
+            t0 = time.perf_counter()
+            with VideoWriter(Path(tmp) / "out.mp4", (W, H), audio_path=wav, pix_fmt=pix_fmt) as vw:
+                for k in range(n_write):
+                    vw.write(frames[k % len(frames)])
+            key = "writer_ms_per_frame" if pix_fmt == "rgb24" else "writer_yuv420p_ms_per_frame"
+            result[key] = round((time.perf_counter() - t0) * 1000 / n_write, 2)
         result["writer_frames"] = n_write
 
         n_plate = 50 if quick else 100
@@ -129,15 +136,21 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
             t_bwd = time.perf_counter() - t0
         result["plate_read_forward_ms_per_frame"] = round(t_fwd * 1000 / n_plate, 2)
         result["plate_read_backward_ms_per_frame"] = round(t_bwd * 1000 / n_plate, 2)
+        with PlateReader(plate, n_plate, pix_fmt="yuv420p") as reader:
+            t0 = time.perf_counter()
+            for i in range(n_plate):
+                reader[i]
+            result["plate_read_yuv420p_forward_ms_per_frame"] = round((time.perf_counter() - t0) * 1000 / n_plate, 2)
 
-    print(f"{'putback ms/frame @1080p':<24} {'kernel':>8} {'repeatM':>8} {'numpy':>8} {'naive':>8}")
+    print(f"{'putback ms/frame @1080p':<24} {'kernel':>8} {'yuv420p':>8} {'repeatM':>8} {'numpy':>8} {'naive':>8}")
     for what in ("putback_ms", "putback_cpu_ms"):
         for face, r in result[what].items():
             label = f"{face} {'wall' if what == 'putback_ms' else 'cpu'}"
-            print(f"{label:<24} {r['kernel']:>8.2f} {r['kernel_repeated_M']:>8.2f} {r['numpy_fallback']:>8.2f} "
-                  f"{r['naive_full_frame']:>8.2f}")
-    for k in ("kernel_worst_ms", "kernel_worst_cpu_ms", "target_ms", "pass", "writer_ms_per_frame", "plate_write_ms_per_frame",
-              "plate_read_forward_ms_per_frame", "plate_read_backward_ms_per_frame"):
+            print(f"{label:<24} {r['kernel']:>8.2f} {r['yuv420p_kernel']:>8.2f} {r['kernel_repeated_M']:>8.2f} "
+                  f"{r['numpy_fallback']:>8.2f} {r['naive_full_frame']:>8.2f}")
+    for k in ("kernel_worst_ms", "kernel_worst_cpu_ms", "target_ms", "pass", "writer_ms_per_frame",
+              "writer_yuv420p_ms_per_frame", "plate_write_ms_per_frame", "plate_read_forward_ms_per_frame",
+              "plate_read_backward_ms_per_frame", "plate_read_yuv420p_forward_ms_per_frame"):
         print(f"{k:<34} {result[k]}")
     if out_json:
         Path(out_json).write_text(json.dumps(result, indent=2) + "\n")

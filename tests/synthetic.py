@@ -136,10 +136,11 @@ def astronaut_canvas(frame_index: int, motion: Motion | None = None, size: tuple
 
 def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: tuple[int, int] = (1920, 1080),
                        face_px: float | None = None, motion: Motion | None = None, noise: float = 0.0,
-                       seed: int = 0, mouth: float | tuple[float, ...] = 0.0) -> Path:
+                       seed: int = 0, mouth: float | tuple[float, ...] = 0.0, bt709: bool = False) -> Path:
     """Write an H.264 MP4 of `n_frames` astronaut frames (see astronaut_canvas) and return its path.
 
     `mouth`: how far her mouth is open (0: closed, as in the picture), one value or one per frame.
+    `bt709`: tag the stream BT.709 (HD broadcast material); untagged otherwise, decoded as BT.601.
 
     `face_px` sets the face size at frame 0 (it overrides motion.scale); the default motion is a
     gentle drift (0.5 px/frame right, 0.05 degree/frame) centred in the frame.
@@ -153,7 +154,9 @@ def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: t
         motion = replace(motion, scale=face_px / ASTRONAUT_FACE_PX)
     path = Path(path)
     writer = imageio_ffmpeg.write_frames(str(path), (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
-                                         quality=None, output_params=["-crf", "18"], macro_block_size=2)
+                                         quality=None, macro_block_size=2,
+                                         output_params=["-crf", "18", *(["-vf", "scale=out_color_matrix=bt709",
+                                                                         "-colorspace", "bt709"] if bt709 else [])])
     writer.send(None)
     try:
         for i in range(n_frames):

@@ -16,7 +16,7 @@ from PIL import Image
 
 from ..errors import InputError
 from ..inputs import check_input_file
-from ..ffpipe import RawVideoPipe, TruncatedFrame, stream_lines
+from ..ffpipe import RawVideoPipe, TruncatedFrame, colorspace_tag, stream_lines
 from ..rates import MOTION_FPS, from_stream, nearest_standard, rate_text
 from ..yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
 from .plate import plate_encoder_args
@@ -118,7 +118,7 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
     line = line or ""
     rate, note = stream_rate(line)
     return SourceInfo(path, False, (w, h), (tw, th), float(meta.get("fps") or rate), max(1, int(round(duration * rate))),
-                      _colorspace_tag(line), rate, note, duration), None
+                      colorspace_tag(line), rate, note, duration), None
 
 
 def stream_rate(line: str) -> tuple[Fraction, str | None]:
@@ -140,24 +140,6 @@ def stream_rate(line: str) -> tuple[Fraction, str | None]:
         return rate, (f"variable frame rate (average {avg:g} fps); frames kept at the nearest standard rate, "
                       f"{rate_text(rate)} fps")
     return from_stream(avg), None
-
-
-# colorspace tags as ffmpeg prints them in a stream description
-_COLORSPACES = frozenset({"bt709", "bt470bg", "smpte170m", "bt2020nc", "bt2020c", "smpte240m", "fcc", "gbr",
-                          "ycgco", "ycgco-re", "ycgco-ro", "chroma-derived-nc", "chroma-derived-c", "ictcp",
-                          "ipt-c2"})
-
-
-def _colorspace_tag(line: str) -> str | None:
-    """The colorspace tag in ffmpeg's description of a video stream ("bt709", "bt470bg", ...), or None."""
-    # e.g. "Stream #0:0[0x1](und): Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown,
-    # progressive), 1920x1080 [SAR 1:1 DAR 16:9], ..."
-    m = re.search(r"Video: [^,]+(?:\([^)]*\))*, [\w-]+\(([^)]*)\)", line)
-    for part in (t.strip() for t in m.group(1).split(",")) if m else ():
-        tag = part.split("/")[0]
-        if tag in _COLORSPACES:
-            return tag
-    return None
 
 
 class SourceFrames:

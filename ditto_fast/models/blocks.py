@@ -173,13 +173,17 @@ class SNConv2d(nn.Module):
     @torch.no_grad()
     def to_conv(self) -> nn.Conv2d:
         """A plain Conv2d with the normalized weight folded in."""
-        w = self.normalized_weight()
-        conv = nn.Conv2d(w.shape[1], w.shape[0], w.shape[2], padding=self.padding, bias=self.bias is not None)
-        conv = conv.to(device=w.device, dtype=w.dtype)
-        conv.weight.copy_(w)
-        if self.bias is not None:
-            conv.bias.copy_(self.bias)
-        return conv
+        return conv2d_holding(self.normalized_weight(), self.bias, self.padding)
+
+
+def conv2d_holding(weight: torch.Tensor, bias: torch.Tensor | None, padding: int | tuple) -> nn.Conv2d:
+    """A Conv2d whose parameters are `weight` [out, in, k, k] and `bias` (built without a random init)."""
+    conv = nn.Conv2d(weight.shape[1], weight.shape[0], tuple(weight.shape[2:]), padding=padding,
+                     bias=bias is not None, device="meta")
+    conv.weight = nn.Parameter(weight.detach())
+    if bias is not None:
+        conv.bias = nn.Parameter(bias.detach())
+    return conv
 
 
 def fold_spectral_norms(module: nn.Module) -> None:

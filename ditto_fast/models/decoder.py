@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import SNConv2d, count_indexed, fuse_blocks, param_dtype
+from .blocks import SNConv2d, conv2d_holding, count_indexed, fuse_blocks, param_dtype
 
 TINY_WIDTHS = {"in_channels": 8, "out_channels": 8, "num_middle": 1, "spade_hidden": 8}
 
@@ -54,11 +54,8 @@ class SPADE(nn.Module):
         if self.mlp_gamma1_beta is not None:
             return  # already fused
         g, b = self.mlp_gamma, self.mlp_beta
-        conv = nn.Conv2d(g.in_channels, 2 * g.out_channels, g.kernel_size, padding=g.padding)
-        conv = conv.to(device=g.weight.device, dtype=g.weight.dtype)
-        conv.weight.copy_(torch.cat([g.weight, b.weight]))
-        conv.bias.copy_(torch.cat([g.bias + 1.0, b.bias]))
-        self.mlp_gamma1_beta = conv
+        self.mlp_gamma1_beta = conv2d_holding(torch.cat([g.weight, b.weight]), torch.cat([g.bias + 1.0, b.bias]),
+                                              g.padding)
         del self.mlp_gamma, self.mlp_beta
 
 

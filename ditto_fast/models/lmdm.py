@@ -30,7 +30,8 @@ TINY_WIDTHS = {"latent_dim": 64, "ff_size": 128, "num_layers": 2, "num_cond_laye
 
 def cosine_betas(num_timesteps: int = NUM_TRAIN_TIMESTEPS, cosine_s: float = 8e-3) -> torch.Tensor:
     """Cosine beta schedule (Nichol & Dhariwal), computed in float64 and clipped to [0, 0.999]."""
-    steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps + cosine_s
+    # on the CPU even under a meta-device build: these are constants, not weights
+    steps = torch.arange(num_timesteps + 1, dtype=torch.float64, device="cpu") / num_timesteps + cosine_s
     f = torch.cos(steps / (1 + cosine_s) * math.pi / 2).pow(2)
     f = f / f[0]
     return (1 - f[1:] / f[:-1]).clamp(0.0, 0.999)  # [T] float64
@@ -56,7 +57,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, theta: float = 10000.0):
         super().__init__()
-        freqs = 1.0 / theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim)
+        freqs = 1.0 / theta ** (torch.arange(0, dim, 2, device="cpu")[: dim // 2].float() / dim)
         self.register_buffer("freqs", freqs)  # [dim/2]
 
     def _apply(self, fn, recurse=True):

@@ -184,3 +184,77 @@ def blend_feathered(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, con
                 memcpy(&frame[y0 + y, x0 + i_first, 0], &crop[y, i_first, 0], 3 * (i_last - i_first + 1))
             for x in range(i_last + 1, o_last + 1):
                 _blend_band_pixel(crop, mask, frame, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
+
+
+cdef inline void _blend_band_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mask,
+                                    uint8_t[:, :, ::1] planes, Py_ssize_t y, Py_ssize_t x,
+                                    Py_ssize_t py0, Py_ssize_t px0, double sx, double sy) noexcept nogil:
+    """Bilinear mask value at (sx, sy) (zero outside), then blend one pixel of every plane."""
+    cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1], ix, iy, c
+    cdef double fx, fy
+    cdef float m, m00, m01, m10, m11
+    if sx <= -1.0 or sy <= -1.0 or sx >= sw or sy >= sh:
+        return
+    ix = <Py_ssize_t>(sx + 1.0) - 1
+    iy = <Py_ssize_t>(sy + 1.0) - 1
+    fx = sx - ix
+    fy = sy - iy
+    m00 = mask[iy, ix] if iy >= 0 and ix >= 0 else 0.0
+    m01 = mask[iy, ix + 1] if iy >= 0 and ix + 1 < sw else 0.0
+    m10 = mask[iy + 1, ix] if iy + 1 < sh and ix >= 0 else 0.0
+    m11 = mask[iy + 1, ix + 1] if iy + 1 < sh and ix + 1 < sw else 0.0
+    m = <float>((1.0 - fy) * ((1.0 - fx) * m00 + fx * m01) + fy * ((1.0 - fx) * m10 + fx * m11))
+    if m <= 0.0:
+        return
+    if m > 1.0:
+        m = 1.0
+    for c in range(src.shape[2]):
+        planes[c, py0 + y, px0 + x] = _mix(planes[c, py0 + y, px0 + x], src[y, x, c], m)
+
+
+def blend_feathered_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
+                           Py_ssize_t inner_lo, Py_ssize_t inner_hi, uint8_t[:, :, ::1] planes,
+                           Py_ssize_t y0, Py_ssize_t x0) -> None:
+    """blend_feathered for planar frames: src [h,w,C] (C samples per pixel, interleaved) into C planes
+    [C,H,W] at (y0, x0), e.g. Y alone (C=1) or U and V together (C=2, a yuv420p frame's chroma)."""
+    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], sh = mask.shape[0], sw = mask.shape[1]
+    cdef Py_ssize_t y, x, c, o_first, o_last, i_first, i_last
+    cdef double a0 = inv[0], a1 = inv[1], a2 = inv[2], b0 = inv[3], b1 = inv[4], b2 = inv[5]
+    cdef double rx, ry
+    if inv.shape[0] != 6:
+        raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
+    if sh != sw:
+        raise ValueError("mask must be square")
+    if mask.shape[0] < 2 or not (0 <= inner_lo <= inner_hi < sw):
+        raise ValueError("inner range must lie inside the mask")
+    if y0 < 0 or x0 < 0 or y0 + h > planes.shape[1] or x0 + w > planes.shape[2]:
+        raise ValueError("region lies outside the frame")
+    if planes.shape[0] != nc:
+        raise ValueError("src has a different number of samples per pixel than there are planes")
+    if h == 0 or w == 0:
+        return
+    with nogil:
+        for y in range(h):
+            rx = a1 * y + a2
+            ry = b1 * y + b2
+            _span(a0, rx, b0, ry, -1.0, <double>sw, 0.0, w, &o_first, &o_last)
+            if o_first > o_last:
+                continue
+            _span(a0, rx, b0, ry, <double>inner_lo, <double>inner_hi, 1e-6, w, &i_first, &i_last)
+            if i_first < o_first:
+                i_first = o_first
+            if i_last > o_last:
+                i_last = o_last
+            if i_first > i_last:
+                i_first = o_last + 1
+                i_last = o_last
+            for x in range(o_first, i_first):
+                _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
+            if nc == 1 and i_last >= i_first:
+                memcpy(&planes[0, y0 + y, x0 + i_first], &src[y, i_first, 0], i_last - i_first + 1)
+            else:
+                for x in range(i_first, i_last + 1):
+                    for c in range(nc):
+                        planes[c, y0 + y, x0 + x] = src[y, x, c]
+            for x in range(i_last + 1, o_last + 1):
+                _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)

@@ -1,5 +1,5 @@
-"""Stream RGB frames into a video file (MP4, QuickTime or Matroska, with the speech muxed in) that appears at its
-path only when complete, with the process's usual file mode."""
+"""Stream RGB or yuv420p frames into a video file (MP4, QuickTime or Matroska, with the speech muxed in) that
+appears at its path only when complete, with the process's usual file mode."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subpr
 
 
 class VideoWriter:
-    """Video writer fed one RGB frame at a time, audio muxed by the same ffmpeg process.
+    """Video writer fed one frame at a time (RGB, or yuv420p already in BT.709 TV range: `pix_fmt`), audio
+    muxed by the same ffmpeg process.
 
     The container comes from the output's extension and the codec from `fmt` (see render/formats.py;
     default: H.264 in the container the name says). Output duration: the video has exactly the frames
@@ -69,7 +70,10 @@ class VideoWriter:
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
                  *, audio_bitrate: str = "160k", comment: str | None = None, frames: int | None = None,
-                 fmt: Format | None = None):
+                 fmt: Format | None = None, pix_fmt: str = "rgb24"):
+        if pix_fmt not in ("rgb24", "yuv420p"):
+            raise ValueError(f"pix_fmt must be rgb24 or yuv420p, got {pix_fmt}")
+        self.pix_fmt = pix_fmt
         self.out_path = check_output_path(out_path)
         self.format = fmt or output_format(self.out_path)
         width, height = int(size[0]), int(size[1])
@@ -103,16 +107,19 @@ class VideoWriter:
         width, height = self.size
         fmt = self.format
         cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y",
-               "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-framerate", rate_text(self.fps),
+               "-f", "rawvideo", "-pix_fmt", self.pix_fmt, "-s", f"{width}x{height}", "-framerate", rate_text(self.fps),
                "-i", "pipe:0"]
         if audio_path is not None:
             cmd += ["-i", str(audio_path)]
         cmd += ["-map", "0:v:0"]
         if audio_path is not None:
             cmd += ["-map", "1:a:0"]
-        cmd += ["-vf", f"scale=out_color_matrix=bt709:out_range=tv,format={fmt.pix_fmt},"
-                       "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv",
-                *fmt.video_args(crf, preset)]
+        tags = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
+        if self.pix_fmt == "yuv420p":       # already limited-range BT.709: passed on as is (ProRes: chroma resampled)
+            vf = f"{tags},format={fmt.pix_fmt}"
+        else:
+            vf = f"scale=out_color_matrix=bt709:out_range=tv,format={fmt.pix_fmt},{tags}"
+        cmd += ["-vf", vf, *fmt.video_args(crf, preset)]
         if audio_path is not None and frames is not None:
             # audio padded with silence or cut to exactly the video's length, the same bytes every run
             # (-shortest cuts wherever the muxer happens to be when the video ends)
@@ -140,15 +147,16 @@ class VideoWriter:
         else:
             self.abort()
 
-    def write(self, frame_rgb: np.ndarray) -> None:
-        """Append one frame, uint8 [H, W, 3] RGB at the writer's size."""
+    def write(self, frame: np.ndarray) -> None:
+        """Append one frame at the writer's size: uint8 [H, W, 3] RGB, or [H * 3 / 2, W] for yuv420p."""
         if self._done:
             raise ValueError("write() on a closed VideoWriter")
         w, h = self.size
-        if frame_rgb.dtype != np.uint8 or frame_rgb.shape != (h, w, 3):
-            raise ValueError(f"frame must be uint8 [{h},{w},3], got {frame_rgb.dtype} {frame_rgb.shape}")
+        shape = (h, w, 3) if self.pix_fmt == "rgb24" else (h * 3 // 2, w)
+        if frame.dtype != np.uint8 or frame.shape != shape:
+            raise ValueError(f"frame must be uint8 {list(shape)}, got {frame.dtype} {frame.shape}")
         try:
-            self._proc.stdin.write(memoryview(np.ascontiguousarray(frame_rgb)).cast("B"))
+            self._proc.stdin.write(memoryview(np.ascontiguousarray(frame)).cast("B"))
         except (BrokenPipeError, OSError, ValueError):
             self._fail()
         self.frames_written += 1

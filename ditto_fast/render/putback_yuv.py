@@ -1,0 +1,98 @@
+"""Paste the generated face crop into a yuv420p plate frame, plane by plane, inside the face box only.
+
+The 512 RGB crop is the only thing converted (to the output's limited-range YUV); its chroma is
+averaged over 2x2 pixels and warped at half size. Everything outside the (even-aligned) box the crop
+can touch is the plate's own bytes, untouched.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from ditto_fast.render.putback import _blend, crop_bbox, feathered_mask
+from ditto_fast.yuv import i420_planes, rgb_to_yuv_matrix
+
+# chroma sample c of a 4:2:0 plane sits at luma position 2c + 0.5 (each covers 2x2 pixels)
+_CHROMA_TO_LUMA = np.array([[2.0, 0.0, 0.5], [0.0, 2.0, 0.5], [0.0, 0.0, 1.0]])
+_LUMA_TO_CHROMA = np.linalg.inv(_CHROMA_TO_LUMA)
+
+
+def _affine3(m: np.ndarray) -> np.ndarray:
+    """A 2x3 affine matrix as 3x3."""
+    return np.vstack([m[:2], [0.0, 0.0, 1.0]])
+
+
+def _blend_planes_numpy(src: np.ndarray, mask: np.ndarray, planes: np.ndarray, y0: int, x0: int) -> None:
+    """planes[c, y0:y0+h, x0:x0+w] <- round(mask*src[..., c] + (1-mask)*planes), in place."""
+    h, w = mask.shape
+    bg = planes[:, y0:y0 + h, x0:x0 + w].astype(np.float32)
+    fg = np.moveaxis(src, -1, 0).astype(np.float32)
+    out = bg + mask[None] * (fg - bg) + np.float32(0.5)
+    np.clip(out, 0.0, 255.0, out=out)
+    planes[:, y0:y0 + h, x0:x0 + w] = out.astype(np.uint8)
+
+
+class YuvPutback:
+    """Blend a [dsize, dsize, 3] RGB crop into a yuv420p frame [H * 3 / 2, W] uint8 in place, via M_c2o.
+
+    The feathered mask is the RGB Putback's; the Cython kernel samples it per pixel (luma at each pixel,
+    chroma at each 2x2 block's centre), the numpy fallback warps it with OpenCV.
+    """
+
+    def __init__(self, dsize: int = 512, matrix: str = "bt709", use_kernel: bool = True):
+        if dsize % 2:
+            raise ValueError(f"the crop size must be even, got {dsize}")
+        self.dsize = dsize
+        self.use_kernel = use_kernel and _blend is not None and hasattr(_blend, "blend_feathered_planes")
+        self.mask = feathered_mask(dsize)                              # [dsize, dsize] float32
+        ones = np.flatnonzero(self.mask[dsize // 2] == 1.0)
+        self._inner = (int(ones[0]), int(ones[-1]))
+        self.to_yuv = rgb_to_yuv_matrix(matrix)
+
+    def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
+        """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change; None if off-frame."""
+        bbox = crop_bbox(np.asarray(M_c2o, np.float64), self.dsize, frame_hw)
+        if bbox is None:
+            return None
+        x0, y0, x1, y1 = bbox
+        return x0 & ~1, y0 & ~1, x1 + (x1 & 1), y1 + (y1 & 1)
+
+    def __call__(self, frame: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
+        """Paste `crop` (RGB uint8) into `frame` (yuv420p, writable) and return the frame."""
+        if frame.dtype != np.uint8 or frame.ndim != 2 or frame.shape[0] % 3 or not frame.flags.c_contiguous:
+            raise ValueError(f"frame must be a C-contiguous yuv420p uint8 [H*3/2, W], got {frame.dtype} "
+                             f"{frame.shape}")
+        if crop.dtype != np.uint8 or crop.shape != (self.dsize, self.dsize, 3):
+            raise ValueError(f"crop must be uint8 [{self.dsize},{self.dsize},3], got {crop.dtype} {crop.shape}")
+        luma, chroma = i420_planes(frame)
+        box = self.box(M_c2o, luma.shape[1:])
+        if box is None:
+            return frame
+        x0, y0, x1, y1 = box
+        w, h = x1 - x0, y1 - y0
+        roi = _affine3(np.asarray(M_c2o, np.float64))       # crop -> region (luma pixels)
+        roi[0, 2] -= x0
+        roi[1, 2] -= y0
+        roi_c = _LUMA_TO_CHROMA @ roi @ _CHROMA_TO_LUMA      # crop chroma -> region chroma
+        yuv = cv2.transform(np.ascontiguousarray(crop), self.to_yuv)                  # [d, d, 3]
+        half = self.dsize // 2
+        uv = cv2.resize(yuv[..., 1:], (half, half), interpolation=cv2.INTER_AREA)      # [d/2, d/2, 2]
+        flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        y_roi = cv2.warpAffine(np.ascontiguousarray(yuv[..., 0]), roi[:2], (w, h), **flags)[..., None]
+        uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, h // 2), **flags)
+        mask_of_luma = np.linalg.inv(roi)                   # region luma pixel -> mask coordinates
+        mask_of_chroma = mask_of_luma @ _CHROMA_TO_LUMA     # region chroma sample -> mask coordinates
+        if self.use_kernel:
+            lo, hi = self._inner
+            _blend.blend_feathered_planes(y_roi, self.mask, np.ascontiguousarray(mask_of_luma[:2]).ravel(),
+                                          lo, hi, luma, y0, x0)
+            _blend.blend_feathered_planes(np.ascontiguousarray(uv_roi), self.mask,
+                                          np.ascontiguousarray(mask_of_chroma[:2]).ravel(), lo, hi,
+                                          chroma, y0 // 2, x0 // 2)
+            return frame
+        m_y = cv2.warpAffine(self.mask, roi[:2], (w, h), **flags)
+        m_c = cv2.warpAffine(self.mask, np.linalg.inv(mask_of_chroma)[:2], (w // 2, h // 2), **flags)
+        _blend_planes_numpy(y_roi, m_y, luma, y0, x0)
+        _blend_planes_numpy(uv_roi, m_c, chroma, y0 // 2, x0 // 2)
+        return frame
