@@ -359,12 +359,11 @@ class Renderer:
         batches = [range(b0, min(n, b0 + bs)) for b0 in range(0, n, bs)]
 
         def launch(idx: range):
-            """Stitch a batch's keypoints and start its warp + decode."""
+            """Stitch a batch's keypoints (all its frames at once) and start its warp + decode."""
+            rows = np.arange(idx.start, idx.stop)
             with timer("stitch"):
-                kps = [stitch(avatar.frame_info(int(src_idx[i])), motion_to_info(motion[j0[i]]),
-                              motion_to_info(motion[j1[i]]) if w[i] else None, float(w[i])) for i in idx]
-                x_s = np.concatenate([k[0] for k in kps], 0)
-                x_d = np.concatenate([k[1] for k in kps], 0)
+                x_s, x_d = stitch.batch(avatar.frame_infos(src_idx[rows]), motion_to_info(motion[j0[rows]]),
+                                        motion_to_info(motion[j1[rows]]), w[rows])
             with timer("render"):
                 return self.fused.launch(avatar.f_s[src_idx[idx.start:idx.stop]], x_s, x_d)
 

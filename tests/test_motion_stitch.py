@@ -204,8 +204,7 @@ def test_between_two_motion_frames_pose_blends_in_degrees(stitch_net, source, mo
         assert info[k].shape == (1,)                                    # degrees, not bin logits
     if is_image:                                                        # the gaze follows the blended pose
         src = {k: pose_degrees(source[k]) for k in ("pitch", "yaw")}
-        info["exp"] = _fix_gaze(info["exp"], float(info["yaw"][0] - src["yaw"][0]),
-                                float(info["pitch"][0] - src["pitch"][0]))
+        info["exp"] = _fix_gaze(info["exp"], info["yaw"] - src["yaw"], info["pitch"] - src["pitch"])
     np.testing.assert_allclose(x_half[0], transform_keypoints(info)[0], atol=1e-5)
 
 
@@ -225,3 +224,33 @@ def test_extreme_allowed_controls_keep_keypoints_finite(stitch_net, source, moti
                  {"yaw": -90, "pose_scale": 0, "exp_scale": 0, "exp_offset": [-1] * 63}):
         x_s, x_d = run(stitch_net, source, motions, is_image=True, stitching=True, controls=_controls(**keys))
         assert np.isfinite(x_s).all() and np.isfinite(x_d).all()
+
+
+@pytest.mark.parametrize("is_image", [True, False], ids=["image", "video"])
+@pytest.mark.parametrize("with_controls", [True, False], ids=["controls", "plain"])
+def test_batches_give_the_same_bytes_as_single_frames(stitch_net, source, motions, is_image, with_controls):
+    """The render loop stitches a whole batch at once: every frame's keypoints are the bytes it gets alone,
+    with per-frame sources, blends between motion frames, controls (offsets, blinks, fades) and the gaze fix."""
+    rng = np.random.default_rng(5)
+    n = len(motions) - 1
+    srcs = {k: np.concatenate([v + np.float32(0.01) * i for i in range(n)]).astype(np.float32)
+            for k, v in source.items()}
+    srcs["exp"][2, 4] = -0.0
+    w = np.where(rng.random(n) < 0.4, 0.0, rng.random(n))
+    ctl = parse_controls({"default": {"yaw": 2, "exp_scale": 1.1, "pose_scale": 0.8},
+                          "frames": {"2-4": {"pitch": -3, "exp_offset": list(rng.normal(0, 0.01, 63))}},
+                          "fade_in": 3, "fade_out": 3, "blinks": [5]}, n) if with_controls else None
+    single = MotionStitch(stitch_net, is_image=is_image, controls=ctl)
+    one = [single({k: v[i:i + 1] for k, v in srcs.items()}, motions[i], motions[i + 1] if w[i] else None, float(w[i]))
+           for i in range(n)]
+    for size in (3, n):
+        batched = MotionStitch(stitch_net, is_image=is_image, controls=ctl)
+        got = []
+        for lo in range(0, n, size):
+            rows = np.arange(lo, min(n, lo + size))
+            d = {k: np.concatenate([motions[i][k] for i in rows]) for k in motions[0]}
+            d_next = {k: np.concatenate([motions[i + 1][k] for i in rows]) for k in motions[0]}
+            x_s, x_d = batched.batch({k: v[rows] for k, v in srcs.items()}, d, d_next, w[rows])
+            got += [(x_s[j:j + 1], x_d[j:j + 1]) for j in range(len(rows))]
+        for (a_s, a_d), (b_s, b_d) in zip(one, got):
+            assert a_s.tobytes() == b_s.tobytes() and a_d.tobytes() == b_d.tobytes()

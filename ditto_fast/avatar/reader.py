@@ -68,6 +68,13 @@ class Avatar:
             raise IndexError(f"frame {i} out of range for {self.n_frames} frames")
         return {k: v[i : i + 1] for k, v in self.x_s_info.items()}
 
+    def frame_infos(self, frames: np.ndarray) -> dict[str, np.ndarray]:
+        """x_s_info rows of several frames [B] (indices), each [B, ...]."""
+        idx = np.asarray(frames, dtype=np.int64)
+        if idx.size and not (0 <= idx.min() and idx.max() < self.n_frames):
+            raise IndexError(f"frames {idx.min()}..{idx.max()} out of range for {self.n_frames} frames")
+        return {k: v[idx] for k, v in self.x_s_info.items()}
+
 
 def _resolve(name_or_dir: str | os.PathLike, root: str | os.PathLike | None) -> tuple[str, Path, Path]:
     """(name, avatar dir, avatars dir) for a store name or a directory path."""

@@ -58,7 +58,9 @@ def bins_to_degrees(logits: Any) -> np.ndarray:
     x = _np32(logits).reshape(-1, NUM_BINS).astype(np.float64)
     x = np.exp(x - x.max(axis=1, keepdims=True))
     p = x / x.sum(axis=1, keepdims=True)
-    return (p @ np.arange(NUM_BINS, dtype=np.float64) * 3.0 - 97.5).astype(np.float32)  # [B]
+    # an elementwise product and a row sum (not a matrix-vector product, whose summation order depends on
+    # B): each row's degrees are the same whether it comes alone or in a batch
+    return ((p * np.arange(NUM_BINS, dtype=np.float64)).sum(axis=1) * 3.0 - 97.5).astype(np.float32)  # [B]
 
 
 def pose_degrees(v: Any) -> np.ndarray:

@@ -32,15 +32,17 @@ def _mask(kps: tuple[int, ...]) -> np.ndarray:
     return m.reshape(1, -1)  # [1, 63]
 
 
-def _fix_gaze(exp: np.ndarray, d_yaw: float, d_pitch: float) -> np.ndarray:
-    """Move the eye-centre keypoints against the head turn so the eyes keep looking at the camera."""
-    dx, dy = d_yaw * GAZE_X_RATIO, d_pitch * GAZE_Y_RATIO
+def _fix_gaze(exp: np.ndarray, d_yaw: np.ndarray, d_pitch: np.ndarray) -> np.ndarray:
+    """Move the eye-centre keypoints against the head turn so the eyes keep looking at the camera.
+
+    exp [B, 63] float32, head turn in degrees [B]; the shifts are computed and added in float64."""
+    dx = d_yaw.astype(np.float64) * GAZE_X_RATIO
+    dy = d_pitch.astype(np.float64) * GAZE_Y_RATIO
     exp = exp.copy()
     (ax, ay), (bx, by) = ((3 * k, 3 * k + 1) for k in GAZE_KP)
-    exp[0, ax] += dx * (0.0007 if dx > 0 else 0.001)
-    exp[0, bx] += dx * (0.001 if dx > 0 else 0.0007)
-    exp[0, ay] -= dy * 0.001
-    exp[0, by] -= dy * 0.001
+    for col, shift in ((ax, dx * np.where(dx > 0, 0.0007, 0.001)), (bx, dx * np.where(dx > 0, 0.001, 0.0007)),
+                       (ay, -dy * 0.001), (by, -dy * 0.001)):
+        exp[:, col] = (exp[:, col].astype(np.float64) + shift).astype(np.float32)
     return exp
 
 
@@ -60,8 +62,17 @@ def _close_eyes(info: dict, closure: float) -> np.ndarray:
     return exp.reshape(1, -1)
 
 
+def _per_row(values: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """[B] values shaped to broadcast against `like` ([B] or [B, ...])."""
+    return values.reshape(-1, *([1] * (like.ndim - 1)))
+
+
 class MotionStitch:
-    """Per-frame (x_s_info, x_d_info) -> (x_s [1,21,3], x_d [1,21,3]); one object per render, frames in order.
+    """(x_s_info, x_d_info) of frames -> (x_s [B,21,3], x_d [B,21,3]); one object per render, frames in order.
+
+    `batch` takes B frames at once, vectorised over them; every frame's keypoints are the same bytes
+    whether it comes alone or in a batch of any size (row-wise arithmetic only, and the stitching
+    network, whose matrix products do depend on the batch size, runs on one row at a time).
 
     Options (defaults are Ditto's for the avatar kind):
       relative      drive relative to the first driving frame (True)
@@ -89,7 +100,7 @@ class MotionStitch:
     def _mix(self, s: dict, d: dict) -> dict:
         """Source info with the driven keys replaced (relatively) by the motion; pose still as bin logits."""
         if self.relative and self.d0 is None:
-            self.d0 = {k: _np32(v).copy() for k, v in d.items()}
+            self.d0 = {k: _np32(v)[:1].copy() for k, v in d.items()}
         out = {k: _np32(v) for k, v in s.items()}
         for k in self.use_d_keys:
             v = _np32(d[k])
@@ -97,57 +108,81 @@ class MotionStitch:
         out["exp"] = out["exp"] * self.exp_mask + _np32(s["exp"]) * (1 - self.exp_mask)
         return out
 
-    def _apply_controls(self, info: dict, src: dict, c: FrameControl) -> dict:
-        """Scale, offset, blink and fade the frame's motion (pose in degrees)."""
+    def _apply_controls(self, info: dict, src: dict, cs: list[FrameControl]) -> dict:
+        """Scale, offset, blink and fade each frame's motion (pose in degrees), frame by frame's own control."""
+        def col(values) -> np.ndarray:
+            return np.array(values, dtype=np.float32)
+
+        pose_scale = col([c.pose_scale for c in cs])
         for k in POSE_KEYS:
-            info[k] = src[k] + c.pose_scale * (info[k] - src[k]) + getattr(c, k)
-        info["exp"] = src["exp"] + c.exp_scale * (info["exp"] - src["exp"])
-        if c.exp_offset is not None:
-            info["exp"] = info["exp"] + c.exp_offset.reshape(1, -1)
-        if c.eye_closure > 0:
-            info["exp"] = _close_eyes(info, c.eye_closure)
-        if c.fade < 1:
+            info[k] = src[k] + pose_scale * (info[k] - src[k]) + col([getattr(c, k) for c in cs])
+        info["exp"] = src["exp"] + col([c.exp_scale for c in cs])[:, None] * (info["exp"] - src["exp"])
+        for i, c in enumerate(cs):                      # only the frames that have them: no -0.0 + 0.0 elsewhere
+            if c.exp_offset is not None:
+                info["exp"][i] = info["exp"][i] + c.exp_offset
+            if c.eye_closure > 0:
+                info["exp"][i] = _close_eyes({k: v[i:i + 1] for k, v in info.items()}, c.eye_closure)[0]
+        fading = np.array([c.fade < 1 for c in cs])
+        if fading.any():
+            keep, mix = col([c.fade for c in cs]), col([1 - c.fade for c in cs])
             for k in ("exp", "t", "scale", *POSE_KEYS):
-                info[k] = info[k] * c.fade + src[k] * (1 - c.fade)
+                v = info[k].copy()
+                v[fading] = info[k][fading] * _per_row(keep[fading], v) + src[k][fading] * _per_row(mix[fading], v)
+                info[k] = v
         return info
 
     def _stitch(self, x_s: np.ndarray, x_d: np.ndarray) -> np.ndarray:
+        """The stitching network on each frame alone (its matrix products would round otherwise by batch size)."""
         p = next(self.stitch_net.parameters())
+        out = np.empty_like(x_d)
         with torch.no_grad():
-            out = self.stitch_net(torch.from_numpy(x_s).to(p.device, p.dtype),
-                                  torch.from_numpy(x_d).to(p.device, p.dtype))
-        return out.float().cpu().numpy()  # [1, 21, 3]
+            for i in range(x_d.shape[0]):
+                out[i] = self.stitch_net(torch.from_numpy(x_s[i:i + 1]).to(p.device, p.dtype),
+                                         torch.from_numpy(x_d[i:i + 1]).to(p.device, p.dtype)).float().cpu().numpy()
+        return out  # [B, 21, 3]
 
-    def _driven(self, x_s_info: dict, x_d_info: dict) -> dict:
-        """The frame's motion mixed into the source, pose in degrees [1]."""
-        info = self._mix(x_s_info, x_d_info)
+    def _driven(self, s: dict, d: dict) -> dict:
+        """The frames' motion mixed into the source, pose in degrees [B]."""
+        info = self._mix(s, d)
         for k in POSE_KEYS:
-            info[k] = pose_degrees(info[k])   # bin logits -> degrees [1]
+            info[k] = pose_degrees(info[k])   # bin logits -> degrees [B]
         return info
 
-    def __call__(self, x_s_info: dict, x_d_info: dict, x_d_next: dict | None = None,
-                 w: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-        """Keypoints for one frame: x_s [1,21,3] from the source, x_d [1,21,3] driven and stitched.
+    def batch(self, s: dict, d: dict, d_next: dict | None = None,
+              w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Keypoints for the next B frames: x_s [B,21,3] from the sources, x_d [B,21,3] driven and stitched.
 
-        A frame between two motion frames (another output rate than the motion's) gives the next one as
-        `x_d_next` and its weight `w`: both are mixed into the source and blended with pose in degrees,
-        expression, translation and scale linear in time.
+        s, d (and d_next) hold [B, ...] rows (source infos, motion infos). A frame between two motion frames
+        (another output rate than the motion's) has weight w > 0: its motion and the next one's (`d_next`)
+        are both mixed into the source and blended with pose in degrees, expression, translation and scale
+        linear in time.
         """
-        info = self._driven(x_s_info, x_d_info)
-        if x_d_next is not None and w > 0:
-            after = self._driven(x_s_info, x_d_next)
-            info = {k: (v + np.float32(w) * (after[k] - v)) if k in after else v for k, v in info.items()}
-        src = {k: _np32(v) for k, v in x_s_info.items()}
+        info = self._driven(s, d)
+        n = info["exp"].shape[0]
+        if d_next is not None and w is not None:
+            w32 = np.asarray(w, dtype=np.float32).reshape(-1)
+            rows = np.flatnonzero(w32 > 0)
+            if rows.size:
+                after = self._driven(s, d_next)
+                for k in after:
+                    v = info[k].copy()
+                    v[rows] = v[rows] + _per_row(w32[rows], v) * (after[k][rows] - v[rows])
+                    info[k] = v
+        src = {k: _np32(v) for k, v in s.items()}
         for k in POSE_KEYS:
             src[k] = pose_degrees(src[k])
         if self.controls is not None:
-            info = self._apply_controls(info, src, self.controls.at(self.frame))
+            info = self._apply_controls(info, src, [self.controls.at(self.frame + i) for i in range(n)])
         if self.drive_eye:
-            info["exp"] = _fix_gaze(info["exp"], float(info["yaw"][0] - src["yaw"][0]),
-                                    float(info["pitch"][0] - src["pitch"][0]))
-        x_s = transform_keypoints(x_s_info)
+            info["exp"] = _fix_gaze(info["exp"], info["yaw"] - src["yaw"], info["pitch"] - src["pitch"])
+        x_s = transform_keypoints(s)
         x_d = transform_keypoints(info)
         if self.stitching:
             x_d = self._stitch(x_s, x_d)
-        self.frame += 1
+        self.frame += n
         return x_s, x_d
+
+    def __call__(self, x_s_info: dict, x_d_info: dict, x_d_next: dict | None = None,
+                 w: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """Keypoints for one frame (rows [1, ...] in, [1,21,3] out): `batch` with B = 1."""
+        return self.batch(x_s_info, x_d_info, x_d_next if w > 0 else None, np.array([w]))
