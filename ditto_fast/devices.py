@@ -22,7 +22,8 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
-    """'auto' -> float16 on CUDA, float32 on CPU; fp16 on CPU is refused (slow and lossy there)."""
+    """'auto' -> float16 on CUDA, float32 on CPU (renders ask render/precision.py there); fp16 on CPU is
+    refused (slow and lossy there)."""
     if precision == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
     if precision not in PRECISIONS:

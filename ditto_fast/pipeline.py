@@ -55,6 +55,7 @@ from .motion.stitch import MotionStitch
 from .rates import MOTION_FPS, frames_for, motion_timeline, parse_rate, rate_text, source_indices
 from .render.formats import Format, nvenc_works, output_format
 from .render.fused import FusedRenderer
+from .render.precision import cpu_precision
 from .render.putback_yuv import YuvPutback
 from .render.writer import VideoWriter, check_output_path
 from .timing import StageTimer
@@ -200,6 +201,7 @@ class RenderSetup:
     crf: int
     preset: str
     nvenc: bool = False              # H.264/HEVC through the GPU's encoder
+    precision_choice: str = ""       # why `auto` gave this precision
 
     @classmethod
     def resolve(cls, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
@@ -213,8 +215,11 @@ class RenderSetup:
         cs = checkpoints if isinstance(checkpoints, CheckpointSet) else find_checkpoints(checkpoints)
         dev = resolve_device(device)
         r = config.render
-        return cls(config, cs, dev, resolve_precision(precision, dev), max(1, batch_size or r.batch_size),
-                   r.crf if crf is None else crf, preset or r.preset, _use_nvenc(encoder, dev))
+        dtype, why = resolve_precision(precision, dev), ""
+        if precision == "auto" and dev.type == "cpu":     # the fastest precision good enough on this CPU
+            dtype, why = cpu_precision(cs)
+        return cls(config, cs, dev, dtype, max(1, batch_size or r.batch_size), r.crf if crf is None else crf,
+                   preset or r.preset, _use_nvenc(encoder, dev), why)
 
     def output_format(self, clip: Clip) -> Format:
         """The clip's format with this setup's encoder."""
@@ -309,7 +314,8 @@ class Renderer:
         profile = {
             "frames": clip.frames, "audio_seconds": seconds, "wall_seconds": wall,
             "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
-            "precision": str(self.dtype).replace("torch.", ""), "steps": clip.steps, "seed": clip.seed,
+            "precision": str(self.dtype).replace("torch.", ""), "precision_choice": self.setup.precision_choice,
+            "steps": clip.steps, "seed": clip.seed,
             "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
             "encoder": self.setup.output_format(clip).encoder, "batch_size": self.setup.batch_size,
             "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),

@@ -1,0 +1,109 @@
+"""`--precision auto` on a CPU: the fastest of fp32 and bf16 that keeps the decoder within 45 dB of fp32.
+
+bf16 pays only where the CPU does bf16 arithmetic (AVX512-BF16 or AMX); elsewhere it is emulated and
+slower, and fp32 is chosen without a probe. Where it may pay, one probe per CPU kind, torch version and
+warp/decoder checkpoints times one full-size warp + decode in each precision and compares the crops; the
+verdict is kept in the store (`probes/`), so later renders only read it. $DITTO_FAST_CPU_PRECISION (fp32 or
+bf16) pins the choice instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..avatar.store import store_root
+from ..checkpoints import CheckpointSet
+from ..errors import UsageError
+from .fused import FusedRenderer
+
+MIN_PSNR_DB = 45.0
+# pins what auto picks on every CPU (one precision, so the same bytes, on a farm of mixed CPU kinds)
+PIN_ENV = "DITTO_FAST_CPU_PRECISION"
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_kind() -> dict:
+    """The CPU's model name and the flags that decide how it ranks precisions."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("unknown", "x86_64", ""):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    keep = sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
+    return {"model": model, "flags": keep}
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR in dB between two uint8 images (inf when equal)."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10.0 * np.log10(255.0 ** 2 / mse)
+
+
+def probe(warp_path: str | Path, decoder_path: str | Path, min_psnr_db: float = MIN_PSNR_DB) -> dict:
+    """Time one warp + decode in fp32 and bf16 (after a warm-up each) on a fixed input and compare the crops."""
+    seconds, crops = {}, {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        fused = FusedRenderer(warp_path, decoder_path, torch.device("cpu"), dtype)
+        c = fused.warp.dense_motion_network.compress.in_channels         # the source features' shape
+        d = fused.warp.third.conv.in_channels // c
+        rng = np.random.default_rng(0)
+        f_s = rng.standard_normal((1, c, d, 64, 64)).astype(np.float16)
+        x_s = rng.uniform(-0.5, 0.5, (1, 21, 3)).astype(np.float32)
+        x_d = x_s + rng.normal(0, 0.02, (1, 21, 3)).astype(np.float32)
+        fused.collect(fused.launch(f_s, x_s, x_d))                       # warm-up: kernels chosen, memory laid out
+        t0 = time.perf_counter()
+        crops[name] = fused.collect(fused.launch(f_s, x_s, x_d))
+        seconds[name] = time.perf_counter() - t0
+    quality = psnr(crops["fp32"], crops["bf16"])
+    chosen = "bf16" if seconds["bf16"] < seconds["fp32"] and quality >= min_psnr_db else "fp32"
+    return {"fp32_s": round(seconds["fp32"], 4), "bf16_s": round(seconds["bf16"], 4),
+            "psnr_db": round(quality, 2), "min_psnr_db": min_psnr_db, "chosen": chosen}
+
+
+def _key(checkpoints: CheckpointSet, kind: dict) -> str:
+    fp = checkpoints.fingerprints()
+    text = json.dumps([kind, torch.__version__, fp["warp_network"], fp["decoder"]], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cpu_precision(checkpoints: CheckpointSet, root: str | os.PathLike | None = None) -> tuple[torch.dtype, str]:
+    """(dtype, why) for `--precision auto` on this CPU: fp32 without native bf16, else the probe's verdict
+    (run once and kept under the store's probes/ folder; an unwritable store just probes again next time)."""
+    pinned = os.environ.get(PIN_ENV, "")
+    if pinned:
+        if pinned not in ("fp32", "bf16"):
+            raise UsageError(f"{PIN_ENV}={pinned}: use fp32 or bf16 (or unset it to let each CPU choose)")
+        return (torch.bfloat16 if pinned == "bf16" else torch.float32), f"{pinned}: pinned by {PIN_ENV}"
+    kind = cpu_kind()
+    if not any(f in kind["flags"] for f in BF16_FLAGS):
+        return torch.float32, "fp32: this CPU has no bf16 arithmetic (no AVX512-BF16 or AMX)"
+    path = Path(root or store_root()) / "probes" / f"precision-{_key(checkpoints, kind)}.json"
+    try:
+        verdict = json.loads(path.read_text())
+        assert verdict["chosen"] in ("fp32", "bf16")
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        verdict = {**probe(checkpoints.files["warp_network"], checkpoints.files["decoder"]), "cpu": kind,
+                   "torch": torch.__version__}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(verdict, indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    why = (f"{verdict['chosen']}: probed on this CPU, warp+decode fp32 {verdict['fp32_s']:.2f} s, "
+           f"bf16 {verdict['bf16_s']:.2f} s, bf16 PSNR {verdict['psnr_db']:.1f} dB (needs {verdict['min_psnr_db']:g})")
+    return (torch.bfloat16 if verdict["chosen"] == "bf16" else torch.float32), why
