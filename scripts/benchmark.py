@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 # subcommand -> modules whose run(out_json, quick) it calls, in order
 SUITES = {
-    "networks": ["bench_networks"],
+    "networks": ["bench_networks", "bench_rewrites"],
     "register": ["bench_register", "bench_avatar_load"],
     "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
     "render": ["bench_putback", "bench_render"],

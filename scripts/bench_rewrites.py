@@ -1,0 +1,70 @@
+"""The warp network's two rewritten layers against the plain convolutions they replace, on this CPU.
+
+The mask head (a 7x7x7 3D conv to 22 channels) runs as one 2D conv over depth slices with the depth taps
+in the output channels (`conv3d_depth_taps`), and the occlusion head (a 7x7 conv of 2272 channels to 1) as
+1x1 convs to every tap (`conv2d_point_taps`). Both were shaped for AMX/AVX-512; this says, per precision,
+whether they still pay on the CPU at hand (full-size shapes, random weights, best of a few runs).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from bench_common import save
+from ditto_fast import models
+from ditto_fast.models.blocks import conv2d_point_taps, conv3d_depth_taps
+from ditto_fast.render.precision import cpu_kind
+
+
+def _best(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def run(out_json: str | None = None, quick: bool = False) -> dict:
+    warp = models.build("warp_network").eval()
+    dm = warp.dense_motion_network
+    cp, d = dm.hourglass.out_filters, warp.third.conv.in_channels // dm.compress.in_channels
+    repeats = 2 if quick else 3
+    result: dict = {"cpu": cpu_kind(), "threads": torch.get_num_threads(), "layers": {}}
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            name = str(dtype).removeprefix("torch.")
+            pred = torch.randn(1, cp, d, 64, 64, generator=gen).to(dtype)
+            mw, mb = dm.mask.weight.to(dtype), dm.mask.bias.to(dtype)
+            pad3 = mw.shape[-1] // 2
+            flat = pred.reshape(1, cp * d, 64, 64)
+            ow, ob = dm.occlusion.weight.to(dtype), dm.occlusion.bias.to(dtype)
+            pad2 = ow.shape[-1] // 2
+            rows = {
+                "mask: plain conv3d": lambda: F.conv3d(pred, mw, mb, padding=pad3),
+                "mask: plain conv3d, channels_last_3d": lambda: F.conv3d(
+                    pred.contiguous(memory_format=torch.channels_last_3d),
+                    mw.contiguous(memory_format=torch.channels_last_3d), mb, padding=pad3),
+                "mask: conv3d_depth_taps": lambda: conv3d_depth_taps(pred, mw, mb),
+                "occlusion: plain conv2d": lambda: F.conv2d(flat, ow, ob, padding=pad2),
+                "occlusion: plain conv2d, channels_last": lambda: F.conv2d(
+                    flat.contiguous(memory_format=torch.channels_last),
+                    ow.contiguous(memory_format=torch.channels_last), ob, padding=pad2),
+                "occlusion: conv2d_point_taps": lambda: conv2d_point_taps(flat, ow, ob),
+            }
+            result["layers"][name] = {k: round(_best(fn, repeats), 4) for k, fn in rows.items()}
+    print(f"{result['cpu']['model']} ({', '.join(result['cpu']['flags'])}), {result['threads']} threads; "
+          "seconds per call, best of a few:")
+    for name, rows in result["layers"].items():
+        for k, v in rows.items():
+            print(f"  {name:<9} {k:<42} {v:8.3f}")
+    return save(out_json, result)
+
+
+if __name__ == "__main__":
+    run()
