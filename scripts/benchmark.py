@@ -4,7 +4,7 @@
     python scripts/benchmark.py networks [--quick]
     python scripts/benchmark.py register [--quick] [--tiny]
     python scripts/benchmark.py motion   [--quick]
-    python scripts/benchmark.py render   [--quick]
+    python scripts/benchmark.py render   [--quick] [--tiny]
     python scripts/benchmark.py batch    [--quick] [--tiny]
     python scripts/benchmark.py all      [--quick]
 
