@@ -3,7 +3,8 @@
 The mask head (a 7x7x7 3D conv to 22 channels) runs as one 2D conv over depth slices with the depth taps
 in the output channels (`conv3d_depth_taps`), and the occlusion head (a 7x7 conv of 2272 channels to 1) as
 1x1 convs to every tap (`conv2d_point_taps`). Both were shaped for AMX/AVX-512; this says, per precision,
-whether they still pay on the CPU at hand (full-size shapes, random weights, best of a few runs).
+whether they still pay on the CPU at hand (full-size shapes, random weights, best of a few runs); bf16 only
+where the CPU does bf16 arithmetic (elsewhere it is emulated and `auto` never picks it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from bench_common import save
 from ditto_fast import models
 from ditto_fast.models.blocks import conv2d_point_taps, conv3d_depth_taps
-from ditto_fast.render.precision import cpu_kind
+from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
 
 
 def _best(fn, repeats: int) -> float:
@@ -37,7 +38,8 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     result: dict = {"cpu": cpu_kind(), "threads": torch.get_num_threads(), "layers": {}}
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for dtype in (torch.float32, torch.bfloat16):
+        native_bf16 = any(f in result["cpu"]["flags"] for f in BF16_FLAGS)
+        for dtype in (torch.float32, torch.bfloat16) if native_bf16 else (torch.float32,):
             name = str(dtype).removeprefix("torch.")
             pred = torch.randn(1, cp, d, 64, 64, generator=gen).to(dtype)
             mw, mb = dm.mask.weight.to(dtype), dm.mask.bias.to(dtype)

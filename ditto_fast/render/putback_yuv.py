@@ -75,11 +75,13 @@ class YuvPutback:
         roi[0, 2] -= x0
         roi[1, 2] -= y0
         roi_c = _LUMA_TO_CHROMA @ roi @ _CHROMA_TO_LUMA      # crop chroma -> region chroma
-        yuv = cv2.transform(np.ascontiguousarray(crop), self.to_yuv)                  # [d, d, 3]
+        crop = np.ascontiguousarray(crop)
         half = self.dsize // 2
-        uv = cv2.resize(yuv[..., 1:], (half, half), interpolation=cv2.INTER_AREA)      # [d/2, d/2, 2]
+        luma_crop = cv2.transform(crop, self.to_yuv[:1])                                # [d, d]
+        # chroma of the 2x2-averaged crop (the conversion is linear: the same as averaging converted chroma)
+        uv = cv2.transform(cv2.resize(crop, (half, half), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
         flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-        y_roi = cv2.warpAffine(np.ascontiguousarray(yuv[..., 0]), roi[:2], (w, h), **flags)[..., None]
+        y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
         uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, h // 2), **flags)
         mask_of_luma = np.linalg.inv(roi)                   # region luma pixel -> mask coordinates
         mask_of_chroma = mask_of_luma @ _CHROMA_TO_LUMA     # region chroma sample -> mask coordinates
