@@ -366,12 +366,13 @@ class Renderer:
 
         def launch(idx: range):
             """Stitch a batch's keypoints (all its frames at once) and start its warp + decode."""
-            rows = np.arange(idx.start, idx.stop)
+            rows = slice(idx.start, idx.stop)
+            src = src_idx[rows]                                  # the source frame of each output frame
             with timer("stitch"):
-                x_s, x_d = stitch.batch(avatar.frame_infos(src_idx[rows]), motion_to_info(motion[j0[rows]]),
+                x_s, x_d = stitch.batch(avatar.frame_infos(src), motion_to_info(motion[j0[rows]]),
                                         motion_to_info(motion[j1[rows]]), w[rows])
             with timer("render"):
-                return self.fused.launch(avatar.f_s[src_idx[idx.start:idx.stop]], x_s, x_d)
+                return self.fused.launch(avatar.f_s[src], x_s, x_d)
 
         # look-ahead: batch k+1 is launched before batch k is pasted and written, so a GPU computes while
         # this thread works; frames still go out in order, and the output is the same either way

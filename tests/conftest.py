@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
+
 REPO = Path(__file__).resolve().parents[1]
 # one precision for every test render on any CPU (the probe's own tests unset it): no probe per test store,
 # and outputs compared across stores and processes come from the same arithmetic
@@ -21,17 +23,9 @@ SHARED = Path(os.environ.get("DITTO_FAST_SHARED", REPO.parent / "shared"))
 PARITY = SHARED / "parity"
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set())
-
-
 # Full-size bf16 passes on a CPU without bf16 arithmetic (AVX2-only machines) are emulated and take many
 # minutes each; there they are skipped (the tiny-network bf16 tests still run the same code).
-native_bf16 = pytest.mark.skipif(not ({"avx512_bf16", "amx_bf16"} & _cpu_flags()),
+native_bf16 = pytest.mark.skipif(not set(BF16_FLAGS) & set(cpu_kind()["flags"]),
                                  reason="this CPU has no bf16 arithmetic (no AVX512-BF16 or AMX): a full-size "
                                         "bf16 pass is emulated and takes minutes")
 

@@ -64,9 +64,7 @@ class Avatar:
 
     def frame_info(self, i: int) -> dict[str, np.ndarray]:
         """x_s_info rows of frame i, each with leading dim 1 ([1, 66], [1, 3], ...)."""
-        if not 0 <= i < self.n_frames:
-            raise IndexError(f"frame {i} out of range for {self.n_frames} frames")
-        return {k: v[i : i + 1] for k, v in self.x_s_info.items()}
+        return self.frame_infos(np.array([i]))
 
     def frame_infos(self, frames: np.ndarray) -> dict[str, np.ndarray]:
         """x_s_info rows of several frames [B] (indices), each [B, ...]."""
