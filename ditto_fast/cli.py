@@ -77,6 +77,32 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
+def entry() -> None:
+    """The `ditto-fast` command: main(), then exit without the interpreter's teardown.
+
+    By then every output is complete and renamed, and every child process waited for, so there is nothing
+    left to do but free what torch and transformers imported: about 0.8 s a process, skipped. Ray keeps the
+    normal exit: its exit hook stops the cluster it started.
+    """
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        if isinstance(e.code, int) or e.code is None:
+            code = e.code or 0
+        else:
+            click.echo(e.code, err=True)
+            code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):    # a reader that went away (| head): nothing more to say to it
+            pass
+    if "ray" in sys.modules:
+        sys.exit(code)
+    os._exit(code)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ditto-fast")
 def cli() -> None:
@@ -447,4 +473,4 @@ def doctor(checkpoints_dir):
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()

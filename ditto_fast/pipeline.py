@@ -16,6 +16,9 @@ Stage keys of the profile and the table (wall seconds each):
   putback         pasting each crop into its background frame
   write           the loop's ffmpeg I/O: handing each frame to the encoder and getting each background
                   frame from the plate decoder (both are ffmpeg pipes, so both waits land here)
+
+`stages_cpu` has the same keys: CPU seconds of the loop's own thread in each stage (not torch's or
+OpenCV's worker threads, nor ffmpeg), so write's wall minus its CPU is the time spent waiting for ffmpeg.
 """
 
 from __future__ import annotations
@@ -320,6 +323,7 @@ class Renderer:
             "encoder": self.setup.output_format(clip).encoder, "batch_size": self.setup.batch_size,
             "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
             "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
+            "stages_cpu": {k: round(v, 4) for k, v in timer.thread_seconds.items()},
         }
         return RenderResult(clip.output, profile, mouth)
 

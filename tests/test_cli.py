@@ -165,3 +165,21 @@ def test_render_takes_an_inline_emotion_schedule(video_avatar, session_home, tin
                  "--quiet", "--emotion", '{"default": "neutral", "frames": {"0-4": "happy"}}'],
                 store_env(session_home, tiny_checkpoints))
     assert r.returncode == 0 and out.is_file(), r.stderr
+
+
+def test_the_command_exits_with_mains_code_and_all_its_output(video_avatar, session_home, run_cli, tmp_path):
+    """`python -m ditto_fast.cli` (what the `ditto-fast` script runs) skips the interpreter's teardown:
+    same exit codes and the same complete stdout as main(), also into a pipe."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DITTO_FAST_HOME": str(session_home)}
+    for args, code in ((["config"], 0), (["avatars", "--json"], 0), (["avatars", "show", "nobody"], 5),
+                       (["render", "--bogus"], 2)):
+        r = subprocess.run([sys.executable, "-m", "ditto_fast.cli", *args], capture_output=True, text=True, env=env,
+                           timeout=120)
+        same = run_cli(args, {"DITTO_FAST_HOME": str(session_home)})
+        assert r.returncode == same.returncode == code, (args, r.stderr)
+        assert r.stdout == same.stdout and r.stderr.strip() == same.stderr.strip()
+    assert len(r.stdout) == 0 and "no such option" in r.stderr.lower()

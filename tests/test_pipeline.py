@@ -69,6 +69,8 @@ def test_output_frames_size_and_audio(rendered):
     assert profile["frames"] == 50 and profile["random_weights"] is True and profile["steps"] == 25
     assert set(profile["stages"]) == {"load_models", "load_avatar", "audio_features", "motion", "stitch", "render",
                                       "putback", "write"}
+    assert set(profile["stages_cpu"]) == set(profile["stages"])
+    assert all(profile["stages_cpu"][k] <= profile["stages"][k] + 0.05 for k in ("stitch", "putback", "write"))
     assert profile["encoder"] == "libx264" and profile["batch_size"] == 1 and profile["rate"] == "25"
     assert not list(rendered["a"].parent.glob(".*part*"))
 
