@@ -59,7 +59,7 @@ from .rates import MOTION_FPS, frames_for, motion_timeline, parse_rate, rate_tex
 from .render.formats import Format, nvenc_works, output_format
 from .render.fused import FusedRenderer
 from .render.precision import cpu_precision
-from .render.putback_yuv import YuvPutback
+from .render.putback import YuvPutback
 from .render.writer import VideoWriter, check_output_path
 from .timing import StageTimer
 

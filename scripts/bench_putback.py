@@ -1,6 +1,6 @@
-"""Benchmark: putback ms/frame at 1080p (Cython kernel vs numpy fallback vs naive full-frame warp+blend, and
-the yuv420p kernel the render loop uses), VideoWriter ms/frame at 1080p with audio, and plate reading ms/frame
-forward and backward; writer and reader both as RGB and as yuv420p.
+"""Benchmark: putback ms/frame at 1080p (the render loop's yuv420p paste with the Cython kernel vs its numpy
+fallback vs a naive full-frame RGB warp+blend), VideoWriter ms/frame at 1080p with audio, and plate reading
+ms/frame forward and backward; writer and reader both as RGB and as yuv420p.
 
 Face crops of 500, 600 and 700 px in the frame, with a slightly different M_c2o every frame (so
 the warped mask is never reused), plus the repeated-M_c2o case of image avatars. Target: kernel
@@ -22,8 +22,7 @@ import numpy as np
 import bench_common  # noqa: F401  (puts tests/ on sys.path: write_plate is shared with the tests)
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.render import putback as pb_mod
-from ditto_fast.render.putback import Putback, feathered_mask
-from ditto_fast.render.putback_yuv import YuvPutback
+from ditto_fast.render.putback import YuvPutback, feathered_mask
 from ditto_fast.render.writer import VideoWriter
 from ditto_fast.yuv import rgb_to_i420
 from synthetic import write_plate
@@ -82,11 +81,10 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     result: dict = {"bench": "putback", "quick": quick, "frame": [W, H], "kernel_built": pb_mod._blend is not None,
                     "target_ms": TARGET_MS, "putback_ms": {}, "putback_cpu_ms": {}}
     for face in FACE_PX:
-        kernel, fallback, yuv = Putback(), Putback(use_kernel=False), YuvPutback()
-        frame, frame_yuv = bg.copy(), rgb_to_i420(bg)
+        kernel, fallback = YuvPutback(), YuvPutback(use_kernel=False)
+        frame = rgb_to_i420(bg)
         row = {
             "kernel": _time_ms(lambda i: kernel(frame, crop, _matrix(face, i)), n),
-            "yuv420p_kernel": _time_ms(lambda i: yuv(frame_yuv, crop, _matrix(face, i)), n),
             "kernel_repeated_M": _time_ms(lambda i: kernel(frame, crop, _matrix(face, 0)), n),
             "numpy_fallback": _time_ms(lambda i: fallback(frame, crop, _matrix(face, i)), max(5, n // 4)),
             "naive_full_frame": _time_ms(lambda i: _naive_putback(mask, bg, crop, _matrix(face, i)), max(5, n // 4)),
@@ -142,11 +140,11 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
                 reader[i]
             result["plate_read_yuv420p_forward_ms_per_frame"] = round((time.perf_counter() - t0) * 1000 / n_plate, 2)
 
-    print(f"{'putback ms/frame @1080p':<24} {'kernel':>8} {'yuv420p':>8} {'repeatM':>8} {'numpy':>8} {'naive':>8}")
+    print(f"{'putback ms/frame @1080p':<24} {'kernel':>8} {'repeatM':>8} {'numpy':>8} {'naive':>8}")
     for what in ("putback_ms", "putback_cpu_ms"):
         for face, r in result[what].items():
             label = f"{face} {'wall' if what == 'putback_ms' else 'cpu'}"
-            print(f"{label:<24} {r['kernel']:>8.2f} {r['yuv420p_kernel']:>8.2f} {r['kernel_repeated_M']:>8.2f} "
+            print(f"{label:<24} {r['kernel']:>8.2f} {r['kernel_repeated_M']:>8.2f} "
                   f"{r['numpy_fallback']:>8.2f} {r['naive_full_frame']:>8.2f}")
     for k in ("kernel_worst_ms", "kernel_worst_cpu_ms", "target_ms", "pass", "writer_ms_per_frame",
               "writer_yuv420p_ms_per_frame", "plate_write_ms_per_frame", "plate_read_forward_ms_per_frame",

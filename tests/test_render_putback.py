@@ -1,4 +1,5 @@
-"""Putback: feathered mask, bbox-limited Cython blend vs a full-frame float reference, numpy fallback."""
+"""Putback geometry: the feathered mask, the face box, the kernel's checks; the full-frame float reference
+and test crops the yuv420p paste tests (test_render_yuv) compare against."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import importlib
 import shutil
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import cv2
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ditto_fast.render import putback as pb_mod
-from ditto_fast.render.putback import Putback, crop_bbox, feathered_mask
+from ditto_fast.render.putback import crop_bbox, feathered_mask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,120 +76,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "numpy"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_full_frame_float_reference(request, name, use_kernel):
-    if use_kernel:
-        request.getfixturevalue("blend_kernel")
-    (h, w), M = CASES[name]
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
-    bg = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-    crop = smooth_crop(rng)
-    ref = reference_putback(bg, crop, M)
-    out = Putback(use_kernel=use_kernel)(bg.copy(), crop, M)
-    diff = np.abs(out.astype(np.int16) - ref.astype(np.int16))
-    assert diff.max() <= 1, f"{name}: max diff {diff.max()}"
-    assert (out != bg).any(), "nothing was pasted"
-
-
-def test_noise_crop_exact_for_integer_translation(blend_kernel):
-    rng = np.random.default_rng(3)
-    bg = rng.integers(0, 256, (600, 700, 3), dtype=np.uint8)
-    crop = rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)
-    M = similarity(1.0, 0.0, 90.0, -40.0)
-    out = Putback()(bg.copy(), crop, M)
-    assert np.abs(out.astype(np.int16) - reference_putback(bg, crop, M)).max() <= 1
-    # the mask's interior is 1: the crop itself shows there
-    assert np.array_equal(out[100:400, 200:500], crop[140:440, 110:410])
-
-
-def test_pixels_outside_bbox_untouched(blend_kernel):
-    rng = np.random.default_rng(4)
-    bg = rng.integers(0, 256, (360, 640, 3), dtype=np.uint8)
-    crop = smooth_crop(rng)
-    M = similarity(0.5, 0.3, 300.0, 40.0)
-    out = Putback()(bg.copy(), crop, M)
-    x0, y0, x1, y1 = crop_bbox(M, 512, bg.shape[:2])
-    outside = np.ones(bg.shape[:2], bool)
-    outside[y0:y1, x0:x1] = False
-    assert np.array_equal(out[outside], bg[outside])
-    # the bbox is tight: about the warped crop's size, far smaller than the frame
-    side = 512 * 0.5 * (abs(np.cos(0.3)) + abs(np.sin(0.3)))
-    assert abs((x1 - x0) - side) <= 4 and abs((y1 - y0) - side) <= 4
-
-
-def test_crop_fully_outside_leaves_frame(blend_kernel):
-    bg = np.full((100, 100, 3), 7, np.uint8)
-    crop = np.full((512, 512, 3), 200, np.uint8)
-    out = Putback()(bg.copy(), crop, similarity(0.5, 0.0, 500.0, 500.0))
-    assert np.array_equal(out, bg)
-
-
-def test_in_place_and_returned(blend_kernel):
-    rng = np.random.default_rng(5)
-    bg = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
-    frame = bg.copy()
-    out = Putback()(frame, smooth_crop(rng), similarity(0.4, 0.0, 50.0, 30.0))
-    assert out is frame and not np.array_equal(frame, bg)
-    # a read-only frame is copied, not written
-    ro = bg.copy()
-    ro.flags.writeable = False
-    out2 = Putback()(ro, smooth_crop(np.random.default_rng(5)), similarity(0.4, 0.0, 50.0, 30.0))
-    assert np.array_equal(ro, bg) and out2 is not ro
-
-
-def test_fallback_equals_kernel_and_warns_once(blend_kernel, monkeypatch):
-    rng = np.random.default_rng(6)
-    bg = rng.integers(0, 256, (360, 640, 3), dtype=np.uint8)
-    crop = smooth_crop(rng)
-    M = similarity(0.75, -0.25, 200.0, 30.0)
-    with_kernel = Putback()(bg.copy(), crop, M)
-    monkeypatch.setattr(pb_mod, "_blend", None)
-    monkeypatch.setattr(pb_mod, "_warned_fallback", False)
-    with pytest.warns(RuntimeWarning, match="not built"):
-        fallback = Putback()(bg.copy(), crop, M)
-    assert np.abs(fallback.astype(np.int16) - with_kernel.astype(np.int16)).max() <= 1
-    assert np.mean(fallback == with_kernel) > 0.99
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        Putback()(bg.copy(), crop, M)     # no second warning
-
-
-def test_uint8_mask_kernel_matches_numpy(blend_kernel):
-    rng = np.random.default_rng(7)
-    frame = rng.integers(0, 256, (50, 60, 3), dtype=np.uint8)
-    crop = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
-    mask = rng.integers(0, 256, (30, 40), dtype=np.uint8)
-    mask[0, :5] = 0
-    mask[1, :5] = 255
-    a, b = frame.copy(), frame.copy()
-    pb_mod.blend_roi(crop, mask, a, 5, 7, use_kernel=True)
-    pb_mod.blend_roi(crop, mask, b, 5, 7, use_kernel=False)
-    assert np.abs(a.astype(np.int16) - b).max() <= 1
-    assert np.array_equal(a[5, 7:12], frame[5, 7:12]) and np.array_equal(a[6, 7:12], crop[1, :5])
-    assert np.array_equal(a[:5], frame[:5]) and np.array_equal(a[:, :7], frame[:, :7])
-
-
-def test_kernel_rejects_region_outside_frame(blend_kernel):
-    frame = np.zeros((10, 10, 3), np.uint8)
-    with pytest.raises(ValueError):
-        blend_kernel.blend_roi_f32(np.zeros((5, 5, 3), np.uint8), np.zeros((5, 5), np.float32), frame, 8, 0)
-
-
-def test_repeated_matrix_reuses_mask_correctly(blend_kernel):
-    rng = np.random.default_rng(8)
-    putback = Putback()
-    M = similarity(0.6, 0.1, 100.0, 50.0)
-    for _ in range(3):
-        bg = rng.integers(0, 256, (360, 640, 3), dtype=np.uint8)
-        crop = smooth_crop(rng)
-        assert np.abs(putback(bg.copy(), crop, M).astype(np.int16) - reference_putback(bg, crop, M)).max() <= 1
-    bg = rng.integers(0, 256, (200, 300, 3), dtype=np.uint8)   # same matrix, other frame size
-    crop = smooth_crop(rng)
-    assert np.abs(putback(bg.copy(), crop, M).astype(np.int16) - reference_putback(bg, crop, M)).max() <= 1
-
-
 def test_feathered_mask_profile():
     m = feathered_mask(512)
     assert m.shape == (512, 512) and m.dtype == np.float32
@@ -203,8 +89,22 @@ def test_feathered_mask_profile():
     assert m[0, 25] == 0.0 and m[5, 5] == 0.0
 
 
-def test_bad_inputs():
-    with pytest.raises(ValueError):
-        Putback()(np.zeros((10, 10, 3), np.uint8), np.zeros((256, 256, 3), np.uint8), np.eye(3))
-    with pytest.raises(ValueError):
-        Putback()(np.zeros((10, 10), np.uint8), np.zeros((512, 512, 3), np.uint8), np.eye(3))
+def test_crop_bbox_is_tight_and_clipped():
+    M = similarity(0.5, 0.3, 300.0, 40.0)
+    x0, y0, x1, y1 = crop_bbox(M, 512, (360, 640))
+    side = 512 * 0.5 * (abs(np.cos(0.3)) + abs(np.sin(0.3)))     # about the warped crop's size
+    assert abs((x1 - x0) - side) <= 4 and abs((y1 - y0) - side) <= 4
+    assert crop_bbox(similarity(0.9, 0.2, -180.0, -120.0), 512, (360, 640))[:2] == (0, 0)
+    assert crop_bbox(similarity(0.5, 0.0, 500.0, 500.0), 512, (100, 100)) is None
+
+
+def test_kernel_rejects_bad_regions(blend_kernel):
+    mask = feathered_mask(512)
+    inv = np.array([1.0, 0, 0, 0, 1.0, 0])
+    planes = np.zeros((1, 10, 10), np.uint8)
+    with pytest.raises(ValueError, match="outside the frame"):
+        blend_kernel.blend_feathered_planes(np.zeros((5, 5, 1), np.uint8), mask, inv, 26, 485, planes, 8, 0)
+    with pytest.raises(ValueError, match="planes"):
+        blend_kernel.blend_feathered_planes(np.zeros((5, 5, 2), np.uint8), mask, inv, 26, 485, planes, 0, 0)
+    with pytest.raises(ValueError, match="6 values"):
+        blend_kernel.blend_feathered_planes(np.zeros((5, 5, 1), np.uint8), mask, inv[:4], 26, 485, planes, 0, 0)

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from ditto_fast.avatar.plate import PlateReader
-from ditto_fast.render import putback_yuv
-from ditto_fast.render.putback import Putback
-from ditto_fast.render.putback_yuv import YuvPutback
+from ditto_fast.render import putback as putback_mod
+from ditto_fast.render.putback import YuvPutback
 from ditto_fast.render.writer import VideoWriter
 from ditto_fast.yuv import YuvFrame, i420_planes, rgb_to_i420
-from test_render_putback import CASES, blend_kernel, smooth_crop  # noqa: F401 - blend_kernel is a fixture
+from test_render_putback import CASES, blend_kernel, reference_putback, smooth_crop  # noqa: F401 - a fixture
 
 
 def decode_i420(path, w: int, h: int) -> np.ndarray:
@@ -52,8 +51,9 @@ def test_yuv_paste_matches_rgb_paste_and_keeps_the_rest(blend_kernel, name, use_
     before = frame.copy()
     out = YuvPutback(use_kernel=use_kernel)(frame, crop, M)
     assert out is frame
-    # against the RGB putback, converted afterwards: the same picture, within the chroma's half resolution
-    want = rgb_to_i420(Putback()(bg_rgb.copy(), crop, M))
+    # against a full-frame float RGB paste, converted afterwards: the same picture, within the chroma's
+    # half resolution
+    want = rgb_to_i420(reference_putback(bg_rgb, crop, M))
     diff = np.abs(out.astype(int) - want)
     assert diff.mean() < 0.6, diff.mean()
     assert np.percentile(diff, 99.5) <= 6
@@ -159,6 +159,14 @@ def test_render_keeps_the_plate_outside_the_face_box(tmp_path, tiny_checkpoints,
     assert got.shape[0] == 10
 
 
-def test_numpy_fallback_is_used_without_the_kernel(monkeypatch):
-    monkeypatch.setattr(putback_yuv, "_blend", None)
-    assert not YuvPutback().use_kernel
+def test_numpy_fallback_is_used_without_the_kernel_and_warns_once(monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(putback_mod, "_blend", None)
+    monkeypatch.setattr(putback_mod, "_warned_fallback", False)
+    with pytest.warns(RuntimeWarning, match="not built"):
+        assert not YuvPutback().use_kernel
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not YuvPutback().use_kernel           # no second warning
+    assert not YuvPutback(use_kernel=False).use_kernel

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Blend a warped face crop into a region of a frame in place: frame = mask*crop + (1-mask)*frame, rounded."""
+"""Blend a warped face crop into a region of a planar frame in place: plane = mask*crop + (1-mask)*plane, rounded."""
 
 from libc.math cimport ceil, floor
 from libc.stdint cimport uint8_t
@@ -14,63 +14,6 @@ cdef inline uint8_t _mix(uint8_t f, uint8_t c, float m) noexcept nogil:
     if v <= 0.0:
         return 0
     return <uint8_t>v
-
-
-cdef int _check_regions(Py_ssize_t h, Py_ssize_t w, Py_ssize_t mh, Py_ssize_t mw, Py_ssize_t fh, Py_ssize_t fw,
-                        Py_ssize_t fc, Py_ssize_t cc, Py_ssize_t y0, Py_ssize_t x0) except -1:
-    """Raise ValueError unless the [h,w] crop/mask region fits the [fh,fw,3] frame at (y0, x0)."""
-    if mh != h or mw != w:
-        raise ValueError("crop and mask regions differ in size")
-    if y0 < 0 or x0 < 0 or y0 + h > fh or x0 + w > fw:
-        raise ValueError("region lies outside the frame")
-    if fc != 3 or cc != 3:
-        raise ValueError("crop and frame must have 3 channels")
-    return 0
-
-
-def blend_roi_f32(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, uint8_t[:, :, ::1] frame,
-                  Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """frame[y0+y, x0+x] <- round(m*crop + (1-m)*frame) for a float mask in [0,1]; crop [h,w,3], mask [h,w]."""
-    cdef Py_ssize_t h = crop.shape[0], w = crop.shape[1], y, x, c
-    cdef float m, v
-    _check_regions(h, w, mask.shape[0], mask.shape[1], frame.shape[0], frame.shape[1], frame.shape[2],
-                   crop.shape[2], y0, x0)
-    with nogil:
-        for y in range(h):
-            for x in range(w):
-                m = mask[y, x]
-                if m <= 0.0:
-                    continue
-                if m >= 1.0:
-                    frame[y0 + y, x0 + x, 0] = crop[y, x, 0]
-                    frame[y0 + y, x0 + x, 1] = crop[y, x, 1]
-                    frame[y0 + y, x0 + x, 2] = crop[y, x, 2]
-                    continue
-                for c in range(3):
-                    frame[y0 + y, x0 + x, c] = _mix(frame[y0 + y, x0 + x, c], crop[y, x, c], m)
-
-
-def blend_roi_u8(const uint8_t[:, :, ::1] crop, const uint8_t[:, ::1] mask, uint8_t[:, :, ::1] frame,
-                  Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """frame[y0+y, x0+x] <- round((m*crop + (255-m)*frame) / 255) for a uint8 mask (255 = crop)."""
-    cdef Py_ssize_t h = crop.shape[0], w = crop.shape[1], y, x, c
-    cdef unsigned int m, v
-    _check_regions(h, w, mask.shape[0], mask.shape[1], frame.shape[0], frame.shape[1], frame.shape[2],
-                   crop.shape[2], y0, x0)
-    with nogil:
-        for y in range(h):
-            for x in range(w):
-                m = mask[y, x]
-                if m == 0:
-                    continue
-                if m == 255:
-                    frame[y0 + y, x0 + x, 0] = crop[y, x, 0]
-                    frame[y0 + y, x0 + x, 1] = crop[y, x, 1]
-                    frame[y0 + y, x0 + x, 2] = crop[y, x, 2]
-                    continue
-                for c in range(3):
-                    v = m * crop[y, x, c] + (255 - m) * frame[y0 + y, x0 + x, c] + 127
-                    frame[y0 + y, x0 + x, c] = <uint8_t>(v // 255)
 
 
 cdef inline void _solve(double a, double r, double lo, double hi, double* xa, double* xb) noexcept nogil:
@@ -164,49 +107,18 @@ cdef int _check_feathered(Py_ssize_t inv_n, Py_ssize_t sh, Py_ssize_t sw, Py_ssi
     return 0
 
 
-def blend_feathered(const uint8_t[:, :, ::1] crop, const float[:, ::1] mask, const double[::1] inv,
-                    Py_ssize_t inner_lo, Py_ssize_t inner_hi, uint8_t[:, :, ::1] frame,
-                    Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """Blend a warped crop [h,w,3] into frame[y0:y0+h, x0:x0+w], sampling the unwarped mask [S,S] bilinearly.
-
-    inv (2x3, row-major) maps a region pixel (x, y) to mask coordinates; outside the mask counts as 0,
-    and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1. Per row, the run of pixels whose
-    mask value is 1 is copied with memcpy, pixels off the mask are skipped, and only the feathered
-    band is interpolated and blended. Replaces a separate warp of the mask.
-    """
-    cdef Py_ssize_t h = crop.shape[0], w = crop.shape[1], y, x, c, o_first, o_last, i_first, i_last
-    cdef double a0 = inv[0], a1 = inv[1], a2 = inv[2], b0 = inv[3], b1 = inv[4], b2 = inv[5]
-    cdef double rx, ry
-    cdef float m
-    _check_feathered(inv.shape[0], mask.shape[0], mask.shape[1], inner_lo, inner_hi, h, w, frame.shape[0],
-                     frame.shape[1], y0, x0)
-    if frame.shape[2] != 3 or crop.shape[2] != 3:
-        raise ValueError("crop and frame must have 3 channels")
-    with nogil:
-        for y in range(h):
-            rx = a1 * y + a2
-            ry = b1 * y + b2
-            if not _row_runs(a0, rx, b0, ry, mask.shape[1], inner_lo, inner_hi, w, &o_first, &o_last,
-                             &i_first, &i_last):
-                continue
-            x = o_first
-            while x <= o_last:
-                if x == i_first and i_last >= i_first:      # the run where the mask is 1: copied whole
-                    memcpy(&frame[y0 + y, x0 + x, 0], &crop[y, x, 0], 3 * (i_last - i_first + 1))
-                    x = i_last + 1
-                    continue
-                m = _mask_at(mask, a0 * x + rx, b0 * x + ry)
-                if m > 0.0:
-                    for c in range(3):
-                        frame[y0 + y, x0 + x, c] = _mix(frame[y0 + y, x0 + x, c], crop[y, x, c], m)
-                x += 1
-
-
 def blend_feathered_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
                            Py_ssize_t inner_lo, Py_ssize_t inner_hi, uint8_t[:, :, ::1] planes,
                            Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """blend_feathered for planar frames: src [h,w,C] (C samples per pixel, interleaved) into C planes
-    [C,H,W] at (y0, x0), e.g. Y alone (C=1) or U and V together (C=2, a yuv420p frame's chroma)."""
+    """Blend a warped src [h,w,C] (C samples per pixel, interleaved) into C planes [C,H,W] at (y0, x0), e.g.
+    Y alone (C=1) or U and V together (C=2, a yuv420p frame's chroma), sampling the unwarped mask [S,S]
+    bilinearly.
+
+    inv (2x3, row-major) maps a region pixel (x, y) to mask coordinates; outside the mask counts as 0,
+    and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1. Per row, the run of pixels whose
+    mask value is 1 is copied, pixels off the mask are skipped, and only the feathered band is
+    interpolated and blended. Replaces a separate warp of the mask.
+    """
     cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], y, x, c
     cdef Py_ssize_t o_first, o_last, i_first, i_last
     cdef double a0 = inv[0], a1 = inv[1], a2 = inv[2], b0 = inv[3], b1 = inv[4], b2 = inv[5]

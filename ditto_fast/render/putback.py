@@ -1,4 +1,9 @@
-"""Paste the generated 512x512 face crop back into a background frame with a feathered mask."""
+"""Paste the generated face crop into a yuv420p plate frame, plane by plane, inside the face box only.
+
+The 512 RGB crop is the only thing converted (to the output's limited-range YUV); its chroma is
+averaged over 2x2 pixels and warped at half size. Everything outside the (even-aligned) box the crop
+can touch is the plate's own bytes, untouched. A feathered mask blends the crop's border into the plate.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import warnings
 
 import cv2
 import numpy as np
+
+from ditto_fast.yuv import i420_planes, rgb_to_yuv_matrix
 
 try:  # the Cython kernel, built by `python setup.py build_ext --inplace`
     from ditto_fast.render import _blend
@@ -52,88 +59,93 @@ def crop_bbox(M_c2o: np.ndarray, dsize: int, frame_hw: tuple[int, int]) -> tuple
     return x0, y0, x1, y1
 
 
-def _blend_numpy(crop: np.ndarray, mask: np.ndarray, frame: np.ndarray, y0: int, x0: int) -> None:
-    """Numpy version of the kernel: frame region <- round(mask*crop + (1-mask)*frame), in place."""
-    h, w = crop.shape[:2]
-    bg = frame[y0:y0 + h, x0:x0 + w]
-    if mask.dtype == np.uint8:
-        m = mask.astype(np.float32)[..., None] / np.float32(255.0)
-    else:
-        m = mask.astype(np.float32, copy=False)[..., None]
-    bgf = bg.astype(np.float32)
-    out = bgf + m * (crop.astype(np.float32) - bgf) + np.float32(0.5)
+# chroma sample c of a 4:2:0 plane sits at luma position 2c + 0.5 (each covers 2x2 pixels)
+_CHROMA_TO_LUMA = np.array([[2.0, 0.0, 0.5], [0.0, 2.0, 0.5], [0.0, 0.0, 1.0]])
+_LUMA_TO_CHROMA = np.linalg.inv(_CHROMA_TO_LUMA)
+
+
+def _affine3(m: np.ndarray) -> np.ndarray:
+    """A 2x3 affine matrix as 3x3."""
+    return np.vstack([m[:2], [0.0, 0.0, 1.0]])
+
+
+def _blend_planes_numpy(src: np.ndarray, mask: np.ndarray, planes: np.ndarray, y0: int, x0: int) -> None:
+    """planes[c, y0:y0+h, x0:x0+w] <- round(mask*src[..., c] + (1-mask)*planes), in place."""
+    h, w = mask.shape
+    bg = planes[:, y0:y0 + h, x0:x0 + w].astype(np.float32)
+    fg = np.moveaxis(src, -1, 0).astype(np.float32)
+    out = bg + mask[None] * (fg - bg) + np.float32(0.5)
     np.clip(out, 0.0, 255.0, out=out)
-    bg[...] = out.astype(np.uint8)
+    planes[:, y0:y0 + h, x0:x0 + w] = out.astype(np.uint8)
 
 
-def blend_roi(crop: np.ndarray, mask: np.ndarray, frame: np.ndarray, y0: int, x0: int,
-              use_kernel: bool = True) -> None:
-    """Blend crop [h,w,3] uint8 with mask [h,w] (float32 in [0,1], or uint8) into frame[y0:y0+h, x0:x0+w] in place."""
-    global _warned_fallback
-    if use_kernel and _blend is not None:
-        if mask.dtype == np.uint8:
-            _blend.blend_roi_u8(crop, np.ascontiguousarray(mask), frame, y0, x0)
-        else:
-            _blend.blend_roi_f32(crop, np.ascontiguousarray(mask, dtype=np.float32), frame, y0, x0)
-        return
-    if use_kernel and not _warned_fallback:
-        _warned_fallback = True
-        warnings.warn("ditto_fast.render._blend is not built; using the slower numpy putback "
-                      "(build it with `python setup.py build_ext --inplace`)", RuntimeWarning, stacklevel=3)
-    _blend_numpy(crop, mask, frame, y0, x0)
+class YuvPutback:
+    """Blend a [dsize, dsize, 3] RGB crop into a yuv420p frame [H * 3 / 2, W] uint8 in place, via M_c2o.
 
-
-class Putback:
-    """Paste a [dsize,dsize,3] crop into a frame via M_c2o, blending with a feathered mask inside the crop's bbox.
-
-    With the Cython kernel the mask is sampled per pixel inside the kernel (only its feathered band
-    is interpolated); without it the mask is warped with OpenCV and blended with numpy.
+    The Cython kernel samples the feathered mask per pixel (luma at each pixel, chroma at each 2x2 block's
+    centre); the numpy fallback (used, with a warning, when the kernel is not built) warps it with OpenCV.
     """
 
-    def __init__(self, dsize: int = 512, use_kernel: bool = True):
+    def __init__(self, dsize: int = 512, matrix: str = "bt709", use_kernel: bool = True):
+        global _warned_fallback
+        if dsize % 2:
+            raise ValueError(f"the crop size must be even, got {dsize}")
         self.dsize = dsize
-        self.use_kernel = use_kernel
-        self.mask = feathered_mask(dsize)          # [dsize, dsize] float32
+        self.use_kernel = use_kernel and _blend is not None
+        if use_kernel and _blend is None and not _warned_fallback:
+            _warned_fallback = True
+            warnings.warn("ditto_fast.render._blend is not built; using the slower numpy putback "
+                          "(build it with `python setup.py build_ext --inplace`)", RuntimeWarning, stacklevel=2)
+        self.mask = feathered_mask(dsize)                              # [dsize, dsize] float32
         ones = np.flatnonzero(self.mask[dsize // 2] == 1.0)
-        self._inner = (int(ones[0]), int(ones[-1]))     # mask[lo..hi, lo..hi] == 1
-        lo, hi = self._inner
-        assert np.all(self.mask[lo:hi + 1, lo:hi + 1] == 1.0)
-        # the warped mask is reused while M_c2o repeats (image avatars; numpy path only)
-        self._last_key: tuple | None = None
-        self._last_mask_roi: np.ndarray | None = None
+        self._inner = (int(ones[0]), int(ones[-1]))
+        self.to_yuv = rgb_to_yuv_matrix(matrix)
 
-    def _warped_mask(self, M_roi: np.ndarray, roi_wh: tuple[int, int]) -> np.ndarray:
-        """The mask warped into the region, [h, w] float32 (cached for a repeated matrix)."""
-        key = (M_roi.tobytes(), roi_wh)
-        if key != self._last_key:
-            self._last_mask_roi = cv2.warpAffine(self.mask, M_roi, roi_wh, flags=cv2.INTER_LINEAR,
-                                                 borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-            self._last_key = key
-        return self._last_mask_roi
+    def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
+        """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change; None if off-frame."""
+        bbox = crop_bbox(np.asarray(M_c2o, np.float64), self.dsize, frame_hw)
+        if bbox is None:
+            return None
+        x0, y0, x1, y1 = bbox
+        return x0 & ~1, y0 & ~1, x1 + (x1 & 1), y1 + (y1 & 1)
 
-    def __call__(self, frame_bg: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
-        """frame_bg [H,W,3] uint8 (blended in place and returned; copied first if not writable C-contiguous),
-        crop [dsize,dsize,3] uint8, M_c2o [3,3] crop->frame."""
-        if frame_bg.dtype != np.uint8 or frame_bg.ndim != 3 or frame_bg.shape[2] != 3:
-            raise ValueError(f"frame_bg must be uint8 [H,W,3], got {frame_bg.dtype} {frame_bg.shape}")
+    def __call__(self, frame: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
+        """Paste `crop` (RGB uint8) into `frame` (yuv420p, writable) and return the frame."""
+        if frame.dtype != np.uint8 or frame.ndim != 2 or frame.shape[0] % 3 or not frame.flags.c_contiguous:
+            raise ValueError(f"frame must be a C-contiguous yuv420p uint8 [H*3/2, W], got {frame.dtype} "
+                             f"{frame.shape}")
         if crop.dtype != np.uint8 or crop.shape != (self.dsize, self.dsize, 3):
             raise ValueError(f"crop must be uint8 [{self.dsize},{self.dsize},3], got {crop.dtype} {crop.shape}")
-        if not (frame_bg.flags.writeable and frame_bg.flags.c_contiguous):
-            frame_bg = np.array(frame_bg, copy=True, order="C")
-        M_c2o = np.asarray(M_c2o, dtype=np.float64)
-        bbox = crop_bbox(M_c2o, self.dsize, frame_bg.shape[:2])
-        if bbox is None:
-            return frame_bg
-        x0, y0, x1, y1 = bbox
-        roi_wh = (x1 - x0, y1 - y0)
-        M_roi = M_c2o[:2].copy()             # crop -> region: the frame matrix shifted by the bbox origin
-        M_roi[0, 2] -= x0
-        M_roi[1, 2] -= y0
-        crop_roi = cv2.warpAffine(np.ascontiguousarray(crop), M_roi, roi_wh, flags=cv2.INTER_LINEAR,
-                                  borderMode=cv2.BORDER_CONSTANT, borderValue=0)   # [h, w, 3] uint8
-        if self.use_kernel and _blend is not None:
-            inv = np.ascontiguousarray(cv2.invertAffineTransform(M_roi), dtype=np.float64).ravel()  # region -> crop
-            _blend.blend_feathered(crop_roi, self.mask, inv, self._inner[0], self._inner[1], frame_bg, y0, x0)
-            return frame_bg
-        blend_roi(crop_roi, self._warped_mask(M_roi, roi_wh), frame_bg, y0, x0, use_kernel=self.use_kernel)
-        return frame_bg
+        luma, chroma = i420_planes(frame)
+        box = self.box(M_c2o, luma.shape[1:])
+        if box is None:
+            return frame
+        x0, y0, x1, y1 = box
+        w, h = x1 - x0, y1 - y0
+        roi = _affine3(np.asarray(M_c2o, np.float64))       # crop -> region (luma pixels)
+        roi[0, 2] -= x0
+        roi[1, 2] -= y0
+        roi_c = _LUMA_TO_CHROMA @ roi @ _CHROMA_TO_LUMA      # crop chroma -> region chroma
+        crop = np.ascontiguousarray(crop)
+        half = self.dsize // 2
+        luma_crop = cv2.transform(crop, self.to_yuv[:1])                                # [d, d]
+        # chroma of the 2x2-averaged crop (the conversion is linear: the same as averaging converted chroma)
+        uv = cv2.transform(cv2.resize(crop, (half, half), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
+        flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
+        uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, h // 2), **flags)
+        mask_of_luma = np.linalg.inv(roi)                   # region luma pixel -> mask coordinates
+        mask_of_chroma = mask_of_luma @ _CHROMA_TO_LUMA     # region chroma sample -> mask coordinates
+        if self.use_kernel:
+            lo, hi = self._inner
+            _blend.blend_feathered_planes(y_roi, self.mask, np.ascontiguousarray(mask_of_luma[:2]).ravel(),
+                                          lo, hi, luma, y0, x0)
+            _blend.blend_feathered_planes(np.ascontiguousarray(uv_roi), self.mask,
+                                          np.ascontiguousarray(mask_of_chroma[:2]).ravel(), lo, hi,
+                                          chroma, y0 // 2, x0 // 2)
+            return frame
+        m_y = cv2.warpAffine(self.mask, roi[:2], (w, h), **flags)
+        m_c = cv2.warpAffine(self.mask, np.linalg.inv(mask_of_chroma)[:2], (w // 2, h // 2), **flags)
+        _blend_planes_numpy(y_roi, m_y, luma, y0, x0)
+        _blend_planes_numpy(uv_roi, m_c, chroma, y0 // 2, x0 // 2)
+        return frame
