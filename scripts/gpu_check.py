@@ -58,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         res = engine.render("gpu", speech(seconds), home / f"out_{bs}_{ahead}_{use_nvenc}.mp4")
         p = res.profile
         per = {k: 1000 * p["stages"][k] / p["frames"] for k in STAGES if k not in ("load_models", "load_avatar")}
+        loop_cpu = 1000 * sum(p["stages_cpu"][k] for k in ("stitch", "putback", "write")) / p["frames"]
         return {"batch": bs, "lookahead": ahead, "encoder": p["encoder"], "frames": p["frames"], "fps": p["fps"],
-                "ms_per_frame": per}
+                "ms_per_frame": per, "loop_thread_cpu_ms": loop_cpu}
 
     engine.render("gpu", speech(2.0), home / "warmup.mp4")                      # cuDNN autotune, allocator
     rows = []
-    header = f"{'batch':>5} {'ahead':>5} {'encoder':>11} {'fps':>7} " + " ".join(f"{k[:9]:>9}" for k in STAGES[2:])
+    header = (f"{'batch':>5} {'ahead':>5} {'encoder':>11} {'fps':>7} " + " ".join(f"{k[:9]:>9}" for k in STAGES[2:])
+              + f" {'loop cpu':>9}")     # the loop thread's own CPU in stitch + putback + write
     print(header)
     for use_nvenc in ([False, True] if nvenc else [False]):
         for bs in (1, 4, 8):
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = run(args.seconds, bs, ahead, use_nvenc)
                 rows.append(r)
                 print(f"{bs:>5} {str(ahead):>5} {r['encoder']:>11} {r['fps']:7.1f} "
-                      + " ".join(f"{r['ms_per_frame'][k]:9.1f}" for k in STAGES[2:]), flush=True)
+                      + " ".join(f"{r['ms_per_frame'][k]:9.1f}" for k in STAGES[2:])
+                      + f" {r['loop_thread_cpu_ms']:9.1f}", flush=True)
     best = max(rows, key=lambda r: r["fps"])
     long = run(args.long, best["batch"], best["lookahead"], best["encoder"].endswith("nvenc"))
     print(f"{args.long:g} s of audio at the fastest setting (batch {best['batch']}, look-ahead {best['lookahead']}, "
