@@ -6,6 +6,7 @@
     python scripts/benchmark.py motion   [--quick]
     python scripts/benchmark.py render   [--quick] [--tiny]
     python scripts/benchmark.py batch    [--quick] [--tiny]
+    python scripts/benchmark.py cpu      [--quick]          full-size warp+decode: default render vs plain fp32
     python scripts/benchmark.py all      [--quick]
 
 Figures are measured in one run on whatever machine this is; compare ratios within a run.
@@ -32,6 +33,7 @@ SUITES = {
     "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
     "render": ["bench_putback", "bench_render"],
     "batch": ["bench_batch"],
+    "cpu": ["bench_cpu_speed"],
 }
 
 

@@ -1,0 +1,119 @@
+"""Full-size warp + decode per frame on this CPU: inside a default (`--precision auto`) render, against the
+same networks run plain fp32 eager, and this CPU's 3x3-convolution throughput as the limit.
+
+Plain fp32 eager is the work of the reference implementation: BatchNorms and spectral norms unfolded
+(computed every call), the two rewritten layers as the plain conv3d / conv2d they replace, 3D pooling
+as avg_pool3d, and NCHW tensors throughout (the benchmark maps the networks' channels-last requests to
+the default layout while it runs that arm). Both arms run on the same CPU in one run; say which kind.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from bench_common import anchor, checkpoints, save, speech
+from bench_render import _render
+
+FLOP_PER_FRAME = 1.23e12        # warp + decode at full size, batch 1 (multiply-adds counted as two)
+
+
+def _plain_conv3d_taps(x, weight, bias):
+    """What conv3d_depth_taps replaces: a 'same' conv3d, returned as [B, D, H, W, Cout] float32."""
+    return F.conv3d(x, weight, bias, padding=weight.shape[-1] // 2).float().permute(0, 2, 3, 4, 1)
+
+
+def _plain_conv2d_taps(x, weight, bias):
+    """What conv2d_point_taps replaces: a 'same' conv2d, float32."""
+    return F.conv2d(x, weight, bias, padding=weight.shape[-1] // 2).float()
+
+
+@contextmanager
+def plain_eager():
+    """While inside: the rewritten layers are plain convolutions and channels-last requests keep NCHW."""
+    from ditto_fast.models import blocks, warp
+
+    saved = (warp.conv3d_depth_taps, warp.conv2d_point_taps, blocks.avg_pool_hw, torch.channels_last,
+             torch.channels_last_3d)
+    warp.conv3d_depth_taps, warp.conv2d_point_taps = _plain_conv3d_taps, _plain_conv2d_taps
+    blocks.avg_pool_hw = lambda x: F.avg_pool3d(x, (1, 2, 2))
+    torch.channels_last = torch.channels_last_3d = torch.contiguous_format
+    try:
+        yield
+    finally:
+        (warp.conv3d_depth_taps, warp.conv2d_point_taps, blocks.avg_pool_hw, torch.channels_last,
+         torch.channels_last_3d) = saved
+
+
+def _plain_seconds(ckpt, frames: int) -> float:
+    """Seconds per frame of warp + decode, plain fp32 eager, batch 1 (after one warm-up frame); checked to
+    give the render's networks' numbers."""
+    from ditto_fast import models
+    from ditto_fast.checkpoints import find_checkpoints
+
+    files = find_checkpoints(ckpt).files
+    warp_net = models.load("warp_network", files["warp_network"], "cpu", fuse=False)
+    decoder = models.load("decoder", files["decoder"], "cpu", fuse=False)
+    gen = torch.Generator().manual_seed(0)
+    dm = warp_net.dense_motion_network
+    c, d = dm.compress.in_channels, dm.occlusion.in_channels // dm.hourglass.out_filters    # 32, 16 at full size
+    f_s = torch.randn(1, c, d, 64, 64, generator=gen)
+    kp_s = 0.3 * torch.randn(1, 21, 3, generator=gen)
+    kp_d = kp_s + 0.03 * torch.randn(1, 21, 3, generator=gen)
+    with plain_eager(), torch.inference_mode():
+        first = decoder(warp_net(f_s, kp_s, kp_d))
+        t0 = time.perf_counter()
+        for _ in range(frames):
+            decoder(warp_net(f_s, kp_s, kp_d))
+        seconds = (time.perf_counter() - t0) / frames
+    # the same numbers as the networks the render uses (folded, rewritten, channels-last, fp32)
+    warp_fast = models.load("warp_network", files["warp_network"], "cpu")
+    decoder_fast = models.load("decoder", files["decoder"], "cpu")
+    with torch.inference_mode():
+        diff = float((decoder_fast(warp_fast(f_s, kp_s, kp_d)) - first).abs().max())
+    if diff > 2e-3:
+        raise AssertionError(f"the plain arm computes something else: max difference {diff:.2g}")
+    return seconds
+
+
+def conv_throughput(dtype: torch.dtype, repeats: int = 3) -> float:
+    """GFLOP/s of a 3x3 conv 256 -> 256 channels on 128x128 (the decoder's size), channels-last."""
+    conv = torch.nn.Conv2d(256, 256, 3, padding=1).to(dtype=dtype, memory_format=torch.channels_last)
+    x = torch.randn(1, 256, 128, 128).to(dtype=dtype, memory_format=torch.channels_last)
+    with torch.inference_mode():
+        conv(x)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            conv(x)
+        dt = (time.perf_counter() - t0) / repeats
+    return 2 * 256 * 256 * 9 * 128 * 128 / dt / 1e9
+
+
+def run(out_json: str | None = None, quick: bool = False) -> dict:
+    from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
+
+    kind = cpu_kind()
+    ckpt = checkpoints(tiny=False)
+    frames = 2 if quick else 4
+    profile, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")
+    auto_s = profile["stages"]["render"] / profile["frames"]
+    plain_s = _plain_seconds(ckpt, frames)
+    native_bf16 = bool(set(kind["flags"]) & set(BF16_FLAGS))
+    gflops = {"fp32": conv_throughput(torch.float32), "bf16": conv_throughput(torch.bfloat16, 1 if quick else 2)}
+    result = {"cpu": kind["model"], "flags": kind["flags"], "native_bf16": native_bf16,
+              "auto_precision": profile["precision"], "precision_choice": profile["precision_choice"],
+              "frames": profile["frames"], "auto_warp_decode_s_per_frame": auto_s,
+              "plain_fp32_eager_s_per_frame": plain_s, "speedup": plain_s / auto_s, "target_speedup": 2.5,
+              "conv3x3_gflops": gflops,
+              "limit_s_per_frame": {k: FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()}}
+    print(f"CPU: {kind['model']} ({', '.join(kind['flags']) or 'no bf16/AMX flags'})")
+    print(f"warp + decode, full size, batch 1, s/frame: default render ({profile['precision']}: "
+          f"{profile['precision_choice']}) {auto_s:.2f}; plain fp32 eager {plain_s:.2f} "
+          f"-> {result['speedup']:.2f}x (target >= 2.5x)")
+    print("3x3 conv 256->256 at 128x128, channels-last: " + ", ".join(
+        f"{k} {v:.0f} GFLOP/s (warp + decode at that rate: {result['limit_s_per_frame'][k]:.2f} s/frame)"
+        for k, v in gflops.items()) + ("" if native_bf16 else "; bf16 is emulated on this CPU"))
+    return save(out_json, result)
