@@ -81,7 +81,7 @@ def entry() -> None:
     """The `ditto-fast` command: main(), then exit without the interpreter's teardown.
 
     By then every output is complete and renamed, and every child process waited for, so there is nothing
-    left to do but free what torch and transformers imported: about 0.8 s a process, skipped. Ray keeps the
+    left to do but free what torch and transformers imported: about 0.7 s a process, skipped. Ray keeps the
     normal exit: its exit hook stops the cluster it started.
     """
     try:
