@@ -93,10 +93,14 @@ def entry() -> None:
         else:
             click.echo(e.code, err=True)
             code = 1
+    except KeyboardInterrupt:       # one that arrived after main() had mapped its own
+        code = 130
+    except Terminated:
+        code = 143
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):    # a reader that went away (| head): nothing more to say to it
+        except (OSError, ValueError, AttributeError):   # a reader gone (| head) or no stream at all (>&-)
             pass
     if "ray" in sys.modules:
         sys.exit(code)

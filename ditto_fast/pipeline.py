@@ -18,7 +18,8 @@ Stage keys of the profile and the table (wall seconds each):
                   frame from the plate decoder (both are ffmpeg pipes, so both waits land here)
 
 `stages_cpu` has the same keys: CPU seconds of the loop's own thread in each stage (not torch's or
-OpenCV's worker threads, nor ffmpeg), so write's wall minus its CPU is the time spent waiting for ffmpeg.
+OpenCV's worker threads, nor ffmpeg), so write's wall minus its CPU is the time spent waiting for ffmpeg;
+load_models happens before a render and is 0 there.
 """
 
 from __future__ import annotations

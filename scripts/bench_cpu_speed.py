@@ -1,16 +1,22 @@
 """Full-size warp + decode per frame on this CPU: inside a default (`--precision auto`) render, against the
 same networks run plain fp32 eager, and this CPU's 3x3-convolution throughput as the limit.
 
-Plain fp32 eager is the work of the reference implementation: BatchNorms and spectral norms unfolded
-(computed every call), the two rewritten layers as the plain conv3d / conv2d they replace, 3D pooling
-as avg_pool3d, and NCHW tensors throughout (the benchmark maps the networks' channels-last requests to
-the default layout while it runs that arm). Both arms run on the same CPU in one run; say which kind.
+Plain fp32 eager is as close to the reference implementation's work as our modules allow: BatchNorms
+and spectral norms unfolded (computed every call), the two rewritten layers as the plain conv3d /
+conv2d they replace, 3D pooling as avg_pool3d, and NCHW tensors (the benchmark maps the networks'
+channels-last requests to the default layout while it runs that arm, and checks that it did). What
+stays shared is code with no costly layer of its own: the keypoint sampling as one grid_sample over
+stacked grids and the SPADE modulation. Both arms start cold and run on the same CPU with the same
+threads in one run; say which kind.
 """
 
 from __future__ import annotations
 
 import time
+import os
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -21,25 +27,43 @@ from bench_render import _render
 FLOP_PER_FRAME = 1.23e12        # warp + decode at full size, batch 1 (multiply-adds counted as two)
 
 
-def _plain_conv3d_taps(x, weight, bias):
+CALLS = {"conv3d": 0, "conv2d": 0, "pool": 0, "not_nchw": 0}    # the plain layers ran, and on NCHW input
+
+
+def _nchw(x: torch.Tensor) -> torch.Tensor:
+    """x in the default (NCHW / NCDHW) layout, counting inputs that arrived in another one."""
+    CALLS["not_nchw"] += not x.is_contiguous()
+    return x.contiguous()
+
+
+def _plain_conv3d_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """What conv3d_depth_taps replaces: a 'same' conv3d, returned as [B, D, H, W, Cout] float32."""
-    return F.conv3d(x, weight, bias, padding=weight.shape[-1] // 2).float().permute(0, 2, 3, 4, 1)
+    CALLS["conv3d"] += 1
+    return F.conv3d(_nchw(x), weight, bias, padding=weight.shape[-1] // 2).float().permute(0, 2, 3, 4, 1)
 
 
-def _plain_conv2d_taps(x, weight, bias):
-    """What conv2d_point_taps replaces: a 'same' conv2d, float32."""
-    return F.conv2d(x, weight, bias, padding=weight.shape[-1] // 2).float()
+def _plain_conv2d_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What conv2d_point_taps replaces: a 'same' conv2d, float32 (its input laid out NCHW first, as the
+    reference's reshape of the prediction is)."""
+    CALLS["conv2d"] += 1
+    return F.conv2d(x.contiguous(), weight, bias, padding=weight.shape[-1] // 2).float()
+
+
+def _plain_pool(x: torch.Tensor) -> torch.Tensor:
+    """What avg_pool_hw replaces: avg_pool3d over height and width."""
+    CALLS["pool"] += 1
+    return F.avg_pool3d(_nchw(x), (1, 2, 2))
 
 
 @contextmanager
-def plain_eager():
+def plain_eager() -> Iterator[None]:
     """While inside: the rewritten layers are plain convolutions and channels-last requests keep NCHW."""
     from ditto_fast.models import blocks, warp
 
     saved = (warp.conv3d_depth_taps, warp.conv2d_point_taps, blocks.avg_pool_hw, torch.channels_last,
              torch.channels_last_3d)
     warp.conv3d_depth_taps, warp.conv2d_point_taps = _plain_conv3d_taps, _plain_conv2d_taps
-    blocks.avg_pool_hw = lambda x: F.avg_pool3d(x, (1, 2, 2))
+    blocks.avg_pool_hw = _plain_pool
     torch.channels_last = torch.channels_last_3d = torch.contiguous_format
     try:
         yield
@@ -48,9 +72,9 @@ def plain_eager():
          torch.channels_last_3d) = saved
 
 
-def _plain_seconds(ckpt, frames: int) -> float:
-    """Seconds per frame of warp + decode, plain fp32 eager, batch 1 (after one warm-up frame); checked to
-    give the render's networks' numbers."""
+def _plain_seconds(ckpt: Path, frames: int) -> float:
+    """Seconds per frame of warp + decode, plain fp32 eager, batch 1, from a cold start (as in a render);
+    checked to run the plain layers on NCHW tensors and to give the fp32 render networks' numbers."""
     from ditto_fast import models
     from ditto_fast.checkpoints import find_checkpoints
 
@@ -63,12 +87,15 @@ def _plain_seconds(ckpt, frames: int) -> float:
     f_s = torch.randn(1, c, d, 64, 64, generator=gen)
     kp_s = 0.3 * torch.randn(1, 21, 3, generator=gen)
     kp_d = kp_s + 0.03 * torch.randn(1, 21, 3, generator=gen)
+    CALLS.update(dict.fromkeys(CALLS, 0))
     with plain_eager(), torch.inference_mode():
-        first = decoder(warp_net(f_s, kp_s, kp_d))
         t0 = time.perf_counter()
         for _ in range(frames):
-            decoder(warp_net(f_s, kp_s, kp_d))
+            first = decoder(warp_net(f_s, kp_s, kp_d))
         seconds = (time.perf_counter() - t0) / frames
+    if not (CALLS["conv3d"] == CALLS["conv2d"] == frames and CALLS["pool"] and CALLS["not_nchw"] == 0
+            and first.is_contiguous()):
+        raise AssertionError(f"the plain arm did not run as meant: {CALLS}")
     # the same numbers as the networks the render uses (folded, rewritten, channels-last, fp32)
     warp_fast = models.load("warp_network", files["warp_network"], "cpu")
     decoder_fast = models.load("decoder", files["decoder"], "cpu")
@@ -97,6 +124,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
 
     kind = cpu_kind()
     ckpt = checkpoints(tiny=False)
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())     # the render child: the same threads
     frames = 2 if quick else 4
     profile, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")
     auto_s = profile["stages"]["render"] / profile["frames"]

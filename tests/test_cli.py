@@ -1,7 +1,7 @@
 """The small commands: avatars (list/show/rm, --json), doctor, usage errors and exit codes.
 
-All run in this process through `cli.main` (the `run_cli` fixture): same exit codes and stderr lines
-as a real process, without its start-up time.
+All but the last run in this process through `cli.main` (the `run_cli` fixture): same exit codes and
+stderr lines as a real process, without its start-up time. The last runs the command as a process.
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ def test_render_takes_an_inline_emotion_schedule(video_avatar, session_home, tin
     assert r.returncode == 0 and out.is_file(), r.stderr
 
 
-def test_the_command_exits_with_mains_code_and_all_its_output(video_avatar, session_home, run_cli, tmp_path):
+@pytest.mark.slow
+def test_the_command_exits_with_mains_code_and_all_its_output(video_avatar, session_home, run_cli):
     """`python -m ditto_fast.cli` (what the `ditto-fast` script runs) skips the interpreter's teardown:
     same exit codes and the same complete stdout as main(), also into a pipe."""
     import os
@@ -183,3 +184,8 @@ def test_the_command_exits_with_mains_code_and_all_its_output(video_avatar, sess
         assert r.returncode == same.returncode == code, (args, r.stderr)
         assert r.stdout == same.stdout and r.stderr.strip() == same.stderr.strip()
     assert len(r.stdout) == 0 and "no such option" in r.stderr.lower()
+    # no stdout at all (>&-): the command still succeeds
+    r = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "config"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, env=env, timeout=120, close_fds=True,
+                       preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0, r.stderr

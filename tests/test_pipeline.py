@@ -71,6 +71,7 @@ def test_output_frames_size_and_audio(rendered):
                                       "putback", "write"}
     assert set(profile["stages_cpu"]) == set(profile["stages"])
     assert all(profile["stages_cpu"][k] <= profile["stages"][k] + 0.05 for k in ("stitch", "putback", "write"))
+    assert profile["stages_cpu"]["putback"] > 0 and profile["stages_cpu"]["stitch"] > 0
     assert profile["encoder"] == "libx264" and profile["batch_size"] == 1 and profile["rate"] == "25"
     assert not list(rendered["a"].parent.glob(".*part*"))
 

@@ -43,7 +43,7 @@ def outside(box: tuple[int, int, int, int], h: int, w: int) -> tuple[np.ndarray,
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "numpy"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_yuv_paste_matches_rgb_paste_and_keeps_the_rest(blend_kernel, name, use_kernel):
+def test_yuv_paste_matches_the_float_reference_and_keeps_the_rest(blend_kernel, name, use_kernel):
     (h, w), M = CASES[name]
     rng = np.random.default_rng(3)
     bg_rgb, crop = background(rng, h, w), smooth_crop(rng)

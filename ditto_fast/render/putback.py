@@ -91,10 +91,11 @@ class YuvPutback:
         if dsize % 2:
             raise ValueError(f"the crop size must be even, got {dsize}")
         self.dsize = dsize
-        self.use_kernel = use_kernel and _blend is not None
-        if use_kernel and _blend is None and not _warned_fallback:
+        built = hasattr(_blend, "blend_feathered_planes")        # False for no build or a stale one
+        self.use_kernel = use_kernel and built
+        if use_kernel and not built and not _warned_fallback:
             _warned_fallback = True
-            warnings.warn("ditto_fast.render._blend is not built; using the slower numpy putback "
+            warnings.warn("ditto_fast.render._blend is not built (or is out of date); using the slower numpy putback "
                           "(build it with `python setup.py build_ext --inplace`)", RuntimeWarning, stacklevel=2)
         self.mask = feathered_mask(dsize)                              # [dsize, dsize] float32
         ones = np.flatnonzero(self.mask[dsize // 2] == 1.0)
