@@ -16,6 +16,8 @@ cdef inline uint8_t _mix(uint8_t f, uint8_t c, float m) noexcept nogil:
     return <uint8_t>v
 
 
+
+
 cdef inline void _solve(double a, double r, double lo, double hi, double* xa, double* xb) noexcept nogil:
     """x-interval [xa, xb] where lo <= a*x + r <= hi (empty when xa > xb)."""
     if a > 1e-12:
@@ -54,14 +56,16 @@ cdef inline void _span(double a0, double rx, double b0, double ry, double lo, do
     last[0] = <Py_ssize_t>floor(xb)
 
 
-cdef inline float _mask_at(const float[:, ::1] mask, double sx, double sy) noexcept nogil:
-    """Bilinear mask value at (sx, sy), zero outside the mask, at most 1."""
-    cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1], ix, iy
+cdef inline void _blend_band_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mask,
+                                    uint8_t[:, :, ::1] planes, Py_ssize_t y, Py_ssize_t x,
+                                    Py_ssize_t py0, Py_ssize_t px0, double sx, double sy) noexcept nogil:
+    """Bilinear mask value at (sx, sy) (zero outside), then blend one pixel of every plane."""
+    cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1], ix, iy, c
     cdef double fx, fy
     cdef float m, m00, m01, m10, m11
     if sx <= -1.0 or sy <= -1.0 or sx >= sw or sy >= sh:
-        return 0.0
-    ix = <Py_ssize_t>(sx + 1.0) - 1     # floor, as sx > -1
+        return
+    ix = <Py_ssize_t>(sx + 1.0) - 1
     iy = <Py_ssize_t>(sy + 1.0) - 1
     fx = sx - ix
     fy = sy - iy
@@ -70,41 +74,12 @@ cdef inline float _mask_at(const float[:, ::1] mask, double sx, double sy) noexc
     m10 = mask[iy + 1, ix] if iy + 1 < sh and ix >= 0 else 0.0
     m11 = mask[iy + 1, ix + 1] if iy + 1 < sh and ix + 1 < sw else 0.0
     m = <float>((1.0 - fy) * ((1.0 - fx) * m00 + fx * m01) + fy * ((1.0 - fx) * m10 + fx * m11))
-    return 1.0 if m > 1.0 else m
-
-
-cdef inline bint _row_runs(double a0, double rx, double b0, double ry, Py_ssize_t sw, Py_ssize_t inner_lo,
-                           Py_ssize_t inner_hi, Py_ssize_t w, Py_ssize_t* o_first, Py_ssize_t* o_last,
-                           Py_ssize_t* i_first, Py_ssize_t* i_last) noexcept nogil:
-    """A row's pixels on the mask [o_first, o_last] and, inside them, where it is 1 [i_first, i_last]
-    (empty: i_first > i_last); False when the row misses the mask."""
-    _span(a0, rx, b0, ry, -1.0, <double>sw, 0.0, w, o_first, o_last)
-    if o_first[0] > o_last[0]:
-        return False
-    _span(a0, rx, b0, ry, <double>inner_lo, <double>inner_hi, 1e-6, w, i_first, i_last)
-    if i_first[0] < o_first[0]:
-        i_first[0] = o_first[0]
-    if i_last[0] > o_last[0]:
-        i_last[0] = o_last[0]
-    if i_first[0] > i_last[0]:
-        i_first[0] = o_last[0] + 1
-        i_last[0] = o_last[0]
-    return True
-
-
-cdef int _check_feathered(Py_ssize_t inv_n, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t inner_lo, Py_ssize_t inner_hi,
-                          Py_ssize_t h, Py_ssize_t w, Py_ssize_t fh, Py_ssize_t fw, Py_ssize_t y0,
-                          Py_ssize_t x0) except -1:
-    """Raise ValueError unless the matrix, mask and region fit."""
-    if inv_n != 6:
-        raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
-    if sh != sw:
-        raise ValueError("mask must be square")
-    if sh < 2 or not (0 <= inner_lo <= inner_hi < sw):
-        raise ValueError("inner range must lie inside the mask")
-    if y0 < 0 or x0 < 0 or y0 + h > fh or x0 + w > fw:
-        raise ValueError("region lies outside the frame")
-    return 0
+    if m <= 0.0:
+        return
+    if m > 1.0:
+        m = 1.0
+    for c in range(src.shape[2]):
+        planes[c, py0 + y, px0 + x] = _mix(planes[c, py0 + y, px0 + x], src[y, x, c], m)
 
 
 def blend_feathered_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
@@ -119,35 +94,44 @@ def blend_feathered_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mas
     mask value is 1 is copied, pixels off the mask are skipped, and only the feathered band is
     interpolated and blended. Replaces a separate warp of the mask.
     """
-    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], y, x, c
-    cdef Py_ssize_t o_first, o_last, i_first, i_last
+    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], sh = mask.shape[0], sw = mask.shape[1]
+    cdef Py_ssize_t y, x, c, o_first, o_last, i_first, i_last
     cdef double a0 = inv[0], a1 = inv[1], a2 = inv[2], b0 = inv[3], b1 = inv[4], b2 = inv[5]
     cdef double rx, ry
-    cdef float m
-    _check_feathered(inv.shape[0], mask.shape[0], mask.shape[1], inner_lo, inner_hi, h, w, planes.shape[1],
-                     planes.shape[2], y0, x0)
+    if inv.shape[0] != 6:
+        raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
+    if sh != sw:
+        raise ValueError("mask must be square")
+    if mask.shape[0] < 2 or not (0 <= inner_lo <= inner_hi < sw):
+        raise ValueError("inner range must lie inside the mask")
+    if y0 < 0 or x0 < 0 or y0 + h > planes.shape[1] or x0 + w > planes.shape[2]:
+        raise ValueError("region lies outside the frame")
     if planes.shape[0] != nc:
         raise ValueError("src has a different number of samples per pixel than there are planes")
+    if h == 0 or w == 0:
+        return
     with nogil:
         for y in range(h):
             rx = a1 * y + a2
             ry = b1 * y + b2
-            if not _row_runs(a0, rx, b0, ry, mask.shape[1], inner_lo, inner_hi, w, &o_first, &o_last,
-                             &i_first, &i_last):
+            _span(a0, rx, b0, ry, -1.0, <double>sw, 0.0, w, &o_first, &o_last)
+            if o_first > o_last:
                 continue
-            x = o_first
-            while x <= o_last:
-                if x == i_first and i_last >= i_first:      # the run where the mask is 1: copied whole
-                    if nc == 1:
-                        memcpy(&planes[0, y0 + y, x0 + x], &src[y, x, 0], i_last - i_first + 1)
-                    else:
-                        for x in range(i_first, i_last + 1):
-                            for c in range(nc):
-                                planes[c, y0 + y, x0 + x] = src[y, x, c]
-                    x = i_last + 1
-                    continue
-                m = _mask_at(mask, a0 * x + rx, b0 * x + ry)
-                if m > 0.0:
+            _span(a0, rx, b0, ry, <double>inner_lo, <double>inner_hi, 1e-6, w, &i_first, &i_last)
+            if i_first < o_first:
+                i_first = o_first
+            if i_last > o_last:
+                i_last = o_last
+            if i_first > i_last:
+                i_first = o_last + 1
+                i_last = o_last
+            for x in range(o_first, i_first):
+                _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
+            if nc == 1 and i_last >= i_first:
+                memcpy(&planes[0, y0 + y, x0 + i_first], &src[y, i_first, 0], i_last - i_first + 1)
+            else:
+                for x in range(i_first, i_last + 1):
                     for c in range(nc):
-                        planes[c, y0 + y, x0 + x] = _mix(planes[c, y0 + y, x0 + x], src[y, x, c], m)
-                x += 1
+                        planes[c, y0 + y, x0 + x] = src[y, x, c]
+            for x in range(i_last + 1, o_last + 1):
+                _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
