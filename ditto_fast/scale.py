@@ -109,7 +109,9 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     from .avatar import store_root
 
     ray = start_ray(address)
-    clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "auto",
+    # the driver only checks the jobs (checkpoints, avatars, inputs): no device, and fp32 so that `auto` cannot
+    # start the CPU precision probe here; the actors resolve the real setup
+    clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "fp32",
                                                     "encoder": "software"}))
     todo = [j for j in jobs if j.status == "pending"]
     total, done_frames = sum(clips[j.index].frames for j in todo), 0
