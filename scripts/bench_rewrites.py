@@ -1,10 +1,12 @@
-"""The warp network's two rewritten layers against the plain convolutions they replace, on this CPU.
+"""The rewritten layers against the plain convolutions they replace, on this CPU.
 
 The mask head (a 7x7x7 3D conv to 22 channels) runs as one 2D conv over depth slices with the depth taps
 in the output channels (`conv3d_depth_taps`), and the occlusion head (a 7x7 conv of 2272 channels to 1) as
 1x1 convs to every tap (`conv2d_point_taps`). Both were shaped for AMX/AVX-512; this says, per precision,
 whether they still pay on the CPU at hand (full-size shapes, random weights, best of a few runs); bf16 only
-where the CPU does bf16 arithmetic (elsewhere it is emulated and `auto` never picks it).
+where the CPU does bf16 arithmetic (elsewhere it is emulated and `auto` never picks it). The decoder's last
+block computes its SPADE norms' first conv on the 64x64 feature instead of on its 4x nearest upsample
+(`NearestUpConv3x3`: the same sums with fewer multiply-adds, for every kind).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 
 from bench_common import save
 from ditto_fast import models
-from ditto_fast.models.blocks import conv2d_point_taps, conv3d_depth_taps
+from ditto_fast.models.blocks import NearestUpConv3x3, conv2d_point_taps, conv3d_depth_taps
 from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
 
 
@@ -32,6 +34,7 @@ def _best(fn, repeats: int) -> float:
 
 def run(out_json: str | None = None, quick: bool = False) -> dict:
     warp = models.build("warp_network").eval()
+    shared = models.build("decoder").eval().up_1.norm_0.mlp_shared     # conv 256 -> 128 at 256x256, then ReLU
     dm = warp.dense_motion_network
     cp, d = dm.hourglass.out_filters, warp.third.conv.in_channels // dm.compress.in_channels
     repeats = 2 if quick else 3
@@ -47,6 +50,10 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
             flat = pred.reshape(1, cp * d, 64, 64)
             ow, ob = dm.occlusion.weight.to(dtype), dm.occlusion.bias.to(dtype)
             pad2 = ow.shape[-1] // 2
+            seg = torch.randn(1, shared[0].in_channels, 64, 64, generator=gen).to(
+                dtype=dtype, memory_format=torch.channels_last)
+            plain_shared = shared.to(dtype)
+            folded_shared = NearestUpConv3x3(shared[0], 4).to(dtype)
             rows = {
                 "mask: plain conv3d": lambda: F.conv3d(pred, mw, mb, padding=pad3),
                 "mask: plain conv3d, channels_last_3d": lambda: F.conv3d(
@@ -58,13 +65,16 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
                     flat.contiguous(memory_format=torch.channels_last),
                     ow.contiguous(memory_format=torch.channels_last), ob, padding=pad2),
                 "occlusion: conv2d_point_taps": lambda: conv2d_point_taps(flat, ow, ob),
+                "SPADE conv of the 4x upsample: plain": lambda: plain_shared(
+                    F.interpolate(seg, scale_factor=4.0, mode="nearest")),
+                "SPADE conv of the 4x upsample: NearestUpConv3x3": lambda: folded_shared(seg),
             }
             result["layers"][name] = {k: round(_best(fn, repeats), 4) for k, fn in rows.items()}
     print(f"{result['cpu']['model']} ({', '.join(result['cpu']['flags'])}), {result['threads']} threads; "
           "seconds per call, best of a few:")
     for name, rows in result["layers"].items():
         for k, v in rows.items():
-            print(f"  {name:<9} {k:<42} {v:8.3f}")
+            print(f"  {name:<9} {k:<50} {v:8.3f}")
     return save(out_json, result)
 
 

@@ -171,6 +171,31 @@ def test_fuse_removes_checkpoint_only_parts():
     assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in app.modules())
 
 
+@pytest.mark.parametrize("s", [2, 3, 4])
+def test_nearest_up_conv_is_the_conv_of_the_upsample(s):
+    """The folded SPADE conv gives relu(conv3x3(nearest upsample)) at every output position, borders included."""
+    from ditto_fast.models.blocks import NearestUpConv3x3
+
+    gen = torch.Generator().manual_seed(s)
+    conv = torch.nn.Conv2d(6, 5, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen))
+        x = torch.randn(2, 6, 7, 9, generator=gen).contiguous(memory_format=torch.channels_last)
+        ref = torch.relu(conv(torch.nn.functional.interpolate(x, scale_factor=s, mode="nearest")))
+        out = NearestUpConv3x3(conv, s)(x)
+    assert out.shape == (2, 5, 7 * s, 9 * s)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_decoder_computes_the_upsampled_spade_convs_on_the_feature():
+    dec = models.build("decoder", tiny=True).eval()
+    dec.fuse_for_inference()
+    for block, s in ((dec.up_0, 2), (dec.up_1, 4)):
+        for norm in (block.norm_0, block.norm_1):
+            assert norm.mlp_shared_up.s == s and not hasattr(norm, "mlp_shared")
+    assert dec.G_middle_0.norm_0.mlp_shared_up is None
+
+
 def test_tiny_chain_shapes():
     gen = torch.Generator().manual_seed(2)
     app, warp, dec = (models.build(n, tiny=True).eval() for n in NETS)

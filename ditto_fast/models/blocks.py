@@ -105,6 +105,51 @@ def conv2d_point_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out
 
 
+def _nearest_tap_classes(s: int) -> list[tuple[int, list[list[float]], slice]]:
+    """The classes of output row (or column) of a 3x3 conv over an s-fold nearest upsample, s >= 2:
+    (first input offset, matrix from the 3 taps to the class's own taps, rows of each s-block in it)."""
+    first = (-1, [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]], slice(0, 1))       # sees row i-1 (tap 0) and i (taps 1, 2)
+    middle = (0, [[1.0, 1.0, 1.0]], slice(1, s - 1))                       # all three taps on row i
+    last = (0, [[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]], slice(s - 1, s))       # row i (taps 0, 1) and i+1 (tap 2)
+    return [first, middle, last] if s > 2 else [first, last]
+
+
+class NearestUpConv3x3(nn.Module):
+    """relu(conv3x3(nearest_upsample(x, s))) computed on x itself, for s >= 2.
+
+    After a nearest upsample, output rows at the same place in every s-block see the same input rows
+    (only the first and last place of a block reach a neighbour), and so do columns. Each of the 4 (s=2)
+    or 9 (s>2) classes of output position is then one small conv of x with its taps summed, and its
+    result is copied to every position of its class: 2.25x (s=2) to 5.8x (s=4) fewer multiply-adds.
+    """
+
+    def __init__(self, conv: nn.Conv2d, s: int):
+        super().__init__()
+        assert conv.kernel_size == (3, 3) and conv.padding == (1, 1) and s >= 2
+        self.s = s
+        w = conv.weight.detach().double()                                   # [O, I, 3, 3]
+        self.kernels, self.places = nn.ParameterList(), []
+        for r0, rmap, rows in _nearest_tap_classes(s):
+            for c0, cmap, cols in _nearest_tap_classes(s):
+                k = torch.einsum("rt,oitu,cu->oirc", w.new_tensor(rmap), w, w.new_tensor(cmap))
+                self.kernels.append(nn.Parameter(k.to(conv.weight.dtype).contiguous(memory_format=torch.channels_last),
+                                                 requires_grad=False))
+                self.places.append((1 + r0, 1 + c0, rows, cols))
+        self.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x [B, I, n, m] -> [B, O, s*n, s*m], channels-last
+        b, _, n, m = x.shape
+        s, o = self.s, self.bias.shape[0]
+        padded = F.pad(x, (1, 1, 1, 1))
+        out = torch.empty(b, o, s * n, s * m, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+        blocks = out.view(b, o, n, s, m, s)
+        for k, (r0, c0, rows, cols) in zip(self.kernels, self.places):
+            window = padded[:, :, r0:r0 + n + k.shape[2] - 1, c0:c0 + m + k.shape[3] - 1]
+            blocks[:, :, :, rows, :, cols] = F.relu(F.conv2d(window, k, self.bias))[:, :, :, None, :, None]
+        return out
+
+
 # ----------------------------------------------------------------------------- folding
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import SNConv2d, conv2d_holding, count_indexed, fuse_blocks, param_dtype
+from .blocks import NearestUpConv3x3, SNConv2d, conv2d_holding, count_indexed, fuse_blocks, param_dtype
 
 TINY_WIDTHS = {"in_channels": 8, "out_channels": 8, "num_middle": 1, "spade_hidden": 8}
 
@@ -30,7 +30,8 @@ def modulate(x: torch.Tensor, gamma1: torch.Tensor, beta: torch.Tensor) -> torch
 
 
 class SPADE(nn.Module):
-    """instance_norm(x) * (1 + gamma(seg)) + beta(seg), gamma/beta from a small conv net on seg."""
+    """instance_norm(x) * (1 + gamma(seg)) + beta(seg), gamma/beta from a small conv net on seg
+    (nearest-resized to x's resolution)."""
 
     def __init__(self, channels: int, label_channels: int, hidden: int = 128):
         super().__init__()
@@ -39,10 +40,15 @@ class SPADE(nn.Module):
         self.mlp_gamma = nn.Conv2d(hidden, channels, 3, padding=1)
         self.mlp_beta = nn.Conv2d(hidden, channels, 3, padding=1)
         self.mlp_gamma1_beta: nn.Conv2d | None = None  # set by fuse(): [1 + gamma | beta] in one conv
+        self.mlp_shared_up: NearestUpConv3x3 | None = None  # set by fold_upsample(): mlp_shared on seg itself
 
     def forward(self, x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-        # x [B, C, H, W], seg [B, L, H, W] already at x's resolution
-        actv = self.mlp_shared(seg)
+        # x [B, C, H, W], seg [B, L, h, w] with H, W whole multiples of h, w
+        if self.mlp_shared_up is not None and x.shape[2] == self.mlp_shared_up.s * seg.shape[2]:
+            actv = self.mlp_shared_up(seg)
+        else:
+            actv = self.mlp_shared(seg if seg.shape[2:] == x.shape[2:]
+                                   else F.interpolate(seg, size=x.shape[2:], mode="nearest"))
         if self.mlp_gamma1_beta is not None:
             gamma1, beta = self.mlp_gamma1_beta(actv).split(self.channels, dim=1)
         else:
@@ -57,6 +63,13 @@ class SPADE(nn.Module):
         self.mlp_gamma1_beta = conv2d_holding(torch.cat([g.weight, b.weight]), torch.cat([g.bias + 1.0, b.bias]),
                                               g.padding)
         del self.mlp_gamma, self.mlp_beta
+
+    @torch.no_grad()
+    def fold_upsample(self, s: int) -> None:
+        """Compute mlp_shared at seg's own resolution for an x s times larger (once; see NearestUpConv3x3)."""
+        if self.mlp_shared_up is None:
+            self.mlp_shared_up = NearestUpConv3x3(self.mlp_shared[0], s)
+            del self.mlp_shared
 
 
 class SPADEResBlock(nn.Module):
@@ -105,17 +118,20 @@ class SPADEDecoder(nn.Module):
         x = self.fc(seg)  # [B, 512, 64, 64]
         for i in range(self.num_middle):
             x = getattr(self, f"G_middle_{i}")(x, seg)
-        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
-        x = self.up_0(x, F.interpolate(seg, size=x.shape[2:], mode="nearest"))  # [B, 256, 128, 128]
-        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
-        x = self.up_1(x, F.interpolate(seg, size=x.shape[2:], mode="nearest"))  # [B, 64, 256, 256]
+        x = self.up_0(F.interpolate(x, scale_factor=2.0, mode="nearest"), seg)  # [B, 256, 128, 128]
+        x = self.up_1(F.interpolate(x, scale_factor=2.0, mode="nearest"), seg)  # [B, 64, 256, 256]
         x = self.conv_img(F.leaky_relu(x, _LRELU, inplace=True))
         return torch.sigmoid(x.float()).to(x.dtype).contiguous()  # [B, 3, 512, 512]
 
     @torch.no_grad()
     def fuse_for_inference(self) -> None:
-        """Replace the spectral-norm convs by plain convs with the normalised weights."""
+        """Replace the spectral-norm convs by plain convs with the normalised weights, and compute the
+        upsampling blocks' first SPADE convs at the input's resolution."""
         fuse_blocks(self)
+        for block, s in ((self.up_0, 2), (self.up_1, 4)):
+            for norm in (block.norm_0, block.norm_1, getattr(block, "norm_s", None)):
+                if norm is not None:
+                    norm.fold_upsample(s)
 
 
 def widths_from_state_dict(sd: dict[str, torch.Tensor]) -> dict:
