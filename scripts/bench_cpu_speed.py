@@ -3,7 +3,8 @@ same networks run plain fp32 eager, and this CPU's 3x3-convolution throughput as
 
 Plain fp32 eager is as close to the reference implementation's work as our modules allow: BatchNorms
 and spectral norms unfolded (computed every call), the two rewritten layers as the plain conv3d /
-conv2d they replace, 3D pooling as avg_pool3d, and NCHW tensors (the benchmark maps the networks'
+conv2d they replace, 3D pooling as avg_pool3d, the SPADE norms' first convs on the feature resized to
+their block (the reference's work; the default path folds the resize into them), and NCHW tensors (the benchmark maps the networks'
 channels-last requests to the default layout while it runs that arm, and checks that it did). What
 stays shared is code with no costly layer of its own: the keypoint sampling as one grid_sample over
 stacked grids and the SPADE modulation. Both arms start cold and run on the same CPU with the same
@@ -25,6 +26,7 @@ from bench_common import anchor, checkpoints, save, speech
 from bench_render import _render
 
 FLOP_PER_FRAME = 1.23e12        # warp + decode at full size, batch 1 (multiply-adds counted as two)
+FOLDED_FLOP_PER_FRAME = 1.12e12  # the same in the default path: the decoder's NearestUpConv3x3 skip 0.11 TFLOP
 
 
 CALLS = {"conv3d": 0, "conv2d": 0, "pool": 0, "not_nchw": 0}    # the plain layers ran, and on NCHW input
@@ -125,23 +127,30 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     kind = cpu_kind()
     ckpt = checkpoints(tiny=False)
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())     # the render child: the same threads
-    frames = 2 if quick else 4
-    profile, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")
-    auto_s = profile["stages"]["render"] / profile["frames"]
-    plain_s = _plain_seconds(ckpt, frames)
+    frames, rounds = (2, 1) if quick else (8, 2)
+    autos, plains = [], []
+    for _ in range(rounds):     # the arms alternate; each keeps its best round (this host's speed drifts)
+        profile, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")
+        autos.append(profile["stages"]["render"] / profile["frames"])
+        plains.append(_plain_seconds(ckpt, frames))
+    auto_s, plain_s = min(autos), min(plains)
     native_bf16 = bool(set(kind["flags"]) & set(BF16_FLAGS))
     gflops = {"fp32": conv_throughput(torch.float32), "bf16": conv_throughput(torch.bfloat16, 1 if quick else 2)}
     result = {"cpu": kind["model"], "flags": kind["flags"], "native_bf16": native_bf16,
               "auto_precision": profile["precision"], "precision_choice": profile["precision_choice"],
               "frames": profile["frames"], "auto_warp_decode_s_per_frame": auto_s,
               "plain_fp32_eager_s_per_frame": plain_s, "speedup": plain_s / auto_s, "target_speedup": 2.5,
-              "conv3x3_gflops": gflops,
-              "limit_s_per_frame": {k: FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()}}
+              "rounds": {"auto": autos, "plain": plains}, "conv3x3_gflops": gflops,
+              "limit_s_per_frame": {k: FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()},
+              "default_path_limit_s_per_frame": {k: FOLDED_FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()}}
     print(f"CPU: {kind['model']} ({', '.join(kind['flags']) or 'no bf16/AMX flags'})")
     print(f"warp + decode, full size, batch 1, s/frame: default render ({profile['precision']}: "
           f"{profile['precision_choice']}) {auto_s:.2f}; plain fp32 eager {plain_s:.2f} "
-          f"-> {result['speedup']:.2f}x (target >= 2.5x)")
+          f"-> {result['speedup']:.2f}x (target >= 2.5x)" + (f"; best of {rounds} rounds, alternating: default "
+          + " / ".join(f"{v:.2f}" for v in autos) + ", plain " + " / ".join(f"{v:.2f}" for v in plains)
+          if rounds > 1 else ""))
     print("3x3 conv 256->256 at 128x128, channels-last: " + ", ".join(
-        f"{k} {v:.0f} GFLOP/s (warp + decode at that rate: {result['limit_s_per_frame'][k]:.2f} s/frame)"
+        f"{k} {v:.0f} GFLOP/s (warp + decode at that rate: {result['limit_s_per_frame'][k]:.2f} s/frame plain, "
+        f"{result['default_path_limit_s_per_frame'][k]:.2f} in the default path)"
         for k, v in gflops.items()) + ("" if native_bf16 else "; bf16 is emulated on this CPU"))
     return save(out_json, result)
