@@ -43,8 +43,8 @@ class SPADE(nn.Module):
         self.mlp_shared_up: NearestUpConv3x3 | None = None  # set by fold_upsample(): mlp_shared on seg itself
 
     def forward(self, x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-        # x [B, C, H, W], seg [B, L, h, w] with H, W whole multiples of h, w
-        if self.mlp_shared_up is not None and x.shape[2] == self.mlp_shared_up.s * seg.shape[2]:
+        # x [B, C, H, W], seg [B, L, h, w] with H, W whole multiples of h, w (s times them once folded)
+        if self.mlp_shared_up is not None:
             actv = self.mlp_shared_up(seg)
         else:
             actv = self.mlp_shared(seg if seg.shape[2:] == x.shape[2:]
