@@ -4,11 +4,14 @@ same networks run plain fp32 eager, and this CPU's 3x3-convolution throughput as
 Plain fp32 eager is as close to the reference implementation's work as our modules allow: BatchNorms
 and spectral norms unfolded (computed every call), the two rewritten layers as the plain conv3d /
 conv2d they replace, 3D pooling as avg_pool3d, the SPADE norms' first convs on the feature resized to
-their block (the reference's work; the default path folds the resize into them), and NCHW tensors (the benchmark maps the networks'
-channels-last requests to the default layout while it runs that arm, and checks that it did). What
+their block (the reference's work; the default path folds the resize into them), and NCHW tensors (the
+benchmark maps the networks' channels-last requests to the default layout while it runs that arm, and
+checks that it did). What
 stays shared is code with no costly layer of its own: the keypoint sampling as one grid_sample over
-stacked grids and the SPADE modulation. Both arms start cold and run on the same CPU with the same
-threads in one run; say which kind.
+stacked grids and the SPADE modulation. Both arms run on the same CPU with the same threads in one run,
+alternating over two rounds (one with --quick), each keeping its best: the default arm is a fresh render
+process every round; the plain arm loads its networks afresh in this process each round, so its second
+round may find oneDNN's kernels already chosen (which can only flatter it). Say which CPU kind.
 """
 
 from __future__ import annotations
