@@ -238,7 +238,7 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
     from .avatar import load_avatar, validate_name
     from .checkpoints import find_checkpoints
     from .config import load_config
-    from .memory import serve_frames_from_mmap
+    from .memory import reuse_freed_memory
     from .pipeline import Renderer, check_clip, default_output, stage_table
 
     config = load_config(config_path)
@@ -251,7 +251,7 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
         from .preview.paths import check_png_path
 
         check_png_path(preview)
-    serve_frames_from_mmap()
+    reuse_freed_memory()
     renderer = Renderer(cs, device=device, precision=precision, config=config, batch_size=batch_size, crf=crf,
                         preset=preset, encoder=encoder)
     with _bar("render", quiet) as bar:
@@ -301,7 +301,7 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
     emotion, controls, steps) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
     from .batch import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, run_batch, summary
     from .config import load_config
-    from .memory import serve_frames_from_mmap
+    from .memory import reuse_freed_memory
     from .pipeline import RenderSetup
 
     by_dir = (avatar, audio_dir, out_dir)
@@ -336,7 +336,7 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
                           report=report, progress=bar)
     else:
         setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset, encoder)
-        serve_frames_from_mmap()
+        reuse_freed_memory()
         with _bar("batch", quiet) as bar:
             run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar,
                       previews=previews_dir)

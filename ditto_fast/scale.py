@@ -38,10 +38,10 @@ class BatchWorker:
             if seen != token:
                 raise InputError(f"{Path(path).parent}: not visible from Ray node {_node()}; put the avatar store "
                                  "(DITTO_FAST_HOME) and the outputs on a path every node mounts")
-        from .memory import serve_frames_from_mmap
+        from .memory import reuse_freed_memory
         from .pipeline import Renderer
 
-        serve_frames_from_mmap()
+        reuse_freed_memory()
         self.setup = RenderSetup.resolve(**setup_args)
         self.renderer = Renderer(setup=self.setup)
 

@@ -9,9 +9,9 @@ benchmark maps the networks' channels-last requests to the default layout while 
 checks that it did). What
 stays shared is code with no costly layer of its own: the keypoint sampling as one grid_sample over
 stacked grids and the SPADE modulation. Both arms run on the same CPU with the same threads in one run,
-alternating over two rounds (one with --quick), each keeping its best: the default arm is a fresh render
-process every round; the plain arm loads its networks afresh in this process each round, so its second
-round may find oneDNN's kernels already chosen (which can only flatter it). Say which CPU kind.
+alternating over three rounds (one with --quick), each keeping its best: the default arm is a fresh render
+process every round; the plain arm loads its networks afresh in this process each round, so its later
+rounds may find oneDNN's kernels already chosen (which can only flatter it). Say which CPU kind.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     kind = cpu_kind()
     ckpt = checkpoints(tiny=False)
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())     # the render child: the same threads
-    frames, rounds = (2, 1) if quick else (8, 2)
+    frames, rounds = (2, 1) if quick else (8, 3)
     autos, plains = [], []
     for _ in range(rounds):     # the arms alternate; each keeps its best round (this host's speed drifts)
         profile, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")

@@ -15,7 +15,9 @@ print(json.dumps({{}}))
 
 CHILD = """
 import json
+from ditto_fast.memory import reuse_freed_memory
 from ditto_fast.pipeline import Renderer, stage_table
+reuse_freed_memory()        # as `ditto-fast render` and `batch` do
 engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch})
 res = engine.render("bench", {audio!r}, {out!r})
 res.profile["stages"]["load_models"] = round(engine.load_seconds, 4)
