@@ -10,8 +10,10 @@ checks that it did). What
 stays shared is code with no costly layer of its own: the keypoint sampling as one grid_sample over
 stacked grids and the SPADE modulation. Both arms run on the same CPU with the same threads in one run,
 alternating over three rounds (one with --quick), each keeping its best: the default arm is a fresh render
-process every round; the plain arm loads its networks afresh in this process each round, so its later
-rounds may find oneDNN's kernels already chosen (which can only flatter it). Say which CPU kind.
+process every round (with the CLI's malloc policy, `memory.reuse_freed_memory`), and so is the plain arm
+(with glibc's default malloc, as the reference runs; in this benchmark's own process it sped up round by
+round as the heap grew, to 3.0 s against 3.8 s fresh). One more plain round runs with our malloc policy,
+for the record. Say which CPU kind.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from bench_common import anchor, checkpoints, save, speech
+from bench_common import anchor, checkpoints, run_child, save, speech
 from bench_render import _render
 
 FLOP_PER_FRAME = 1.23e12        # warp + decode at full size, batch 1 (multiply-adds counted as two)
@@ -124,6 +126,22 @@ def conv_throughput(dtype: torch.dtype, repeats: int = 3) -> float:
     return 2 * 256 * 256 * 9 * 128 * 128 / dt / 1e9
 
 
+PLAIN_CHILD = """
+import json, sys
+sys.path.insert(0, {scripts!r})
+{policy}
+from bench_cpu_speed import _plain_seconds
+print(json.dumps({{"seconds": _plain_seconds({ckpt!r}, {frames})}}))
+"""
+OUR_MALLOC = "from ditto_fast.memory import reuse_freed_memory; reuse_freed_memory()"
+
+
+def _plain_child(ckpt: Path, frames: int, policy: str = "") -> float:
+    """_plain_seconds in a fresh process (glibc's default malloc, as the reference runs; or `policy`)."""
+    code = PLAIN_CHILD.format(scripts=str(Path(__file__).parent), policy=policy, ckpt=str(ckpt), frames=frames)
+    return run_child(code)[0]["seconds"]
+
+
 def run(out_json: str | None = None, quick: bool = False) -> dict:
     from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
 
@@ -135,15 +153,17 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     for _ in range(rounds):     # the arms alternate; each keeps its best round (this host's speed drifts)
         profile, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")
         autos.append(profile["stages"]["render"] / profile["frames"])
-        plains.append(_plain_seconds(ckpt, frames))
+        plains.append(_plain_child(ckpt, frames))
     auto_s, plain_s = min(autos), min(plains)
+    plain_our_malloc = _plain_child(ckpt, frames, OUR_MALLOC)      # for the record: the plain arm on our malloc policy
     native_bf16 = bool(set(kind["flags"]) & set(BF16_FLAGS))
     gflops = {"fp32": conv_throughput(torch.float32), "bf16": conv_throughput(torch.bfloat16, 1 if quick else 2)}
     result = {"cpu": kind["model"], "flags": kind["flags"], "native_bf16": native_bf16,
               "auto_precision": profile["precision"], "precision_choice": profile["precision_choice"],
               "frames": profile["frames"], "auto_warp_decode_s_per_frame": auto_s,
               "plain_fp32_eager_s_per_frame": plain_s, "speedup": plain_s / auto_s, "target_speedup": 2.5,
-              "rounds": {"auto": autos, "plain": plains}, "conv3x3_gflops": gflops,
+              "rounds": {"auto": autos, "plain": plains}, "plain_with_our_malloc_s_per_frame": plain_our_malloc,
+              "conv3x3_gflops": gflops,
               "limit_s_per_frame": {k: FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()},
               "default_path_limit_s_per_frame": {k: FOLDED_FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()}}
     print(f"CPU: {kind['model']} ({', '.join(kind['flags']) or 'no bf16/AMX flags'})")
@@ -152,6 +172,8 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
           f"-> {result['speedup']:.2f}x (target >= 2.5x)" + (f"; best of {rounds} rounds, alternating: default "
           + " / ".join(f"{v:.2f}" for v in autos) + ", plain " + " / ".join(f"{v:.2f}" for v in plains)
           if rounds > 1 else ""))
+    print(f"  (plain fp32 eager in a process with ditto-fast's malloc policy, one round: {plain_our_malloc:.2f} -> "
+          f"{plain_our_malloc / auto_s:.2f}x)")
     print("3x3 conv 256->256 at 128x128, channels-last: " + ", ".join(
         f"{k} {v:.0f} GFLOP/s (warp + decode at that rate: {result['limit_s_per_frame'][k]:.2f} s/frame plain, "
         f"{result['default_path_limit_s_per_frame'][k]:.2f} in the default path)"
