@@ -182,10 +182,10 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
     from .avatar.register import Registrar
     from .config import load_config
-    from .memory import serve_frames_from_mmap
+    from .memory import reuse_freed_memory
 
     config = load_config(config_path).register
-    serve_frames_from_mmap()      # large frame buffers from mmap: no heap creep over long sources
+    reuse_freed_memory()          # registration also returns the free pages every TRIM_EVERY frames
     bars = []
 
     def progress(total: int, label: str):

@@ -30,6 +30,7 @@ from ..face.eyes import eye_features
 from ..face.kept_points import KEPT_POINTS, kept_points
 from ..face.landmarks import FaceTracker
 from ..face.mouth import mouth_openness
+from ..memory import release_free_memory
 from ..rates import rate_text
 from ..smoothing import centred_mean
 from ..timing import StageTimer
@@ -43,6 +44,7 @@ from .writer import AvatarWriter
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read
+TRIM_EVERY = 100             # frames between returns of the heap's free pages to the OS (see memory.py)
 Step = Callable[..., object]
 ProgressFactory = Callable[[int, str], Step]
 
@@ -102,6 +104,8 @@ class _FeatureSink:
             self.writer.write_f_s(self.done, rows)
         for k in INFO_KEYS:
             self.infos[k].append(info[k])
+        if self.done // TRIM_EVERY != (self.done + len(self.batch)) // TRIM_EVERY:
+            release_free_memory()
         self.done += len(self.batch)
         self.step(len(self.batch))
         self.batch = []
