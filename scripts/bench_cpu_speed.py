@@ -6,9 +6,8 @@ and spectral norms unfolded (computed every call), the two rewritten layers as t
 conv2d they replace, 3D pooling as avg_pool3d, the SPADE norms' first convs on the feature resized to
 their block (the reference's work; the default path folds the resize into them), and NCHW tensors (the
 benchmark maps the networks' channels-last requests to the default layout while it runs that arm, and
-checks that it did). What
-stays shared is code with no costly layer of its own: the keypoint sampling as one grid_sample over
-stacked grids and the SPADE modulation. Both arms run on the same CPU with the same threads in one run,
+checks that it did). What stays shared is code with no costly layer of its own: the keypoint sampling as
+one grid_sample over stacked grids and the SPADE modulation. Both arms run on the same CPU with the same threads in one run,
 alternating over three rounds (one with --quick), each keeping its best: the default arm is a fresh render
 process every round (with the CLI's malloc policy, `memory.reuse_freed_memory`), and so is the plain arm
 (with glibc's default malloc, as the reference runs; in this benchmark's own process it sped up round by
@@ -18,8 +17,8 @@ for the record. Say which CPU kind.
 
 from __future__ import annotations
 
-import time
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_common import anchor, checkpoints, run_child, save, speech
-from bench_render import _render
+from bench_render import CLI_MALLOC, _render
 
 FLOP_PER_FRAME = 1.23e12        # warp + decode at full size, batch 1 (multiply-adds counted as two)
 FOLDED_FLOP_PER_FRAME = 1.12e12  # the same in the default path: the decoder's NearestUpConv3x3 skip 0.11 TFLOP
@@ -133,7 +132,6 @@ sys.path.insert(0, {scripts!r})
 from bench_cpu_speed import _plain_seconds
 print(json.dumps({{"seconds": _plain_seconds({ckpt!r}, {frames})}}))
 """
-OUR_MALLOC = "from ditto_fast.memory import reuse_freed_memory; reuse_freed_memory()"
 
 
 def _plain_child(ckpt: Path, frames: int, policy: str = "") -> float:
@@ -155,7 +153,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
         autos.append(profile["stages"]["render"] / profile["frames"])
         plains.append(_plain_child(ckpt, frames))
     auto_s, plain_s = min(autos), min(plains)
-    plain_our_malloc = _plain_child(ckpt, frames, OUR_MALLOC)      # for the record: the plain arm on our malloc policy
+    plain_our_malloc = _plain_child(ckpt, frames, CLI_MALLOC)      # for the record: the plain arm on our malloc policy
     native_bf16 = bool(set(kind["flags"]) & set(BF16_FLAGS))
     gflops = {"fp32": conv_throughput(torch.float32), "bf16": conv_throughput(torch.bfloat16, 1 if quick else 2)}
     result = {"cpu": kind["model"], "flags": kind["flags"], "native_bf16": native_bf16,

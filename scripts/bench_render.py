@@ -13,11 +13,13 @@ register_avatar({video!r}, name="bench", force=True, checkpoints={ckpt!r}, devic
 print(json.dumps({{}}))
 """
 
+# the malloc policy `ditto-fast render` and `batch` set (a line of child code)
+CLI_MALLOC = "from ditto_fast.memory import reuse_freed_memory; reuse_freed_memory()"
+
 CHILD = """
 import json
-from ditto_fast.memory import reuse_freed_memory
+""" + CLI_MALLOC + """
 from ditto_fast.pipeline import Renderer, stage_table
-reuse_freed_memory()        # as `ditto-fast render` and `batch` do
 engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch})
 res = engine.render("bench", {audio!r}, {out!r})
 res.profile["stages"]["load_models"] = round(engine.load_seconds, 4)
