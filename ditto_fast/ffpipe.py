@@ -16,6 +16,14 @@ F_SETPIPE_SZ = 1031        # fcntl command (Linux): resize a pipe
 PIPE_BYTES = 1 << 20       # 1 MiB pipe: a 1080p RGB frame arrives in ~6 reads instead of ~95
 
 
+def widen_pipe(fd: int) -> None:
+    """Give the pipe `fd` PIPE_BYTES of buffer where Linux allows (else it keeps its 64 KiB: more, shorter I/O)."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:
+        pass
+
+
 def _describe(path: str | os.PathLike) -> list[str]:
     """ffmpeg's description of a media file (what `ffmpeg -i FILE` prints), as lines."""
     res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)],
@@ -86,10 +94,7 @@ class RawVideoPipe:
         self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
                                       start_new_session=True, bufsize=0)
-        try:
-            fcntl.fcntl(self._proc.stdout.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
-        except OSError:
-            pass   # a smaller pipe only costs more reads
+        widen_pipe(self._proc.stdout.fileno())
 
     def read_into(self, buf: np.ndarray) -> bool:
         """Fill the contiguous array `buf` with the next frame; False at a clean end of stream.

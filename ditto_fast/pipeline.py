@@ -337,6 +337,17 @@ class Renderer:
         its time and shows the source frame at that time (mirror-looped), so nothing drifts at any rate.
         """
         avatar, n = clip.avatar, clip.frames
+        # the source frame shown at each output frame; the plate reader is told them all, so ffmpeg decodes
+        # its first block beside HuBERT and the LMDM, and each next block while one is pasted into
+        src_idx = mirror_positions(source_indices(n, clip.rate, avatar.rate), avatar.n_frames)
+        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="yuv420p",
+                         order=src_idx) as plate:
+            return self._render_with(clip, digest, timer, progress, src_idx, plate)
+
+    def _render_with(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None,
+                     src_idx: np.ndarray, plate: PlateReader) -> tuple[float, np.ndarray]:
+        """_render's work once the plate is open: `src_idx` [N] is each output frame's source frame."""
+        avatar, n = clip.avatar, clip.frames
         audio = load_audio(clip.audio)
         n_motion = frame_count(len(audio))
         with timer("audio_features"):
@@ -344,8 +355,7 @@ class Renderer:
         if feats.shape[0] != n_motion or frames_for(len(audio), clip.rate) != n:
             raise InputError(f"{clip.audio}: changed while it was being rendered; render it again")
         src_rate = avatar.rate
-        # the source frame shown at each output frame, and at each motion frame (for the eye conditions)
-        src_idx = mirror_positions(source_indices(n, clip.rate, src_rate), avatar.n_frames)
+        # the source frame at each motion frame (for the eye conditions)
         motion_src = mirror_positions(source_indices(n_motion, Fraction(MOTION_FPS), src_rate), avatar.n_frames)
         # output frame of each motion frame's time, for the per-frame emotion (schedules count output frames)
         emo_rows = np.minimum(source_indices(n_motion, Fraction(MOTION_FPS), clip.rate), n - 1)
@@ -383,11 +393,9 @@ class Renderer:
         # this thread works; frames still go out in order, and the output is the same either way
         ahead = self.config.render.lookahead
         # the plate's own yuv420p goes to the encoder: only the face box is converted and blended
-        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image,
-                         pix_fmt="yuv420p") as plate, \
-                VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.audio, crf=self.setup.crf,
-                            preset=self.setup.preset, comment=digest, frames=n,
-                            fmt=self.setup.output_format(clip), pix_fmt="yuv420p") as writer:
+        with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.audio, crf=self.setup.crf,
+                         preset=self.setup.preset, comment=digest, frames=n,
+                         fmt=self.setup.output_format(clip), pix_fmt="yuv420p") as writer:
             pending = launch(batches[0]) if batches else None
             for k, idx in enumerate(batches):
                 following = batches[k + 1] if k + 1 < len(batches) else None

@@ -73,6 +73,8 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
         result["main_thread_tiny"] = {"frames": n, "ms_per_frame": main, "sum_ms": round(sum(main.values()), 2),
                                       "thread_cpu_ms_per_frame": cpu, "thread_cpu_sum_ms": round(sum(cpu.values()), 2),
                                       "ffmpeg_cpu_ms_per_frame": round(1000 * profile["ffmpeg_cpu_s"] / n, 2),
+                                      "render_ms_per_frame": round(1000 * st["render"] / n, 2),
+                                      "wall_ms_per_frame": round(1000 * profile["wall_seconds"] / n, 2),
                                       "target_ms": 12.0}
         r = result["main_thread_tiny"]
         print(f"\nmain thread outside the networks (tiny networks, 1920x1080 video avatar, {n} frames), ms/frame:")
@@ -81,6 +83,8 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
         print("  the thread's CPU:  " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
               + f" = {r['thread_cpu_sum_ms']:.1f} (write's wall less its CPU = waiting for ffmpeg)")
         print(f"  ffmpeg's own CPU (plate decode + encode): {r['ffmpeg_cpu_ms_per_frame']:.1f}")
+        print(f"  the whole render: {r['wall_ms_per_frame']:.1f} ms/frame wall, of it the tiny networks "
+              f"{r['render_ms_per_frame']:.1f}")
     if memory:
         tiny_ckpt = checkpoints(True)
         small = anchor(25, size=(640, 360))

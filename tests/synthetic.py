@@ -167,8 +167,9 @@ def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: t
     return path
 
 
-def write_plate(frames: Iterable[np.ndarray], path: str | Path, fps: float = 25) -> int:
-    """Encode RGB frames [H, W, 3] uint8 (even H, W) as a video plate with registration's encoder options.
+def write_plate(frames: Iterable[np.ndarray], path: str | Path, fps: float | str = 25) -> int:
+    """Encode RGB frames [H, W, 3] uint8 (even H, W) as a video plate with registration's encoder options
+    (`fps` as ffmpeg takes it: 25, "30000/1001").
 
     Returns the frame count; on any error ffmpeg is stopped and nothing is left at `path`.
     """

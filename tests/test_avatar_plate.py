@@ -1,12 +1,17 @@
-"""Background plate: mirror-loop order, streamed block decoding with seeks, image plates, write_plate."""
+"""Background plate: mirror-loop order, block decoding with exact seeks and decoding ahead, image plates,
+write_plate."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from fractions import Fraction
 
 import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from ditto_fast.avatar.plate import PlateReader, mirror_index, write_plate_image
+from ditto_fast.avatar.plate import PlateReader, mirror_index, seek_time, write_plate_image
 from ditto_fast.errors import AvatarError
 from ditto_fast.render.writer import VideoWriter
 from synthetic import write_plate
@@ -81,6 +86,48 @@ def test_seek_without_aligned_keyframes_at_30fps(tmp_path):
     assert got == [mirror_index(i, 40) for i in range(80)]
 
 
+def test_seek_time_is_the_frames_own_time():
+    assert seek_time(25, Fraction(25)) == "1.000000"
+    assert seek_time(50, Fraction(30000, 1001)) == "1.668333"      # 50 * 1001 / 30000 = 1.6683333...
+    assert seek_time(3, Fraction(24000, 1001)) == "0.125125"
+    assert seek_time(0, Fraction(50)) == "0.000000"
+
+
+@pytest.mark.parametrize("fps", ["30000/1001", "24000/1001", "50", "60000/1001"])
+def test_every_block_seeks_to_its_own_first_frame(tmp_path, fps):
+    """Seeks at a block's exact time land on that frame at broadcast rates whose frame times are not whole
+    microseconds; the keyframes of registration's plates (every 25) and blocks that start between them (7)."""
+    path = tmp_path / "plate.mp4"
+    assert write_plate((coded_frame(k) for k in range(75)), path, fps=fps) == 75
+    for block in (25, 7):
+        with PlateReader(path, 75, block_frames=block) as reader:
+            for start in range(block, 75, block):       # each block opened on its own, out of order
+                assert decode_index(reader.frame(start)) == start
+                assert decode_index(reader.frame(start - 1)) == start - 1
+
+
+@pytest.mark.parametrize("block_frames", [25, 7])
+def test_decoding_ahead_in_the_given_order(plate60, block_frames):
+    """Given the order, the next block of it is already decoding while one is served; the frames are the
+    same as without the order, and a frame asked for out of the order is still right."""
+    order = [mirror_index(i, 60) for i in range(150)]
+    with PlateReader(plate60, 60, block_frames=block_frames, order=order) as reader:
+        first = reader._next
+        assert first is not None and first.start == 0                # the first block starts at once
+        got = []
+        for i, k in enumerate(order):
+            got.append(decode_index(reader.frame(k)))
+            if i == 0:
+                assert reader._current is first                      # it was the block decoded ahead
+                assert reader._next is not None and reader._next.start == block_frames
+                assert reader._next._proc.wait(timeout=30) == 0      # ffmpeg finishes it unasked
+        assert decode_index(reader.frame(33)) == 33                  # out of the order
+        assert reader._next is None or reader._next.start != 33 - 33 % block_frames
+    assert got == order
+    with PlateReader(plate60, 60, block_frames=block_frames) as plain:
+        assert [decode_index(plain.frame(k)) for k in order[:70]] == order[:70]
+
+
 def test_frames_are_fresh_copies(plate60):
     with PlateReader(plate60, 60) as reader:
         a = reader[59]
@@ -94,6 +141,11 @@ def test_short_plate_is_an_avatar_error(plate60):
         reader.frame(30)
         with pytest.raises(AvatarError, match="expects 70"):
             reader.frame(65)
+    # decoded ahead, the short block fails only when its frames are asked for
+    with PlateReader(plate60, 70, block_frames=25, order=range(70)) as reader:
+        assert [decode_index(reader.frame(k)) for k in range(50)] == list(range(50))
+        with pytest.raises(AvatarError, match="expects 70"):
+            reader.frame(50)
 
 
 def test_image_plate(tmp_path):
@@ -127,3 +179,12 @@ def test_write_plate_aborts_on_error(tmp_path):
     with pytest.raises(RuntimeError):
         write_plate(frames(), tmp_path / "plate.mp4")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_file_size_limit_is_named(plate60, tmp_path):
+    """Blocks are decoded into memory files, which a file-size limit (ulimit -f) also caps: the error says so."""
+    code = ("import resource, signal; from ditto_fast.avatar.plate import PlateReader\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000)); signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"PlateReader({str(plate60)!r}, 60).frame(0)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode != 0 and "file-size limit" in r.stderr and "ulimit -f" in r.stderr, r.stderr

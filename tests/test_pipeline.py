@@ -173,16 +173,19 @@ def test_interrupt_leaves_nothing(sig, code, video_avatar, session_home, tiny_ch
 
 @pytest.mark.slow
 def test_disk_full_leaves_no_partial_file(video_avatar, session_home, tiny_checkpoints, tmp_path):
-    import resource
-
-    def limit():  # ffmpeg inherits a 200 kB file-size cap: writing the MP4 fails part way
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-    env = dict(os.environ, **store_env(session_home, tiny_checkpoints))
+    # the encoder (the ffmpeg reading frames on stdin) may write 200 kB: the output's disk fills part way
+    real = imageio_ffmpeg.get_ffmpeg_exe()
+    wrapper = tmp_path.parent / f"{tmp_path.name}-ffmpeg"
+    wrapper.write_text(f"#!{sys.executable}\nimport os, resource, signal, sys\n"
+                       "if 'pipe:0' in sys.argv:\n"
+                       "    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))\n"
+                       "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                       f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, **store_env(session_home, tiny_checkpoints), IMAGEIO_FFMPEG_EXE=str(wrapper))
     out = tmp_path / "x.mp4"
     r = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
                         str(SPEECH_2S), "-o", str(out), "--quiet"], capture_output=True, text=True, env=env,
-                       preexec_fn=limit, timeout=600)
+                       timeout=600)
     assert r.returncode == 3 and "writing" in _one_error_line(r)
     assert not out.exists() and not list(tmp_path.iterdir())

@@ -4,12 +4,13 @@ Registration writes a video avatar's plate with `plate_encoder_args` (or an imag
 `write_plate_image`); rendering and the condition builder walk the avatar's frames in the order
 `mirror_index` gives, and `PlateReader` streams the plate back in that order.
 
-Memory: a video plate is decoded in aligned blocks of `block_frames` frames (default 25, one second).
-Only the current block is held ([K, H, W, 3] uint8, ~155 MB for 1080p at K=25; half that as yuv420p). Forward runs keep
-one ffmpeg decoder streaming block after block; a reverse run re-opens the decoder with an input
-seek (-ss) at the start of each block and serves that block backwards. Plates encoded with
+Memory: a video plate is decoded in aligned blocks of `block_frames` frames (default 25, one second),
+each by one ffmpeg process seeking (-ss) to the block's first frame and writing the block into an
+anonymous memory file. At most two blocks are held: the one being served and, when the caller gave the
+order it will read in, the next block of that order, which ffmpeg decodes while the current one is
+served ([K, H, W, 3] uint8 each, ~155 MB for 1080p at K=25; half that as yuv420p). Plates encoded with
 `plate_encoder_args` have a keyframe exactly every `PLATE_KEYINT` frames, so each seek lands on a
-keyframe and costs no extra decoding.
+keyframe and decodes nothing twice.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterator
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
+from typing import IO
 
 import cv2
+import imageio_ffmpeg
 import numpy as np
 
 from ditto_fast.errors import AvatarError, InputError
-from ditto_fast.ffpipe import RawVideoPipe, TruncatedFrame, colorspace_tag, video_stream_line
+from ditto_fast.ffpipe import colorspace_tag, last_stderr_line, video_stream_line
 from ditto_fast.rates import from_stream
 from ditto_fast.yuv import COLORSPACE_TAG, matrix_for_tag, rgb_to_i420
 
@@ -92,34 +98,80 @@ def _convert_to_bt709(matrix: str) -> list[str]:
                    "space=bt709:primaries=bt709:trc=bt709:range=tv:format=yuv420p"]
 
 
-class _Decoder:
-    """One ffmpeg process decoding RGB frames forward from plate frame `start`."""
+def seek_time(start: int, fps: Fraction) -> str:
+    """ffmpeg's -ss for plate frame `start`: its exact time, to the microsecond. ffmpeg rounds that to the
+    stream's tick, so the seek lands on the frame itself: from a keyframe nothing is decoded twice (half a
+    frame earlier, the seek went back to the keyframe a block before and decoded that block for nothing)."""
+    us = round(Fraction(start) / fps * 1_000_000)
+    return f"{us // 1_000_000}.{us % 1_000_000:06d}"
 
-    def __init__(self, path: Path, size: tuple[int, int], fps: Fraction, start: int, pix_fmt: str = "rgb24",
-                 matrix: str = "bt709"):
-        args: list[str] = []
-        if start > 0:
-            # input seek, accurate by default: frames with pts < t are dropped, so half a frame
-            # before frame `start` keeps exactly `start` as the first frame out
-            args += ["-ss", f"{float((start - Fraction(1, 2)) / fps):.6f}"]
+
+def _anonymous_file():
+    """A read-write file with no name (memory-backed where Linux offers memfd); gone when closed."""
+    try:
+        return os.fdopen(os.memfd_create("ditto-fast-plate", os.MFD_CLOEXEC), "w+b")
+    except (AttributeError, OSError):
+        return tempfile.TemporaryFile()
+
+
+class _BlockDecode:
+    """One ffmpeg process decoding plate frames [start, start + count) into a file of its own, in the
+    background: started now, waited for by `wait()` when the block is needed."""
+
+    def __init__(self, path: Path, fps: Fraction, start: int, count: int, frame_bytes: int, pix_fmt: str,
+                 matrix: str, frames_file: IO[bytes]):
+        self.path, self.start, self.count, self.frame_bytes = path, start, count, frame_bytes
+        self.frames_file = frames_file          # the caller's, reused block after block (its pages stay)
+        os.lseek(frames_file.fileno(), 0, os.SEEK_SET)   # ffmpeg writes from this offset, which we share
+        args = ["-ss", seek_time(start, fps)] if start > 0 else []
         args += ["-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
                  *(_convert_to_bt709(matrix) if pix_fmt == "yuv420p" else []),
-                 "-f", "rawvideo", "-pix_fmt", pix_fmt, "pipe:1"]
-        self._pipe = RawVideoPipe(args)
-        self.next_index = start
-
-    def read_into(self, buf: np.ndarray) -> bool:
-        """Fill buf (one frame) with the next frame; False at the end of the stream."""
+                 "-frames:v", str(count), "-f", "rawvideo", "-pix_fmt", pix_fmt, "pipe:1"]
+        self._stderr = _anonymous_file()
         try:
-            if not self._pipe.read_into(buf):
-                return False
-        except TruncatedFrame:
-            raise AvatarError("plate decoding stopped mid-frame; re-register the avatar") from None
-        self.next_index += 1
-        return True
+            self._proc = subprocess.Popen([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin",
+                                           "-loglevel", "error", *args], stdin=subprocess.DEVNULL,
+                                          stdout=frames_file, stderr=self._stderr, start_new_session=True)
+        except OSError as exc:
+            self.close()
+            raise AvatarError(f"{path}: cannot start ffmpeg to read the plate ({exc}); reinstall imageio-ffmpeg") \
+                from None
+
+    def wait(self, n_plate: int) -> None:
+        """Wait until the block is decoded. AvatarError if ffmpeg failed or the plate has fewer than the
+        avatar's `n_plate` frames; InputError if a file-size limit (ulimit -f) stopped it."""
+        code = self._proc.wait()
+        size = os.lseek(self.frames_file.fileno(), 0, os.SEEK_CUR)      # what ffmpeg wrote
+        why = last_stderr_line(self._stderr)[:160]
+        if code == -signal.SIGXFSZ or "File too large" in why:
+            need = self.count * self.frame_bytes
+            raise InputError(f"{self.path}: reading the plate needs {need / 2**20:.0f} MiB of memory file a block, "
+                             f"more than this process's file-size limit allows; raise it (ulimit -f unlimited)")
+        if code != 0:
+            raise AvatarError(f"{self.path}: plate decoding failed ({why}); re-register the avatar")
+        if size % self.frame_bytes:
+            raise AvatarError(f"{self.path}: plate decoding stopped mid-frame; re-register the avatar")
+        if size < self.count * self.frame_bytes:
+            raise AvatarError(f"{self.path}: plate has {self.start + size // self.frame_bytes} frames but the "
+                              f"avatar expects {n_plate}; re-register the avatar")
+
+    def read_into(self, j: int, out: np.ndarray) -> None:
+        """Copy the block's frame j into the contiguous array `out` (after wait())."""
+        view, fd = memoryview(out).cast("B"), self.frames_file.fileno()
+        got = 0
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], j * self.frame_bytes + got)
+            if n <= 0:
+                raise AvatarError(f"{self.path}: plate block vanished while read; re-register the avatar")
+            got += n
 
     def close(self) -> None:
-        self._pipe.close()
+        """Stop ffmpeg if it still runs (the frames file stays the caller's)."""
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._stderr.close()
 
 
 class PlateReader:
@@ -129,10 +181,13 @@ class PlateReader:
     file that descriptor holds, even after the avatar was replaced or removed.
     `pix_fmt`: "rgb24" gives [H, W, 3] RGB frames; "yuv420p" gives the plate's own limited-range BT.709
     yuv420p bytes as [H * 3 / 2, W] (a plate in another matrix is re-matrixed by ffmpeg; an image is converted).
+    `order`: the plate frames the caller will ask for, in that order (a render knows them all): while one
+    block is served, ffmpeg decodes the next block of the order in the background. Frames asked for
+    out of that order are still served, their block decoded on the spot.
     """
 
     def __init__(self, path: str | os.PathLike, n_plate_frames: int, block_frames: int = PLATE_KEYINT,
-                 is_image: bool | None = None, pix_fmt: str = "rgb24"):
+                 is_image: bool | None = None, pix_fmt: str = "rgb24", order: Sequence[int] | None = None):
         if pix_fmt not in ("rgb24", "yuv420p"):
             raise ValueError(f"pix_fmt must be rgb24 or yuv420p, got {pix_fmt}")
         self.pix_fmt = pix_fmt
@@ -140,7 +195,9 @@ class PlateReader:
         if not self.path.is_file():
             raise AvatarError(f"{self.path}: background plate is missing; re-register the avatar")
         self.is_image = self.path.suffix.lower() in IMAGE_SUFFIXES if is_image is None else is_image
-        self._decoder: _Decoder | None = None
+        self._current: _BlockDecode | None = None       # the block being served
+        self._next: _BlockDecode | None = None          # the block after it in `order`, decoding
+        self._files: list[IO[bytes]] = []               # the two blocks' memory files, kept while open
         if self.is_image:
             bgr = cv2.imread(str(self.path), cv2.IMREAD_COLOR)
             if bgr is None:
@@ -157,10 +214,13 @@ class PlateReader:
         self.size, self.fps, self.matrix = probe_video(self.path)
         self.block_frames = max(1, int(block_frames))
         w, h = self.size
-        shape = (h, w, 3) if pix_fmt == "rgb24" else (h * 3 // 2, w)
-        self._block = np.empty((min(self.block_frames, self.n), *shape), np.uint8)   # [K, *frame]
-        self._block_start = -1
-        self._block_len = 0
+        self._shape = (h, w, 3) if pix_fmt == "rgb24" else (h * 3 // 2, w)
+        # the order's blocks (their first frames), each run of one block once; _at: the current one's place
+        blocks = np.asarray(order if order is not None else [], np.int64) // self.block_frames * self.block_frames
+        self._plan = blocks[np.r_[True, blocks[1:] != blocks[:-1]]] if len(blocks) else blocks
+        self._at = 0
+        if len(self._plan):                             # the first block decodes while the caller prepares
+            self._next = self._decode(int(self._plan[0]))
 
     def __enter__(self) -> PlateReader:
         return self
@@ -169,13 +229,17 @@ class PlateReader:
         self.close()
 
     def close(self) -> None:
-        """Stop the decoder."""
-        if self._decoder is not None:
-            self._decoder.close()
-            self._decoder = None
+        """Stop the decoders and free the decoded blocks."""
+        for job in (self._current, self._next):
+            if job is not None:
+                job.close()
+        self._current = self._next = None
+        for f in self._files:
+            f.close()
+        self._files = []
 
     def __del__(self) -> None:
-        if getattr(self, "_decoder", None) is not None:
+        if getattr(self, "_files", None):
             self.close()
 
     def __getitem__(self, i: int) -> np.ndarray:
@@ -193,20 +257,48 @@ class PlateReader:
             return self._image.copy()
         if not 0 <= k < self.n:
             raise IndexError(f"plate frame {k} out of range 0..{self.n - 1}")
-        if not self._block_start <= k < self._block_start + self._block_len:
-            self._load_block(k - k % self.block_frames)
-        return self._block[k - self._block_start].copy()
+        start = k - k % self.block_frames
+        if self._current is None or self._current.start != start:
+            self._serve_block(start)
+        out = np.empty(self._shape, np.uint8)
+        self._current.read_into(k - start, out)
+        return out
 
-    def _load_block(self, start: int) -> None:
-        """Decode frames [start, start + K) into the block buffer, seeking only when not already there."""
-        if self._decoder is None or self._decoder.next_index != start:
-            self.close()
-            self._decoder = _Decoder(self.path, self.size, self.fps, start, self.pix_fmt, self.matrix)
-        count = min(self.block_frames, self.n - start)
-        self._block_start, self._block_len = start, 0
-        for j in range(count):
-            if not self._decoder.read_into(self._block[j]):
-                self.close()
-                raise AvatarError(f"{self.path}: plate has {start + j} frames but the avatar expects {self.n}; "
-                                  f"re-register the avatar")
-            self._block_len = j + 1
+    def _decode(self, start: int) -> _BlockDecode:
+        """Start decoding the block that begins at plate frame `start`, into a memory file no live block uses."""
+        if not self._files:
+            self._files = [_anonymous_file(), _anonymous_file()]
+        busy = [job.frames_file for job in (self._current, self._next) if job is not None]
+        free = next(f for f in self._files if all(f is not b for b in busy))
+        return _BlockDecode(self.path, self.fps, start, min(self.block_frames, self.n - start),
+                            int(np.prod(self._shape)), self.pix_fmt, self.matrix, free)
+
+    def _serve_block(self, start: int) -> None:
+        """Make the block at `start` the current one (the one decoded ahead, if it is that block), then start
+        decoding the block that follows it in the order."""
+        ahead, self._next = self._next, None
+        if ahead is not None and ahead.start != start:      # asked for out of order: that block is not wanted
+            ahead.close()
+            ahead = None
+        if self._current is not None:
+            self._current.close()
+            self._current = None
+        job = ahead or self._decode(start)
+        try:
+            job.wait(self.n)
+        except BaseException:
+            job.close()
+            raise
+        self._current = job
+        following = self._following(start)
+        if following is not None:
+            self._next = self._decode(following)
+
+    def _following(self, start: int) -> int | None:
+        """The block after `start` in the order (None at its end, or when `start` is not in it from here on)."""
+        plan = self._plan
+        for i in range(self._at, len(plan)):
+            if plan[i] == start:
+                self._at = i
+                return int(plan[i + 1]) if i + 1 < len(plan) else None
+        return None

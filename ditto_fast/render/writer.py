@@ -14,7 +14,7 @@ import imageio_ffmpeg
 import numpy as np
 
 from ditto_fast.errors import DittoError, InputError
-from ditto_fast.ffpipe import last_stderr_line
+from ditto_fast.ffpipe import last_stderr_line, widen_pipe
 from ditto_fast.filemode import give_usual_mode
 from ditto_fast.partfiles import create_locked, remove_stale
 from ditto_fast.rates import rate_text
@@ -48,8 +48,10 @@ def remove_stale_parts(folder: str | os.PathLike) -> list[Path]:
 def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us. `pass_fds`
     stay open in ffmpeg (the temporary file's lock: held while ffmpeg still writes, even if we were killed)."""
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
                             start_new_session=True, pass_fds=pass_fds)
+    widen_pipe(proc.stdin.fileno())
+    return proc
 
 
 class VideoWriter:
