@@ -16,9 +16,28 @@ print(json.dumps({{}}))
 # the malloc policy `ditto-fast render` and `batch` set (a line of child code)
 CLI_MALLOC = "from ditto_fast.memory import reuse_freed_memory; reuse_freed_memory()"
 
+# the loop's ffmpeg I/O split in two: time in the plate reader's frame() and in the encoder's write()
+SPLIT_WRITE = """
+import time
+from ditto_fast.avatar.plate import PlateReader
+from ditto_fast.render.writer import VideoWriter
+io_s = dict(plate_read=0.0, encoder_write=0.0)
+def _timed(cls, name, key):
+    inner = getattr(cls, name)
+    def timed(*a):
+        t = time.perf_counter()
+        try:
+            return inner(*a)
+        finally:
+            io_s[key] += time.perf_counter() - t
+    setattr(cls, name, timed)
+_timed(PlateReader, "frame", "plate_read")
+_timed(VideoWriter, "write", "encoder_write")
+"""
+
 CHILD = """
 import json
-""" + CLI_MALLOC + """
+""" + CLI_MALLOC + SPLIT_WRITE + """
 from ditto_fast.pipeline import Renderer, stage_table
 engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch})
 res = engine.render("bench", {audio!r}, {out!r})
@@ -26,6 +45,7 @@ res.profile["stages"]["load_models"] = round(engine.load_seconds, 4)
 import resource
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)     # the ffmpeg processes: audio decode, plate decode, encode
 res.profile["ffmpeg_cpu_s"] = ru.ru_utime + ru.ru_stime
+res.profile["io_s"] = io_s
 print(stage_table(res.profile), flush=True)
 print(json.dumps(res.profile))
 """
@@ -74,6 +94,8 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
                                       "thread_cpu_ms_per_frame": cpu, "thread_cpu_sum_ms": round(sum(cpu.values()), 2),
                                       "ffmpeg_cpu_ms_per_frame": round(1000 * profile["ffmpeg_cpu_s"] / n, 2),
                                       "render_ms_per_frame": round(1000 * st["render"] / n, 2),
+                                      "write_split_ms_per_frame": {k: round(1000 * v / n, 2)
+                                                                   for k, v in profile["io_s"].items()},
                                       "wall_ms_per_frame": round(1000 * profile["wall_seconds"] / n, 2),
                                       "target_ms": 12.0}
         r = result["main_thread_tiny"]
@@ -82,6 +104,7 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
               + f" = {r['sum_ms']:.1f} (target <= 12)")
         print("  the thread's CPU:  " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
               + f" = {r['thread_cpu_sum_ms']:.1f} (write's wall less its CPU = waiting for ffmpeg)")
+        print("  write, split:      " + ", ".join(f"{k} {v:.1f}" for k, v in r["write_split_ms_per_frame"].items()))
         print(f"  ffmpeg's own CPU (plate decode + encode): {r['ffmpeg_cpu_ms_per_frame']:.1f}")
         print(f"  the whole render: {r['wall_ms_per_frame']:.1f} ms/frame wall, of it the tiny networks "
               f"{r['render_ms_per_frame']:.1f}")

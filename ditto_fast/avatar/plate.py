@@ -123,7 +123,10 @@ class _BlockDecode:
         self.path, self.start, self.count, self.frame_bytes = path, start, count, frame_bytes
         self.frames_file = frames_file          # the caller's, reused block after block (its pages stay)
         os.lseek(frames_file.fileno(), 0, os.SEEK_SET)   # ffmpeg writes from this offset, which we share
-        args = ["-ss", seek_time(start, fps)] if start > 0 else []
+        # one decoding thread: the block has a block's worth of frames' time to be ready, and more threads
+        # would only take cores from the networks and the encoder for it
+        args = ["-threads", "1", "-filter_threads", "1"]
+        args += ["-ss", seek_time(start, fps)] if start > 0 else []
         args += ["-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
                  *(_convert_to_bt709(matrix) if pix_fmt == "yuv420p" else []),
                  "-frames:v", str(count), "-f", "rawvideo", "-pix_fmt", pix_fmt, "pipe:1"]
