@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 import bench_common  # noqa: F401  (puts tests/ on sys.path: write_plate is shared with the tests)
-from ditto_fast.avatar.plate import PlateReader
+from ditto_fast.avatar.plate import PlateReader, mirror_index
 from ditto_fast.render import putback as pb_mod
 from ditto_fast.render.putback import YuvPutback, feathered_mask
 from ditto_fast.render.writer import VideoWriter
@@ -121,7 +121,8 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
         t0 = time.perf_counter()
         write_plate((pool[k % len(pool)] for k in range(n_plate)), plate)
         result["plate_write_ms_per_frame"] = round((time.perf_counter() - t0) * 1000 / n_plate, 2)
-        with PlateReader(plate, n_plate) as reader:
+        order = [mirror_index(i, n_plate) for i in range(2 * n_plate)]      # told the order, as a render does
+        with PlateReader(plate, n_plate, order=order) as reader:
             t0 = time.perf_counter()
             for i in range(n_plate):
                 reader[i]
@@ -132,7 +133,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
             t_bwd = time.perf_counter() - t0
         result["plate_read_forward_ms_per_frame"] = round(t_fwd * 1000 / n_plate, 2)
         result["plate_read_backward_ms_per_frame"] = round(t_bwd * 1000 / n_plate, 2)
-        with PlateReader(plate, n_plate, pix_fmt="yuv420p") as reader:
+        with PlateReader(plate, n_plate, pix_fmt="yuv420p", order=order) as reader:
             t0 = time.perf_counter()
             for i in range(n_plate):
                 reader[i]

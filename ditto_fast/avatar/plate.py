@@ -123,9 +123,10 @@ class _BlockDecode:
         self.path, self.start, self.count, self.frame_bytes = path, start, count, frame_bytes
         self.frames_file = frames_file          # the caller's, reused block after block (its pages stay)
         os.lseek(frames_file.fileno(), 0, os.SEEK_SET)   # ffmpeg writes from this offset, which we share
-        # one decoding thread: the block has a block's worth of frames' time to be ready, and more threads
-        # would only take cores from the networks and the encoder for it
-        args = ["-threads", "1", "-filter_threads", "1"]
+        # a decoding thread per 1080p of picture: the block has a block's worth of frames' time to be ready,
+        # and more threads would only take cores from the networks and the encoder
+        threads = str(max(1, round(frame_bytes / (1920 * 1080 * (3 if pix_fmt == "rgb24" else 1.5)))))
+        args = ["-threads", threads, "-filter_threads", threads]
         args += ["-ss", seek_time(start, fps)] if start > 0 else []
         args += ["-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
                  *(_convert_to_bt709(matrix) if pix_fmt == "yuv420p" else []),
