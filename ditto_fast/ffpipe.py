@@ -84,17 +84,19 @@ class TruncatedFrame(EOFError):
 
 
 class RawVideoPipe:
-    """One ffmpeg process (own session, stderr to a file) writing raw frames to its stdout.
+    """One ffmpeg process (own session, stderr to a file) writing raw frames to its stdout: a pipe read with
+    `read_into`, or `into`, a file of the caller's (ffmpeg writes from its current offset, in the background).
 
     `args` are ffmpeg's arguments after the global options; one output must be `pipe:1`.
     """
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], into: IO[bytes] | None = None) -> None:
         cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", *args]
         self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      start_new_session=True, bufsize=0)
-        widen_pipe(self._proc.stdout.fileno())
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if into is None else into,
+                                      stderr=self._stderr, start_new_session=True, bufsize=0)
+        if into is None:
+            widen_pipe(self._proc.stdout.fileno())
 
     def read_into(self, buf: np.ndarray) -> bool:
         """Fill the contiguous array `buf` with the next frame; False at a clean end of stream.
@@ -135,6 +137,7 @@ class RawVideoPipe:
         """Stop ffmpeg if it is still running and release the pipe and the stderr file."""
         if self._proc.poll() is None:
             self._proc.kill()
-        self._proc.stdout.close()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
         self._proc.wait()
         self._stderr.close()

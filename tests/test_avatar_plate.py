@@ -120,7 +120,7 @@ def test_decoding_ahead_in_the_given_order(plate60, block_frames):
             if i == 0:
                 assert reader._current is first                      # it was the block decoded ahead
                 assert reader._next is not None and reader._next.start == block_frames
-                assert reader._next._proc.wait(timeout=30) == 0      # ffmpeg finishes it unasked
+                assert reader._next._pipe._proc.wait(timeout=30) == 0   # ffmpeg finishes it unasked
         assert decode_index(reader.frame(33)) == 33                  # out of the order
         assert reader._next is None or reader._next.start != 33 - 33 % block_frames
     assert got == order

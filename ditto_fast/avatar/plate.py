@@ -19,7 +19,6 @@ import itertools
 import os
 import re
 import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
@@ -27,11 +26,10 @@ from pathlib import Path
 from typing import IO
 
 import cv2
-import imageio_ffmpeg
 import numpy as np
 
 from ditto_fast.errors import AvatarError, InputError
-from ditto_fast.ffpipe import colorspace_tag, last_stderr_line, video_stream_line
+from ditto_fast.ffpipe import RawVideoPipe, colorspace_tag, video_stream_line
 from ditto_fast.rates import from_stream
 from ditto_fast.yuv import COLORSPACE_TAG, matrix_for_tag, rgb_to_i420
 
@@ -115,38 +113,26 @@ def _anonymous_file():
 
 
 class _BlockDecode:
-    """One ffmpeg process decoding plate frames [start, start + count) into a file of its own, in the
-    background: started now, waited for by `wait()` when the block is needed."""
+    """One ffmpeg process decoding a block of `count` plate frames from `start` into `frames_file` (the
+    caller's, reused block after block), in the background: started now, waited for by `wait()`.
+    `args`: ffmpeg's input and output arguments for the block, output `pipe:1`."""
 
-    def __init__(self, path: Path, fps: Fraction, start: int, count: int, frame_bytes: int, pix_fmt: str,
-                 matrix: str, frames_file: IO[bytes]):
+    def __init__(self, path: Path, start: int, count: int, frame_bytes: int, args: list[str],
+                 frames_file: IO[bytes]):
         self.path, self.start, self.count, self.frame_bytes = path, start, count, frame_bytes
-        self.frames_file = frames_file          # the caller's, reused block after block (its pages stay)
+        self.frames_file = frames_file
         os.lseek(frames_file.fileno(), 0, os.SEEK_SET)   # ffmpeg writes from this offset, which we share
-        # a decoding thread per 1080p of picture: the block has a block's worth of frames' time to be ready,
-        # and more threads would only take cores from the networks and the encoder
-        threads = str(max(1, round(frame_bytes / (1920 * 1080 * (3 if pix_fmt == "rgb24" else 1.5)))))
-        args = ["-threads", threads, "-filter_threads", threads]
-        args += ["-ss", seek_time(start, fps)] if start > 0 else []
-        args += ["-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
-                 *(_convert_to_bt709(matrix) if pix_fmt == "yuv420p" else []),
-                 "-frames:v", str(count), "-f", "rawvideo", "-pix_fmt", pix_fmt, "pipe:1"]
-        self._stderr = _anonymous_file()
         try:
-            self._proc = subprocess.Popen([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin",
-                                           "-loglevel", "error", *args], stdin=subprocess.DEVNULL,
-                                          stdout=frames_file, stderr=self._stderr, start_new_session=True)
+            self._pipe = RawVideoPipe(args, into=frames_file)
         except OSError as exc:
-            self.close()
             raise AvatarError(f"{path}: cannot start ffmpeg to read the plate ({exc}); reinstall imageio-ffmpeg") \
                 from None
 
     def wait(self, n_plate: int) -> None:
         """Wait until the block is decoded. AvatarError if ffmpeg failed or the plate has fewer than the
         avatar's `n_plate` frames; InputError if a file-size limit (ulimit -f) stopped it."""
-        code = self._proc.wait()
+        code, why = self._pipe.wait()
         size = os.lseek(self.frames_file.fileno(), 0, os.SEEK_CUR)      # what ffmpeg wrote
-        why = last_stderr_line(self._stderr)[:160]
         if code == -signal.SIGXFSZ or "File too large" in why:
             need = self.count * self.frame_bytes
             raise InputError(f"{self.path}: reading the plate needs {need / 2**20:.0f} MiB of memory file a block, "
@@ -171,11 +157,7 @@ class _BlockDecode:
 
     def close(self) -> None:
         """Stop ffmpeg if it still runs (the frames file stays the caller's)."""
-        proc = getattr(self, "_proc", None)
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        self._stderr.close()
+        self._pipe.close()
 
 
 class PlateReader:
@@ -219,6 +201,9 @@ class PlateReader:
         self.block_frames = max(1, int(block_frames))
         w, h = self.size
         self._shape = (h, w, 3) if pix_fmt == "rgb24" else (h * 3 // 2, w)
+        # a decoding thread per 1080p of picture: a block has a block's worth of frames' time to be ready,
+        # and more threads would only take cores from the networks and the encoder
+        self._threads = str(max(1, round(w * h / (1920 * 1080))))
         # the order's blocks (their first frames), each run of one block once; _at: the current one's place
         blocks = np.asarray(order if order is not None else [], np.int64) // self.block_frames * self.block_frames
         self._plan = blocks[np.r_[True, blocks[1:] != blocks[:-1]]] if len(blocks) else blocks
@@ -274,8 +259,13 @@ class PlateReader:
             self._files = [_anonymous_file(), _anonymous_file()]
         busy = [job.frames_file for job in (self._current, self._next) if job is not None]
         free = next(f for f in self._files if all(f is not b for b in busy))
-        return _BlockDecode(self.path, self.fps, start, min(self.block_frames, self.n - start),
-                            int(np.prod(self._shape)), self.pix_fmt, self.matrix, free)
+        count = min(self.block_frames, self.n - start)
+        args = ["-threads", self._threads, "-filter_threads", self._threads]
+        args += ["-ss", seek_time(start, self.fps)] if start > 0 else []
+        args += ["-i", str(self.path), "-map", "0:v:0", "-fps_mode", "passthrough",
+                 *(_convert_to_bt709(self.matrix) if self.pix_fmt == "yuv420p" else []),
+                 "-frames:v", str(count), "-f", "rawvideo", "-pix_fmt", self.pix_fmt, "pipe:1"]
+        return _BlockDecode(self.path, start, count, int(np.prod(self._shape)), args, free)
 
     def _serve_block(self, start: int) -> None:
         """Make the block at `start` the current one (the one decoded ahead, if it is that block), then start
