@@ -39,6 +39,8 @@ CHILD = """
 import json
 """ + CLI_MALLOC + SPLIT_WRITE + """
 from ditto_fast.pipeline import Renderer, stage_table
+import torch
+threads_used = torch.get_num_threads()
 engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch})
 res = engine.render("bench", {audio!r}, {out!r})
 res.profile["stages"]["load_models"] = round(engine.load_seconds, 4)
@@ -46,24 +48,57 @@ import resource
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)     # the ffmpeg processes: audio decode, plate decode, encode
 res.profile["ffmpeg_cpu_s"] = ru.ru_utime + ru.ru_stime
 res.profile["io_s"] = io_s
+res.profile["torch_threads"] = threads_used
 print(stage_table(res.profile), flush=True)
 print(json.dumps(res.profile))
 """
 
 
-def _render(video, ckpt, audio, device, precision, batch=1) -> tuple[dict, float]:
-    """Register in one child, render in another; returns the render's profile and its peak RSS (MiB)."""
+def _render(video, ckpt, audio, device, precision, batch=1, threads=0) -> tuple[dict, float]:
+    """Register in one child, render in another; returns the render's profile and its peak RSS (MiB).
+    `threads`: torch's intra-op threads in the render (0 = torch's choice), given as OMP_NUM_THREADS before
+    torch starts: torch.set_num_threads(1) once OpenMP is running left its second thread spinning through
+    57 ms of CPU a frame on the 2-core EPYC (tiny networks)."""
     with tempfile.TemporaryDirectory() as home:
         run_child(REGISTER.format(video=str(video), ckpt=str(ckpt), device=device), {"DITTO_FAST_HOME": home})
         return run_child(CHILD.format(video=str(video), ckpt=str(ckpt), audio=str(audio), device=device,
                                       precision=precision, batch=batch, out=f"{home}/out.mp4"),
-                         {"DITTO_FAST_HOME": home})
+                         {"DITTO_FAST_HOME": home, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
+
+
+def _main_thread(threads: int) -> dict:
+    """The loop's own work around the networks: tiny networks, a 1080p video avatar, 100 frames, with
+    `threads` intra-op threads for torch (0 = torch's choice); prints and returns the figures."""
+    profile, _ = _render(anchor(50), checkpoints(True), speech(4.0), "cpu", "fp32", threads=threads)
+    n, st = profile["frames"], profile["stages"]
+    main = {k: round(1000 * st[k] / n, 2) for k in ("stitch", "putback", "write")}
+    cpu = {k: round(1000 * profile["stages_cpu"][k] / n, 2) for k in main}
+    r = {"torch_threads": profile["torch_threads"], "frames": n, "ms_per_frame": main,
+         "sum_ms": round(sum(main.values()), 2), "thread_cpu_ms_per_frame": cpu,
+         "thread_cpu_sum_ms": round(sum(cpu.values()), 2),
+         "ffmpeg_cpu_ms_per_frame": round(1000 * profile["ffmpeg_cpu_s"] / n, 2),
+         "render_ms_per_frame": round(1000 * st["render"] / n, 2),
+         "write_split_ms_per_frame": {k: round(1000 * v / n, 2) for k, v in profile["io_s"].items()},
+         "wall_ms_per_frame": round(1000 * profile["wall_seconds"] / n, 2), "target_ms": 12.0}
+    print(f"\nmain thread outside the networks (tiny networks, torch on {r['torch_threads']} thread(s), "
+          f"1920x1080 video avatar, {n} frames), ms/frame:")
+    print("  wall:              " + ", ".join(f"{k} {v:.1f}" for k, v in main.items())
+          + f" = {r['sum_ms']:.1f} (target <= 12)")
+    print("  the thread's CPU:  " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+          + f" = {r['thread_cpu_sum_ms']:.1f} (write's wall less its CPU = waiting for ffmpeg)")
+    print("  write, split:      " + ", ".join(f"{k} {v:.1f}" for k, v in r["write_split_ms_per_frame"].items()))
+    print(f"  ffmpeg's own CPU (plate decode + encode): {r['ffmpeg_cpu_ms_per_frame']:.1f}")
+    print(f"  the whole render: {r['wall_ms_per_frame']:.1f} ms/frame wall, of it the tiny networks "
+          f"{r['render_ms_per_frame']:.1f}")
+    return r
 
 
 def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: bool = True,
         tiny: bool = False) -> dict:
     """Full-size (or tiny when quick) render at 1080p with stage table; the loop's work around the networks with
-    tiny networks; tiny-network RSS for 10 s vs 120 s. `tiny`: only the tiny-network parts."""
+    tiny networks, torch on its own choice of threads and on one (the tiny networks' fastest here, and the
+    other cores left to ffmpeg as on a GPU machine); tiny-network RSS for 10 s vs 120 s. `tiny`: only the
+    tiny-network parts."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,29 +120,8 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
             print(f"  {k:<16}{v:9.1f} ms/frame")
         print("  (write = ffmpeg I/O: frames to the encoder and background frames from the plate decoder)")
         print(f"  per-frame work other than warp+decode: {result[precision]['non_render_loop_ms']:.1f} ms/frame")
-    if speed:       # the loop's own work around the networks: tiny networks, a 1080p video avatar, 100 frames
-        profile, _ = _render(anchor(50), checkpoints(True), speech(4.0), "cpu", "fp32")
-        n, st = profile["frames"], profile["stages"]
-        main = {k: round(1000 * st[k] / n, 2) for k in ("stitch", "putback", "write")}
-        cpu = {k: round(1000 * profile["stages_cpu"][k] / n, 2) for k in main}
-        result["main_thread_tiny"] = {"frames": n, "ms_per_frame": main, "sum_ms": round(sum(main.values()), 2),
-                                      "thread_cpu_ms_per_frame": cpu, "thread_cpu_sum_ms": round(sum(cpu.values()), 2),
-                                      "ffmpeg_cpu_ms_per_frame": round(1000 * profile["ffmpeg_cpu_s"] / n, 2),
-                                      "render_ms_per_frame": round(1000 * st["render"] / n, 2),
-                                      "write_split_ms_per_frame": {k: round(1000 * v / n, 2)
-                                                                   for k, v in profile["io_s"].items()},
-                                      "wall_ms_per_frame": round(1000 * profile["wall_seconds"] / n, 2),
-                                      "target_ms": 12.0}
-        r = result["main_thread_tiny"]
-        print(f"\nmain thread outside the networks (tiny networks, 1920x1080 video avatar, {n} frames), ms/frame:")
-        print("  wall:              " + ", ".join(f"{k} {v:.1f}" for k, v in main.items())
-              + f" = {r['sum_ms']:.1f} (target <= 12)")
-        print("  the thread's CPU:  " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
-              + f" = {r['thread_cpu_sum_ms']:.1f} (write's wall less its CPU = waiting for ffmpeg)")
-        print("  write, split:      " + ", ".join(f"{k} {v:.1f}" for k, v in r["write_split_ms_per_frame"].items()))
-        print(f"  ffmpeg's own CPU (plate decode + encode): {r['ffmpeg_cpu_ms_per_frame']:.1f}")
-        print(f"  the whole render: {r['wall_ms_per_frame']:.1f} ms/frame wall, of it the tiny networks "
-              f"{r['render_ms_per_frame']:.1f}")
+    if speed:
+        result["main_thread_tiny"] = {f"threads_{r['torch_threads']}": r for r in (_main_thread(0), _main_thread(1))}
     if memory:
         tiny_ckpt = checkpoints(True)
         small = anchor(25, size=(640, 360))

@@ -18,6 +18,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import platform
 import sys
 import time
@@ -55,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for JSON results")
     ap.add_argument("--tiny", action="store_true",
                     help="tiny networks where a suite allows it (register: non-network stages at full length)")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads, here and in the benchmark's child processes "
+                         "(default: torch's choice)")
     args = ap.parse_args(argv)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    if args.threads:    # before torch starts, so its OpenMP (and every benchmark child) runs that many threads
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     results = {"machine": machine(), "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
