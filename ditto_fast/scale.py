@@ -10,6 +10,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from .batch import Job, check_jobs, write_report
 from .errors import DittoError, InputError, Terminated, UsageError
 from .pipeline import Progress, RenderSetup
@@ -25,10 +27,18 @@ def _ray():
     return ray
 
 
-class BatchWorker:
-    """The body of a Ray actor: checks it sees the shared paths, loads one engine, renders the jobs it gets."""
+def cpu_threads(share: int) -> int:
+    """Torch threads for one of `share` CPU actors on a node: an equal part of the cores this process may use."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, share))
 
-    def __init__(self, setup_args: dict[str, Any], store: str, probes: dict[str, str]):
+
+class BatchWorker:
+    """The body of a Ray actor: checks it sees the shared paths, loads one engine, renders the jobs it gets.
+
+    `share`: on a CPU node, how many actors share its cores (torch gets an equal part of them; Ray starts
+    every actor with OMP_NUM_THREADS=1, which left a CPU render on one core); None on a GPU node."""
+
+    def __init__(self, setup_args: dict[str, Any], store: str, probes: dict[str, str], share: int | None = None):
         os.environ["DITTO_FAST_HOME"] = store
         for path, token in probes.items():
             try:
@@ -41,6 +51,8 @@ class BatchWorker:
         from .memory import reuse_freed_memory
         from .pipeline import Renderer
 
+        if share is not None:            # before the CPU precision probe, which times the networks
+            torch.set_num_threads(cpu_threads(share))
         reuse_freed_memory()
         self.setup = RenderSetup.resolve(**setup_args)
         self.renderer = Renderer(setup=self.setup)
@@ -67,6 +79,7 @@ class BatchWorker:
             job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1", 1)
         job.seconds = time.perf_counter() - t0
         job.extra["node"] = _node()
+        job.extra["torch_threads"] = torch.get_num_threads()
         return job
 
 
@@ -120,8 +133,11 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     count = min(len(todo), workers or (gpus or nodes), *([gpus] if gpus else []))
     store = store_root() / "avatars"
     probes = _probes(todo, store) if todo else {}
-    remote = ray.remote(num_gpus=1)(BatchWorker) if gpus else ray.remote(num_cpus=1)(BatchWorker)
-    actors = [remote.remote(setup_args, str(store_root()), probes) for _ in range(max(0, count))]
+    if gpus:
+        remote, share = ray.remote(num_gpus=1)(BatchWorker), None
+    else:   # spread over the nodes, each actor's torch on its part of the node's cores
+        remote, share = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker), -(-count // max(1, nodes))
+    actors = [remote.remote(setup_args, str(store_root()), probes, share) for _ in range(max(0, count))]
     retried: set[int] = set()
     running: dict[Any, tuple[Job, Any]] = {}
     queue = list(todo)

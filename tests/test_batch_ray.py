@@ -4,6 +4,7 @@ actor's job retried on the other, and a clear exit 2 when Ray is missing."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -55,16 +56,19 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     assert [j.status for j in jobs] == ["done"] * 3 and killed == [0]
     rows = json.loads((tmp_path / "r.json").read_text())
     assert rows["summary"] == {"done": 3, "skipped": 0, "failed": 0}
-    for j in jobs:                          # the same clips as the engine's (actors run torch on fewer threads,
-        ref = engine.render("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.seed)   # so up to rounding)
+    # two actors on this node: torch in each on half its cores (Ray itself would have given them one)
+    assert {r["torch_threads"] for r in rows["jobs"]} == {max(1, len(os.sched_getaffinity(0)) // 2)}
+    for j in jobs:                          # the same clips as the engine's (actors may run torch on fewer
+        ref = engine.render("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.seed)   # threads: rounding)
         assert container_comment(j.output) == ref.profile["digest"]
         got, want = _frames(j.output), _frames(ref.output)
         assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 1.0
     assert not list(tmp_path.glob(".ditto-fast-probe-*")) and not list(tmp_path.glob(".*.part*"))
-    # a rerun skips everything
+    # a rerun skips everything; one actor alone on the node has all its cores
     again = _jobs(clips, tmp_path)
-    run_batch_ray(again, setup_args, workers=2)
+    run_batch_ray(again, setup_args, workers=1)
     assert [j.status for j in again] == ["skipped"] * 3
+    assert {j.extra["torch_threads"] for j in again} == {len(os.sched_getaffinity(0))}
 
 
 def test_ray_cli_and_a_missing_ray(local_ray, video_avatar, clips, tmp_path, tiny_checkpoints, capsys,
