@@ -135,7 +135,9 @@ class YuvPutback:
         flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
         y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
         uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, h // 2), **flags)
-        mask_of_luma = np.linalg.inv(roi)                   # region luma pixel -> mask coordinates
+        # region luma pixel -> mask coordinates (OpenCV's closed form: numpy's LAPACK inverse woke an
+        # OpenBLAS thread that then spun beside every frame's render, 15 ms of CPU a frame)
+        mask_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
         mask_of_chroma = mask_of_luma @ _CHROMA_TO_LUMA     # region chroma sample -> mask coordinates
         if self.use_kernel:
             lo, hi = self._inner
@@ -146,7 +148,7 @@ class YuvPutback:
                                           chroma, y0 // 2, x0 // 2)
             return frame
         m_y = cv2.warpAffine(self.mask, roi[:2], (w, h), **flags)
-        m_c = cv2.warpAffine(self.mask, np.linalg.inv(mask_of_chroma)[:2], (w // 2, h // 2), **flags)
+        m_c = cv2.warpAffine(self.mask, cv2.invertAffineTransform(mask_of_chroma[:2]), (w // 2, h // 2), **flags)
         _blend_planes_numpy(y_roi, m_y, luma, y0, x0)
         _blend_planes_numpy(uv_roi, m_c, chroma, y0 // 2, x0 // 2)
         return frame
