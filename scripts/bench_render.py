@@ -56,9 +56,7 @@ print(json.dumps(res.profile))
 
 def _render(video, ckpt, audio, device, precision, batch=1, threads=0) -> tuple[dict, float]:
     """Register in one child, render in another; returns the render's profile and its peak RSS (MiB).
-    `threads`: torch's intra-op threads in the render (0 = torch's choice), given as OMP_NUM_THREADS before
-    torch starts: torch.set_num_threads(1) once OpenMP is running left its second thread spinning through
-    57 ms of CPU a frame on the 2-core EPYC (tiny networks)."""
+    `threads`: torch's intra-op threads in the render (0 = torch's choice), given to it as OMP_NUM_THREADS."""
     with tempfile.TemporaryDirectory() as home:
         run_child(REGISTER.format(video=str(video), ckpt=str(ckpt), device=device), {"DITTO_FAST_HOME": home})
         return run_child(CHILD.format(video=str(video), ckpt=str(ckpt), audio=str(audio), device=device,

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch intra-op threads, here and in the benchmark's child processes "
                          "(default: torch's choice)")
     args = ap.parse_args(argv)
-    if args.threads:    # before torch starts, so its OpenMP (and every benchmark child) runs that many threads
+    if args.threads:    # before torch starts here; the benchmark's child processes inherit it
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
