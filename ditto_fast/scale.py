@@ -4,6 +4,7 @@ as they free up, results streamed back to the driver, which alone writes the rep
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import uuid
@@ -27,7 +28,7 @@ def _ray():
     return ray
 
 
-def cpu_threads(share: int) -> int:
+def _cpu_threads(share: int) -> int:
     """Torch threads for one of `share` CPU actors on a node: an equal part of the cores this process may use."""
     return max(1, len(os.sched_getaffinity(0)) // max(1, share))
 
@@ -52,7 +53,7 @@ class BatchWorker:
         from .pipeline import Renderer
 
         if share is not None:            # before the CPU precision probe, which times the networks
-            torch.set_num_threads(cpu_threads(share))
+            torch.set_num_threads(_cpu_threads(share))
         reuse_freed_memory()
         self.setup = RenderSetup.resolve(**setup_args)
         self.renderer = Renderer(setup=self.setup)
@@ -136,7 +137,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     if gpus:
         remote, share = ray.remote(num_gpus=1)(BatchWorker), None
     else:   # spread over the nodes, each actor's torch on its part of the node's cores
-        remote, share = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker), -(-count // max(1, nodes))
+        remote, share = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker), math.ceil(count / max(1, nodes))
     actors = [remote.remote(setup_args, str(store_root()), probes, share) for _ in range(max(0, count))]
     retried: set[int] = set()
     running: dict[Any, tuple[Job, Any]] = {}
