@@ -20,6 +20,22 @@ FPS_HELP = ("Output frame rate: 24, 25, 30, 50, 60 or the NTSC rates 23.976, 29.
             "30000/1001, 60000/1001) [default: the avatar's own rate; 25 for image avatars].")
 CODEC = click.Choice(["h264", "hevc", "prores"], case_sensitive=False)
 CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with PCM audio; .mov only)."
+
+
+class BatchSize(click.ParamType):
+    """--batch-size: a whole number of frames in 1..64, or auto (the batch a probe measured on this device)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto":
+            return value
+        try:
+            return click.IntRange(1, 64).convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not a whole number in 1..64 or auto", param, ctx)
+
+
 CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
                       help="YAML overriding some settings (`ditto-fast config` prints them all).")
 
@@ -119,8 +135,9 @@ def engine_options(command):
         click.option("--device", type=DEVICE, default="auto", show_default=True),
         click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto",
                      show_default=True),
-        click.option("--batch-size", type=click.IntRange(1, 64), default=None,
-                     help="Frames per warp+decode micro-batch." + _default("render", "batch_size")),
+        click.option("--batch-size", type=BatchSize(), default=None,
+                     help="Frames per warp+decode micro-batch: 1..64, or auto (the fastest per frame on this "
+                          "device, measured once and kept in the store)." + _default("render", "batch_size")),
         click.option("--crf", type=click.IntRange(0, 51), default=None,
                      help="H.264 quality." + _default("render", "crf")),
         click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),

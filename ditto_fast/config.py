@@ -21,9 +21,10 @@ X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"
 
 
 def setting(kind: type, low: float | None = None, high: float | None = None,
-            choices: tuple[str, ...] | None = None) -> Any:
-    """A config field of type `kind`, allowed in [low, high] or among `choices`; its value comes from YAML."""
-    return field(metadata={"kind": kind, "low": low, "high": high, "choices": choices})
+            choices: tuple[str, ...] | None = None, words: tuple[str, ...] = ()) -> Any:
+    """A config field of type `kind`, allowed in [low, high] or among `choices`, or one of `words` (such as
+    "auto") beside a number's range; its value comes from YAML."""
+    return field(metadata={"kind": kind, "low": low, "high": high, "choices": choices, "words": words})
 
 
 @dataclass
@@ -50,7 +51,7 @@ class MotionConfig:
 
 @dataclass
 class RenderConfig:
-    batch_size: int = setting(int, 1, 64)             # frames per warp+decode micro-batch
+    batch_size: int | str = setting(int, 1, 64, words=("auto",))  # frames per warp+decode micro-batch
     crf: int = setting(int, 0, 51)                    # H.264 quality
     preset: str = setting(str, choices=X264_PRESETS)  # x264 preset
     lookahead: bool = setting(bool)                   # next batch's warp+decode launched before this one is written
@@ -68,7 +69,9 @@ _SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "render"
 
 def _check(value: Any, meta: dict, where: str) -> Any:
     """`value` converted to the setting's type, or UsageError naming `where` and what is allowed."""
-    kind, low, high, choices = meta["kind"], meta["low"], meta["high"], meta["choices"]
+    kind, low, high, choices, words = meta["kind"], meta["low"], meta["high"], meta["choices"], meta["words"]
+    if value in words:
+        return value
     if kind is bool:
         if not isinstance(value, bool):
             raise UsageError(f"{where} must be true or false, got {value!r}")
@@ -79,11 +82,11 @@ def _check(value: Any, meta: dict, where: str) -> Any:
         return value
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not numeric or (kind is int and not float(value).is_integer()) or value != value:
-        raise UsageError(f"{where} must be {'an integer' if kind is int else 'a number'} in {low}..{high}, "
-                         f"got {value!r}")
+        raise UsageError(f"{where} must be {'an integer' if kind is int else 'a number'} in {low}..{high}"
+                         f"{''.join(f' or {w}' for w in words)}, got {value!r}")
     value = kind(value)
     if not low <= value <= high:
-        raise UsageError(f"{where} must be in {low}..{high}, got {value}")
+        raise UsageError(f"{where} must be in {low}..{high}{''.join(f' or {w}' for w in words)}, got {value}")
     return value
 
 

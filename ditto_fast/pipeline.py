@@ -57,6 +57,7 @@ from .motion.lips import lip_opening
 from .motion.sampling import MotionSampler
 from .motion.stitch import MotionStitch
 from .rates import MOTION_FPS, frames_for, motion_timeline, parse_rate, rate_text, source_indices
+from .render.batch_size import auto_batch_size
 from .render.formats import Format, nvenc_works, output_format
 from .render.fused import FusedRenderer
 from .render.precision import cpu_precision
@@ -206,10 +207,11 @@ class RenderSetup:
     preset: str
     nvenc: bool = False              # H.264/HEVC through the GPU's encoder
     precision_choice: str = ""       # why `auto` gave this precision
+    batch_choice: str = ""           # why `auto` gave this batch size
 
     @classmethod
     def resolve(cls, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
-                precision: str = "auto", config: Config | None = None, batch_size: int | None = None,
+                precision: str = "auto", config: Config | None = None, batch_size: int | str | None = None,
                 crf: int | None = None, preset: str | None = None, encoder: str = "auto") -> "RenderSetup":
         """Find the checkpoints, pick device, precision and encoder, fill what is not given from the config.
 
@@ -222,8 +224,15 @@ class RenderSetup:
         dtype, why = resolve_precision(precision, dev), ""
         if precision == "auto" and dev.type == "cpu":     # the fastest precision good enough on this CPU
             dtype, why = cpu_precision(cs)
-        return cls(config, cs, dev, dtype, max(1, batch_size or r.batch_size), r.crf if crf is None else crf,
-                   preset or r.preset, _use_nvenc(encoder, dev), why)
+        batch = batch_size or r.batch_size
+        if batch == "auto":                     # 1 on a CPU; on CUDA the probe's verdict (measured once per GPU)
+            batch, batch_why = auto_batch_size(cs, dev, dtype)
+        elif isinstance(batch, int) and 1 <= batch <= 64:
+            batch_why = f"{batch}: set by --batch-size or render.batch_size"
+        else:
+            raise UsageError(f"batch size {batch!r}: use a whole number in 1..64 or auto")
+        return cls(config, cs, dev, dtype, batch, r.crf if crf is None else crf, preset or r.preset,
+                   _use_nvenc(encoder, dev), why, batch_why)
 
     def output_format(self, clip: Clip) -> Format:
         """The clip's format with this setup's encoder."""
@@ -319,6 +328,7 @@ class Renderer:
             "frames": clip.frames, "audio_seconds": seconds, "wall_seconds": wall,
             "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
             "precision": str(self.dtype).replace("torch.", ""), "precision_choice": self.setup.precision_choice,
+            "batch_choice": self.setup.batch_choice,
             "steps": clip.steps, "seed": clip.seed,
             "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
             "encoder": self.setup.output_format(clip).encoder, "batch_size": self.setup.batch_size,

@@ -52,7 +52,7 @@ class BatchWorker:
         from .memory import reuse_freed_memory
         from .pipeline import Renderer
 
-        if share is not None:            # before the CPU precision probe, which times the networks
+        if share is not None:            # before the CPU precision and batch probes, which time the networks
             torch.set_num_threads(_cpu_threads(share))
         reuse_freed_memory()
         self.setup = RenderSetup.resolve(**setup_args)
@@ -123,10 +123,10 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     from .avatar import store_root
 
     ray = start_ray(address)
-    # the driver only checks the jobs (checkpoints, avatars, inputs): no device, and fp32 so that `auto` cannot
-    # start the CPU precision probe here; the actors resolve the real setup
+    # the driver only checks the jobs (checkpoints, avatars, inputs): no device, fp32 and batch 1 so that no
+    # `auto` starts a probe here; the actors resolve the real setup
     clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "fp32",
-                                                    "encoder": "software"}))
+                                                    "batch_size": 1, "encoder": "software"}))
     todo = [j for j in jobs if j.status == "pending"]
     total, done_frames = sum(clips[j.index].frames for j in todo), 0
     gpus = int(ray.cluster_resources().get("GPU", 0))

@@ -158,6 +158,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     gflops = {"fp32": conv_throughput(torch.float32), "bf16": conv_throughput(torch.bfloat16, 1 if quick else 2)}
     result = {"cpu": kind["model"], "flags": kind["flags"], "native_bf16": native_bf16,
               "auto_precision": profile["precision"], "precision_choice": profile["precision_choice"],
+              "auto_batch_size": profile["batch_size"], "batch_choice": profile["batch_choice"],
               "frames": profile["frames"], "auto_warp_decode_s_per_frame": auto_s,
               "plain_fp32_eager_s_per_frame": plain_s, "speedup": plain_s / auto_s, "target_speedup": 2.5,
               "rounds": {"auto": autos, "plain": plains}, "plain_with_our_malloc_s_per_frame": plain_our_malloc,
@@ -165,8 +166,9 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
               "limit_s_per_frame": {k: FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()},
               "default_path_limit_s_per_frame": {k: FOLDED_FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()}}
     print(f"CPU: {kind['model']} ({', '.join(kind['flags']) or 'no bf16/AMX flags'})")
-    print(f"warp + decode, full size, batch 1, s/frame: default render ({profile['precision']}: "
-          f"{profile['precision_choice']}) {auto_s:.2f}; plain fp32 eager {plain_s:.2f} "
+    print(f"warp + decode, full size, s/frame: default render ({profile['precision']}: "
+          f"{profile['precision_choice']}; batch {profile['batch_choice']}) {auto_s:.2f}; plain fp32 eager "
+          f"batch 1 {plain_s:.2f} "
           f"-> {result['speedup']:.2f}x (target >= 2.5x)" + (f"; best of {rounds} rounds, alternating: default "
           + " / ".join(f"{v:.2f}" for v in autos) + ", plain " + " / ".join(f"{v:.2f}" for v in plains)
           if rounds > 1 else ""))

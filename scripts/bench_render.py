@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
-from bench_common import anchor, checkpoints, run_child, save, speech
+from bench_common import CACHE, anchor, checkpoints, run_child, save, speech
 
 REGISTER = """
 import json
@@ -41,7 +42,7 @@ import json
 from ditto_fast.pipeline import Renderer, stage_table
 import torch
 threads_used = torch.get_num_threads()
-engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch})
+engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch!r})
 res = engine.render("bench", {audio!r}, {out!r})
 res.profile["stages"]["load_models"] = round(engine.load_seconds, 4)
 import resource
@@ -54,10 +55,13 @@ print(json.dumps(res.profile))
 """
 
 
-def _render(video, ckpt, audio, device, precision, batch=1, threads=0) -> tuple[dict, float]:
+def _render(video, ckpt, audio, device, precision, batch="auto", threads=0) -> tuple[dict, float]:
     """Register in one child, render in another; returns the render's profile and its peak RSS (MiB).
-    `threads`: torch's intra-op threads in the render (0 = torch's choice), given to it as OMP_NUM_THREADS."""
+    `threads`: torch's intra-op threads in the render (0 = torch's choice), given to it as OMP_NUM_THREADS.
+    Each run has a fresh store but shares the probes' verdicts (precision, batch size), as one machine does."""
     with tempfile.TemporaryDirectory() as home:
+        (CACHE / "probes").mkdir(parents=True, exist_ok=True)
+        Path(home, "probes").symlink_to(CACHE / "probes")
         run_child(REGISTER.format(video=str(video), ckpt=str(ckpt), device=device), {"DITTO_FAST_HOME": home})
         return run_child(CHILD.format(video=str(video), ckpt=str(ckpt), audio=str(audio), device=device,
                                       precision=precision, batch=batch, out=f"{home}/out.mp4"),
@@ -67,7 +71,7 @@ def _render(video, ckpt, audio, device, precision, batch=1, threads=0) -> tuple[
 def _main_thread(threads: int) -> dict:
     """The loop's own work around the networks: tiny networks, a 1080p video avatar, 100 frames, with
     `threads` intra-op threads for torch (0 = torch's choice); prints and returns the figures."""
-    profile, _ = _render(anchor(50), checkpoints(True), speech(4.0), "cpu", "fp32", threads=threads)
+    profile, _ = _render(anchor(50), checkpoints(True), speech(4.0), "cpu", "fp32", batch=1, threads=threads)
     n, st = profile["frames"], profile["stages"]
     main = {k: round(1000 * st[k] / n, 2) for k in ("stitch", "putback", "write")}
     cpu = {k: round(1000 * profile["stages_cpu"][k] / n, 2) for k in main}
@@ -112,7 +116,9 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
         result[precision] = {"networks": "tiny" if tiny_speed else "full", "frames": n, "fps": profile["fps"],
                              "wall_s": profile["wall_seconds"], "ms_per_frame": per, "peak_rss_mib": rss,
                              "non_render_loop_ms": sum(v for k, v in per_frame_loop.items() if k != "render")}
-        print(f"\n{precision} ({result[precision]['networks']} networks, 1920x1080, {n} frames): "
+        result[precision]["batch_size"] = profile["batch_size"]
+        print(f"\n{precision} ({result[precision]['networks']} networks, 1920x1080, {n} frames, batch "
+              f"{profile['batch_choice']}): "
               f"{profile['fps']:.2f} fps end to end, wall {profile['wall_seconds']:.1f} s")
         for k, v in per.items():
             print(f"  {k:<16}{v:9.1f} ms/frame")
@@ -126,7 +132,7 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
         small = anchor(25, size=(640, 360))
         rss = {}
         for sec in ((10, 60) if quick else (10, 120)):
-            profile, rss[sec] = _render(small, tiny_ckpt, speech(sec), "cpu", "fp32")
+            profile, rss[sec] = _render(small, tiny_ckpt, speech(sec), "cpu", "fp32", batch=1)
         a, b = rss.values()
         result["memory"] = {"peak_rss_mib": rss, "growth": b / a - 1}
         print("\npeak RSS, tiny networks, 640x360: " + ", ".join(f"{s} s audio {m:.0f} MiB" for s, m in rss.items())

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""One prepared GPU check: full-size fp16 renders into a 1080p avatar at batch 1/4/8, with and without
-look-ahead, x264 and NVENC; prints fps and each stage's ms/frame and writes JSON.
+"""One prepared GPU check: full-size fp16 renders into a 1080p avatar at batch 1/4/8 and the batch-size
+probe's choice, with and without look-ahead, x264 and NVENC; prints fps and each stage's ms/frame and
+writes JSON.
 
     python scripts/gpu_check.py [--seconds 20] [--long 60] [--out bench_out/gpu_check.json]
 
@@ -49,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = Renderer(ckpt, device="cuda", precision="fp16")
     base_setup, base_cfg = engine.setup, engine.config
     nvenc = nvenc_works("h264")[0]
-    print(f"{torch.cuda.get_device_name(0)}; models loaded in {engine.load_seconds:.1f} s; NVENC "
-          f"{'works' if nvenc else 'does not work: ' + nvenc_works('h264')[1]}", flush=True)
+    print(f"{torch.cuda.get_device_name(0)}; models loaded (with the batch-size probe) in {engine.load_seconds:.1f} s; "
+          f"NVENC {'works' if nvenc else 'does not work: ' + nvenc_works('h264')[1]}", flush=True)
+    print(f"batch_size auto: {base_setup.batch_choice}", flush=True)
 
     def run(seconds: float, bs: int, ahead: bool, use_nvenc: bool) -> dict:
         engine.setup = dataclasses.replace(base_setup, batch_size=bs, nvenc=use_nvenc)
@@ -67,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'batch':>5} {'ahead':>5} {'encoder':>11} {'fps':>7} " + " ".join(f"{k[:9]:>9}" for k in STAGES[2:])
               + f" {'loop cpu':>9}")     # the loop thread's own CPU in stitch + putback + write
     print(header)
+    sizes = sorted({1, 4, 8, base_setup.batch_size})         # the probe's choice among them
     for use_nvenc in ([False, True] if nvenc else [False]):
-        for bs in (1, 4, 8):
+        for bs in sizes:
             for ahead in (False, True):
                 r = run(args.seconds, bs, ahead, use_nvenc)
                 rows.append(r)
@@ -80,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.long:g} s of audio at the fastest setting (batch {best['batch']}, look-ahead {best['lookahead']}, "
           f"{best['encoder']}): {long['fps']:.1f} fps; whole check {time.perf_counter() - t0:.0f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "matrix": rows, "long": long}, indent=2))
+    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "batch_choice": base_setup.batch_choice,
+                                    "matrix": rows, "long": long}, indent=2))
     print(f"wrote {args.out}")
     return 0
 

@@ -9,8 +9,6 @@ bf16) pins the choice instead.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import platform
 import time
@@ -19,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..avatar.store import store_root
 from ..checkpoints import CheckpointSet
 from ..errors import UsageError
 from .fused import FusedRenderer
+from .probes import remembered, sample_inputs
 
 MIN_PSNR_DB = 45.0
 # pins what auto picks on every CPU (one precision, so the same bytes, on a farm of mixed CPU kinds)
@@ -57,26 +55,15 @@ def probe(warp_path: str | Path, decoder_path: str | Path, min_psnr_db: float = 
     seconds, crops = {}, {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         fused = FusedRenderer(warp_path, decoder_path, torch.device("cpu"), dtype)
-        c = fused.warp.dense_motion_network.compress.in_channels         # the source features' shape
-        d = fused.warp.third.conv.in_channels // c
-        rng = np.random.default_rng(0)
-        f_s = rng.standard_normal((1, c, d, 64, 64)).astype(np.float16)
-        x_s = rng.uniform(-0.5, 0.5, (1, 21, 3)).astype(np.float32)
-        x_d = x_s + rng.normal(0, 0.02, (1, 21, 3)).astype(np.float32)
-        fused.collect(fused.launch(f_s, x_s, x_d))                       # warm-up: kernels chosen, memory laid out
+        inputs = sample_inputs(fused, 1)
+        fused(*inputs)                                                   # warm-up: kernels chosen, memory laid out
         t0 = time.perf_counter()
-        crops[name] = fused.collect(fused.launch(f_s, x_s, x_d))
+        crops[name] = fused(*inputs)
         seconds[name] = time.perf_counter() - t0
     quality = psnr(crops["fp32"], crops["bf16"])
     chosen = "bf16" if seconds["bf16"] < seconds["fp32"] and quality >= min_psnr_db else "fp32"
     return {"fp32_s": round(seconds["fp32"], 4), "bf16_s": round(seconds["bf16"], 4),
             "psnr_db": round(quality, 2), "min_psnr_db": min_psnr_db, "chosen": chosen}
-
-
-def _key(checkpoints: CheckpointSet, kind: dict) -> str:
-    fp = checkpoints.fingerprints()
-    text = json.dumps([kind, torch.__version__, fp["warp_network"], fp["decoder"]], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cpu_precision(checkpoints: CheckpointSet, root: str | os.PathLike | None = None) -> tuple[torch.dtype, str]:
@@ -90,20 +77,12 @@ def cpu_precision(checkpoints: CheckpointSet, root: str | os.PathLike | None = N
     kind = cpu_kind()
     if not any(f in kind["flags"] for f in BF16_FLAGS):
         return torch.float32, "fp32: this CPU has no bf16 arithmetic (no AVX512-BF16 or AMX)"
-    path = Path(root or store_root()) / "probes" / f"precision-{_key(checkpoints, kind)}.json"
-    try:
-        verdict = json.loads(path.read_text())
-        assert verdict["chosen"] in ("fp32", "bf16")
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        verdict = {**probe(checkpoints.files["warp_network"], checkpoints.files["decoder"]), "cpu": kind,
-                   "torch": torch.__version__}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(verdict, indent=2) + "\n")
-            os.replace(tmp, path)
-        except OSError:
-            pass
+    fp = checkpoints.fingerprints()
+    verdict = remembered(
+        "precision", [kind, torch.__version__, fp["warp_network"], fp["decoder"]],
+        lambda: {**probe(checkpoints.files["warp_network"], checkpoints.files["decoder"]), "cpu": kind,
+                 "torch": torch.__version__},
+        lambda v: v["chosen"] in ("fp32", "bf16"), root)
     why = (f"{verdict['chosen']}: probed on this CPU, warp+decode fp32 {verdict['fp32_s']:.2f} s, "
            f"bf16 {verdict['bf16_s']:.2f} s, bf16 PSNR {verdict['psnr_db']:.1f} dB (needs {verdict['min_psnr_db']:g})")
     return (torch.bfloat16 if verdict["chosen"] == "bf16" else torch.float32), why

@@ -1,0 +1,112 @@
+"""`batch_size: auto`: the warp + decode batch a probe measured to run fastest per frame on this device.
+
+The probe times warp + decode per frame at each candidate batch the way the render loop runs them (the
+next batch launched before the last one's crops are collected): 1, 2, 4, 8 and 16 on CUDA, 1, 2 and 4 on
+a CPU (there a frame takes seconds; on a 2-core EPYC batch 4 was 12-14% faster per frame than batch 1).
+It takes the smallest batch within 5% of the fastest whose peak memory stays under half the GPU's (the
+LMDM, HuBERT and the next batch need the rest). It runs once per device model, torch and CUDA version,
+precision and warp/decoder checkpoints; the verdict is kept in the store's probes/ folder, so later renders
+only read it. $DITTO_FAST_BATCH_SIZE pins what auto gives instead (one batch everywhere on a mixed farm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..checkpoints import CheckpointSet
+from ..errors import UsageError
+from .fused import FusedRenderer
+from .precision import cpu_kind
+from .probes import remembered, sample_inputs
+
+SIZES = {"cuda": (1, 2, 4, 8, 16), "cpu": (1, 2, 4)}
+FRAMES = {"cuda": 16, "cpu": 4}   # timed per size (at least two batches after the warm-up)
+PIN_ENV = "DITTO_FAST_BATCH_SIZE"
+WITHIN = 1.05              # a bigger batch must be more than 5% faster per frame to be worth its memory and latency
+MEMORY_SHARE = 0.5         # of the GPU's memory, the most a batch's warp + decode may take at its peak
+
+
+def measure(warp_path: str | Path, decoder_path: str | Path, device: torch.device, dtype: torch.dtype,
+            sizes: tuple[int, ...], frames: int) -> list[dict]:
+    """Per batch size: warp + decode ms per frame over about `frames` frames (at least two batches, after a
+    warm-up) and the peak device memory; sizes stop at the first that runs out of memory."""
+    fused = FusedRenderer(warp_path, decoder_path, device, dtype)
+    cuda = fused.device.type == "cuda"
+    rows = []
+    for batch in sizes:
+        inputs = sample_inputs(fused, batch)
+        try:
+            fused(*inputs)                                   # warm-up: kernels chosen for this shape
+            if cuda:
+                torch.cuda.synchronize(fused.device)
+                torch.cuda.reset_peak_memory_stats(fused.device)
+            repeats = max(2, frames // batch)
+            t0 = time.perf_counter()
+            pending = fused.launch(*inputs)
+            for _ in range(repeats - 1):                     # as the loop runs: next batch queued, then collect
+                following = fused.launch(*inputs)
+                fused.collect(pending)
+                pending = following
+            fused.collect(pending)
+            seconds = time.perf_counter() - t0
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            break
+        rows.append({"batch": batch, "ms_per_frame": round(1000 * seconds / (repeats * batch), 3),
+                     "peak_bytes": torch.cuda.max_memory_allocated(fused.device) if cuda else 0})
+    return rows
+
+
+def choose(rows: list[dict], total_bytes: int = 0) -> int:
+    """The smallest measured batch within WITHIN of the fastest per frame among those that fit in
+    MEMORY_SHARE of `total_bytes` (0: no limit); 1 when none was measured."""
+    fit = [r for r in rows if not total_bytes or r["peak_bytes"] <= MEMORY_SHARE * total_bytes]
+    if not fit:
+        return 1
+    best = min(r["ms_per_frame"] for r in fit)
+    return min(r["batch"] for r in fit if r["ms_per_frame"] <= WITHIN * best)
+
+
+def measured_batch_size(checkpoints: CheckpointSet, device: torch.device, dtype: torch.dtype,
+                        root: str | os.PathLike | None = None, sizes: tuple[int, ...] | None = None,
+                        frames: int | None = None) -> tuple[int, str]:
+    """(batch size, why) from the probe on `device`, run once and kept under the store's probes/ folder."""
+    device = torch.device(device)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    sizes, frames = sizes or SIZES[kind], frames or FRAMES[kind]
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, total = props.name, props.total_memory
+    else:
+        name, total = json.dumps(cpu_kind()), 0
+    fp = checkpoints.fingerprints()
+    key = [name, total, torch.__version__, torch.version.cuda, torch.get_num_threads(), str(dtype), list(sizes),
+           fp["warp_network"], fp["decoder"]]
+
+    def run() -> dict:
+        rows = measure(checkpoints.files["warp_network"], checkpoints.files["decoder"], device, dtype, sizes, frames)
+        return {"device": name, "total_bytes": total, "dtype": str(dtype), "torch": torch.__version__,
+                "rows": rows, "chosen": choose(rows, total)}
+
+    verdict = remembered("batch", key, run, lambda v: v["chosen"] in {r["batch"] for r in v["rows"]}, root)
+    chosen = verdict["chosen"]
+    first, ms = verdict["rows"][0], {r["batch"]: r["ms_per_frame"] for r in verdict["rows"]}
+    return chosen, (f"{chosen}: probed on this {'GPU' if kind == 'cuda' else 'CPU'}, warp+decode "
+                    f"{first['ms_per_frame']:.1f} ms/frame at batch {first['batch']}, {ms[chosen]:.1f} at {chosen} "
+                    f"(the smallest within {round(100 * (WITHIN - 1))}% of the fastest)")
+
+
+def auto_batch_size(checkpoints: CheckpointSet, device: torch.device, dtype: torch.dtype,
+                    root: str | os.PathLike | None = None) -> tuple[int, str]:
+    """(batch size, why) for `batch_size: auto`: $DITTO_FAST_BATCH_SIZE when set, else the kept probe's verdict."""
+    pinned = os.environ.get(PIN_ENV, "")
+    if pinned:
+        if not (pinned.isdigit() and 1 <= int(pinned) <= 64):
+            raise UsageError(f"{PIN_ENV}={pinned}: use a whole number in 1..64 (or unset it to let each device choose)")
+        return int(pinned), f"{int(pinned)}: pinned by {PIN_ENV}"
+    return measured_batch_size(checkpoints, device, dtype, root)

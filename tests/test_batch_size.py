@@ -1,0 +1,115 @@
+"""`batch_size: auto`: a measured batch, probed once per device and kept in the store, or the pinned one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ditto_fast.checkpoints import find_checkpoints
+from ditto_fast.config import load_config
+from ditto_fast.errors import UsageError
+from ditto_fast.pipeline import RenderSetup
+from ditto_fast.render import batch_size as bsz
+from ditto_fast.render.fused import FusedRenderer
+
+
+@pytest.fixture()
+def tiny_set(tiny_checkpoints, monkeypatch):
+    monkeypatch.delenv(bsz.PIN_ENV, raising=False)         # the suite pins 1 (conftest); these tests choose
+    return find_checkpoints(tiny_checkpoints)
+
+
+def rows(*ms: float, peak: int = 0) -> list[dict]:
+    return [{"batch": 2 ** i, "ms_per_frame": m, "peak_bytes": peak * 2 ** i} for i, m in enumerate(ms)]
+
+
+def test_choose_takes_the_smallest_batch_near_the_fastest_that_fits():
+    assert bsz.choose(rows(12.0, 7.0, 5.1, 5.0, 4.9)) == 4          # 5.1 is within 5% of 4.9; 8 and 16 buy little
+    assert bsz.choose(rows(12.0, 7.0, 6.0, 5.0, 4.0)) == 16
+    assert bsz.choose(rows(5.0, 6.0)) == 1                           # batching can lose
+    # peaks 10, 20, 40, 80 bytes of a 100-byte GPU: 8 needs 80 > half, so the fastest that fits is 4
+    assert bsz.choose(rows(12.0, 7.0, 5.0, 4.0, peak=10), total_bytes=100) == 4
+    assert bsz.choose(rows(12.0, peak=60), total_bytes=100) == 1     # nothing fits: one frame at a time
+    assert bsz.choose([]) == 1
+
+
+def test_measure_times_each_size_as_the_loop_runs_it(tiny_set):
+    got = bsz.measure(tiny_set.files["warp_network"], tiny_set.files["decoder"], torch.device("cpu"),
+                      torch.float32, (1, 2), 2)
+    assert [r["batch"] for r in got] == [1, 2]
+    assert all(r["ms_per_frame"] > 0 and r["peak_bytes"] == 0 for r in got)
+
+
+def test_measure_stops_at_the_first_size_out_of_memory(tiny_set, monkeypatch):
+    launch = FusedRenderer.launch
+
+    def short_of_memory(self, f_s, x_s, x_d):
+        if len(f_s) >= 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return launch(self, f_s, x_s, x_d)
+
+    monkeypatch.setattr(FusedRenderer, "launch", short_of_memory)
+    got = bsz.measure(tiny_set.files["warp_network"], tiny_set.files["decoder"], torch.device("cpu"),
+                      torch.float32, (1, 2, 4, 8), 2)
+    assert [r["batch"] for r in got] == [1, 2]
+
+
+def test_auto_measures_on_this_device_unless_pinned_or_given(tiny_set, tmp_path, monkeypatch):
+    monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path))
+    monkeypatch.setattr(bsz, "FRAMES", {"cuda": 2, "cpu": 2})
+    setup = RenderSetup.resolve(tiny_set, "cpu", "fp32")
+    assert load_config().render.batch_size == "auto" and setup.batch_size in bsz.SIZES["cpu"]
+    assert setup.batch_choice.startswith(f"{setup.batch_size}: probed on this CPU")
+    assert len(list((tmp_path / "probes").glob("batch-*.json"))) == 1
+    monkeypatch.setattr(bsz, "measure", lambda *a, **k: pytest.fail("measured a given or pinned batch size"))
+    given = RenderSetup.resolve(tiny_set, "cpu", "fp32", batch_size=3)
+    assert given.batch_size == 3 and given.batch_choice.startswith("3: set by")
+    monkeypatch.setenv(bsz.PIN_ENV, "5")
+    pinned = RenderSetup.resolve(tiny_set, "cpu", "fp32")
+    assert pinned.batch_size == 5 and pinned.batch_choice == "5: pinned by DITTO_FAST_BATCH_SIZE"
+    monkeypatch.setenv(bsz.PIN_ENV, "0")
+    with pytest.raises(UsageError, match="DITTO_FAST_BATCH_SIZE=0: use a whole number in 1..64"):
+        RenderSetup.resolve(tiny_set, "cpu", "fp32")
+    with pytest.raises(UsageError, match="1..64 or auto"):
+        RenderSetup.resolve(tiny_set, "cpu", "fp32", batch_size=65)
+
+
+def test_the_measured_verdict_is_kept_and_read_back(tiny_set, tmp_path, monkeypatch):
+    calls = []
+    measure = bsz.measure
+
+    def counted(*args):
+        calls.append(args)
+        return measure(*args[:-1], 2)
+
+    monkeypatch.setattr(bsz, "measure", counted)
+    first = bsz.measured_batch_size(tiny_set, torch.device("cpu"), torch.float32, tmp_path, sizes=(1, 2))
+    assert first[0] in (1, 2) and "ms/frame at batch 1" in first[1] and len(calls) == 1
+    kept = list((tmp_path / "probes").glob("batch-*.json"))
+    assert len(kept) == 1
+    verdict = json.loads(kept[0].read_text())
+    assert verdict["chosen"] == first[0] and [r["batch"] for r in verdict["rows"]] == [1, 2]
+    # the next engine reads the kept verdict (here edited to 2) instead of measuring again
+    kept[0].write_text(json.dumps({**verdict, "chosen": 2}))
+    assert bsz.measured_batch_size(tiny_set, torch.device("cpu"), torch.float32, tmp_path, sizes=(1, 2))[0] == 2
+    assert len(calls) == 1
+    # another precision is measured on its own; a damaged verdict is measured again and replaced
+    bsz.measured_batch_size(tiny_set, torch.device("cpu"), torch.bfloat16, tmp_path, sizes=(1, 2))
+    assert len(calls) == 2 and len(list((tmp_path / "probes").glob("batch-*.json"))) == 2
+    kept[0].write_text(json.dumps({**verdict, "chosen": 8}))          # not a size it measured
+    bsz.measured_batch_size(tiny_set, torch.device("cpu"), torch.float32, tmp_path, sizes=(1, 2))
+    assert len(calls) == 3 and json.loads(kept[0].read_text())["chosen"] in (1, 2)
+
+
+def test_config_and_cli_take_auto_or_a_number(tmp_path, run_cli):
+    f = tmp_path / "c.yaml"
+    f.write_text("render:\n  batch_size: 8\n")
+    assert load_config(f).render.batch_size == 8
+    for bad in ("fast", 0, 65):
+        f.write_text(f"render:\n  batch_size: {bad}\n")
+        with pytest.raises(UsageError, match=r"render.batch_size must be .*1..64 or auto"):
+            load_config(f)
+    res = run_cli(["render", "--avatar", "x", "--audio", tmp_path / "a.wav", "--batch-size", "0"])
+    assert res.returncode == 2 and "1..64 or auto" in res.stderr
