@@ -23,9 +23,12 @@ CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with P
 
 
 class BatchSize(click.ParamType):
-    """--batch-size: a whole number of frames in 1..64, or auto (the batch a probe measured on this device)."""
+    """--batch-size: a whole number of frames in 1..64, or auto (1 on a CPU, the probe's batch on a GPU)."""
 
     name = "N|auto"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return self.name
 
     def convert(self, value, param, ctx):
         if value == "auto":
@@ -136,8 +139,8 @@ def engine_options(command):
         click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto",
                      show_default=True),
         click.option("--batch-size", type=BatchSize(), default=None,
-                     help="Frames per warp+decode micro-batch: 1..64, or auto (the fastest per frame on this "
-                          "device, measured once and kept in the store)." + _default("render", "batch_size")),
+                     help="Frames per warp+decode micro-batch: 1..64, or auto (1 on a CPU; on a GPU the fastest "
+                          "per frame, measured once and kept in the store)." + _default("render", "batch_size")),
         click.option("--crf", type=click.IntRange(0, 51), default=None,
                      help="H.264 quality." + _default("render", "crf")),
         click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),

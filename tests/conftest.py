@@ -19,7 +19,6 @@ REPO = Path(__file__).resolve().parents[1]
 # one precision for every test render on any CPU (the probe's own tests unset it): no probe per test store,
 # and outputs compared across stores and processes come from the same arithmetic
 os.environ["DITTO_FAST_CPU_PRECISION"] = "fp32"
-os.environ["DITTO_FAST_BATCH_SIZE"] = "1"       # likewise `batch_size: auto` (test_batch_size unsets it)
 SHARED = Path(os.environ.get("DITTO_FAST_SHARED", REPO.parent / "shared"))
 PARITY = SHARED / "parity"
 

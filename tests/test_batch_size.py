@@ -1,4 +1,6 @@
-"""`batch_size: auto`: a measured batch, probed once per device and kept in the store, or the pinned one."""
+"""`batch_size: auto`: 1 on a CPU without a probe; on CUDA a measured batch, probed once and kept in the store.
+
+The probe's measurement is device-agnostic, so it is exercised here on the CPU with tiny networks."""
 
 from __future__ import annotations
 
@@ -16,8 +18,7 @@ from ditto_fast.render.fused import FusedRenderer
 
 
 @pytest.fixture()
-def tiny_set(tiny_checkpoints, monkeypatch):
-    monkeypatch.delenv(bsz.PIN_ENV, raising=False)         # the suite pins 1 (conftest); these tests choose
+def tiny_set(tiny_checkpoints):
     return find_checkpoints(tiny_checkpoints)
 
 
@@ -56,22 +57,15 @@ def test_measure_stops_at_the_first_size_out_of_memory(tiny_set, monkeypatch):
     assert [r["batch"] for r in got] == [1, 2]
 
 
-def test_auto_measures_on_this_device_unless_pinned_or_given(tiny_set, tmp_path, monkeypatch):
+def test_cpu_auto_is_one_without_a_probe_and_a_number_is_kept(tiny_set, tmp_path, monkeypatch):
     monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path))
-    monkeypatch.setattr(bsz, "FRAMES", {"cuda": 2, "cpu": 2})
+    monkeypatch.setattr(bsz, "measure", lambda *a, **k: pytest.fail("probed batch sizes on a CPU"))
+    assert bsz.auto_batch_size(tiny_set, torch.device("cpu"), torch.float32) == (1, bsz.CPU_CHOICE)
     setup = RenderSetup.resolve(tiny_set, "cpu", "fp32")
-    assert load_config().render.batch_size == "auto" and setup.batch_size in bsz.SIZES["cpu"]
-    assert setup.batch_choice.startswith(f"{setup.batch_size}: probed on this CPU")
-    assert len(list((tmp_path / "probes").glob("batch-*.json"))) == 1
-    monkeypatch.setattr(bsz, "measure", lambda *a, **k: pytest.fail("measured a given or pinned batch size"))
+    assert load_config().render.batch_size == "auto" and setup.batch_size == 1
+    assert setup.batch_choice == bsz.CPU_CHOICE and not (tmp_path / "probes").exists()
     given = RenderSetup.resolve(tiny_set, "cpu", "fp32", batch_size=3)
     assert given.batch_size == 3 and given.batch_choice.startswith("3: set by")
-    monkeypatch.setenv(bsz.PIN_ENV, "5")
-    pinned = RenderSetup.resolve(tiny_set, "cpu", "fp32")
-    assert pinned.batch_size == 5 and pinned.batch_choice == "5: pinned by DITTO_FAST_BATCH_SIZE"
-    monkeypatch.setenv(bsz.PIN_ENV, "0")
-    with pytest.raises(UsageError, match="DITTO_FAST_BATCH_SIZE=0: use a whole number in 1..64"):
-        RenderSetup.resolve(tiny_set, "cpu", "fp32")
     with pytest.raises(UsageError, match="1..64 or auto"):
         RenderSetup.resolve(tiny_set, "cpu", "fp32", batch_size=65)
 
@@ -82,7 +76,7 @@ def test_the_measured_verdict_is_kept_and_read_back(tiny_set, tmp_path, monkeypa
 
     def counted(*args):
         calls.append(args)
-        return measure(*args[:-1], 2)
+        return measure(*args[:-1], 2)                                # 2 frames a size: tiny and quick
 
     monkeypatch.setattr(bsz, "measure", counted)
     first = bsz.measured_batch_size(tiny_set, torch.device("cpu"), torch.float32, tmp_path, sizes=(1, 2))

@@ -1,12 +1,12 @@
-"""`batch_size: auto`: the warp + decode batch a probe measured to run fastest per frame on this device.
+"""`batch_size: auto`: one frame at a time on a CPU; on CUDA the batch a probe measured to run fastest per frame.
 
-The probe times warp + decode per frame at each candidate batch the way the render loop runs them (the
-next batch launched before the last one's crops are collected): 1, 2, 4, 8 and 16 on CUDA, 1, 2 and 4 on
-a CPU (there a frame takes seconds; on a 2-core EPYC batch 4 was 12-14% faster per frame than batch 1).
-It takes the smallest batch within 5% of the fastest whose peak memory stays under half the GPU's (the
-LMDM, HuBERT and the next batch need the rest). It runs once per device model, torch and CUDA version,
-precision and warp/decoder checkpoints; the verdict is kept in the store's probes/ folder, so later renders
-only read it. $DITTO_FAST_BATCH_SIZE pins what auto gives instead (one batch everywhere on a mixed farm).
+The probe times warp + decode per frame at batches 1, 2, 4, 8 and 16 the way the render loop runs them
+(the next batch launched before the last one's crops are collected) and takes the smallest batch within
+5% of the fastest whose peak memory stays under half the GPU's (the LMDM, HuBERT and the next batch need
+the rest). It runs once per GPU model, torch and CUDA version, precision and warp/decoder checkpoints; the
+verdict is kept in the store's probes/ folder, so later renders only read it. On a CPU batching bought
+nothing steady (full size on a 2-core EPYC: fp32 batch 1 fastest; bf16 batch 4 between 4% slower and 12%
+faster than 1 in alternating renders, for 0.7 GB more memory), so a CPU is not probed.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from pathlib import Path
 import torch
 
 from ..checkpoints import CheckpointSet
-from ..errors import UsageError
 from .fused import FusedRenderer
 from .precision import cpu_kind
 from .probes import remembered, sample_inputs
 
-SIZES = {"cuda": (1, 2, 4, 8, 16), "cpu": (1, 2, 4)}
-FRAMES = {"cuda": 16, "cpu": 4}   # timed per size (at least two batches after the warm-up)
-PIN_ENV = "DITTO_FAST_BATCH_SIZE"
+SIZES = (1, 2, 4, 8, 16)
+FRAMES = 16                # timed per size (at least two batches, after a warm-up)
+CPU_CHOICE = "1: on a CPU a batch bought no steady speed (not probed)"
 WITHIN = 1.05              # a bigger batch must be more than 5% faster per frame to be worth its memory and latency
 MEMORY_SHARE = 0.5         # of the GPU's memory, the most a batch's warp + decode may take at its peak
 
@@ -59,6 +58,9 @@ def measure(warp_path: str | Path, decoder_path: str | Path, device: torch.devic
             break
         rows.append({"batch": batch, "ms_per_frame": round(1000 * seconds / (repeats * batch), 3),
                      "peak_bytes": torch.cuda.max_memory_allocated(fused.device) if cuda else 0})
+    del fused
+    if cuda:
+        torch.cuda.empty_cache()               # hand the probe's memory back (other renders may share the GPU)
     return rows
 
 
@@ -77,12 +79,11 @@ def measured_batch_size(checkpoints: CheckpointSet, device: torch.device, dtype:
                         frames: int | None = None) -> tuple[int, str]:
     """(batch size, why) from the probe on `device`, run once and kept under the store's probes/ folder."""
     device = torch.device(device)
-    kind = "cuda" if device.type == "cuda" else "cpu"
-    sizes, frames = sizes or SIZES[kind], frames or FRAMES[kind]
+    sizes, frames = sizes or SIZES, frames or FRAMES
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, total = props.name, props.total_memory
-    else:
+    else:                                    # the same measurement on a CPU (its tests, benchmarks)
         name, total = json.dumps(cpu_kind()), 0
     fp = checkpoints.fingerprints()
     key = [name, total, torch.__version__, torch.version.cuda, torch.get_num_threads(), str(dtype), list(sizes),
@@ -96,17 +97,14 @@ def measured_batch_size(checkpoints: CheckpointSet, device: torch.device, dtype:
     verdict = remembered("batch", key, run, lambda v: v["chosen"] in {r["batch"] for r in v["rows"]}, root)
     chosen = verdict["chosen"]
     first, ms = verdict["rows"][0], {r["batch"]: r["ms_per_frame"] for r in verdict["rows"]}
-    return chosen, (f"{chosen}: probed on this {'GPU' if kind == 'cuda' else 'CPU'}, warp+decode "
+    return chosen, (f"{chosen}: probed on this {'GPU' if device.type == 'cuda' else 'CPU'}, warp+decode "
                     f"{first['ms_per_frame']:.1f} ms/frame at batch {first['batch']}, {ms[chosen]:.1f} at {chosen} "
                     f"(the smallest within {round(100 * (WITHIN - 1))}% of the fastest)")
 
 
 def auto_batch_size(checkpoints: CheckpointSet, device: torch.device, dtype: torch.dtype,
                     root: str | os.PathLike | None = None) -> tuple[int, str]:
-    """(batch size, why) for `batch_size: auto`: $DITTO_FAST_BATCH_SIZE when set, else the kept probe's verdict."""
-    pinned = os.environ.get(PIN_ENV, "")
-    if pinned:
-        if not (pinned.isdigit() and 1 <= int(pinned) <= 64):
-            raise UsageError(f"{PIN_ENV}={pinned}: use a whole number in 1..64 (or unset it to let each device choose)")
-        return int(pinned), f"{int(pinned)}: pinned by {PIN_ENV}"
+    """(batch size, why) for `batch_size: auto`: 1 on a CPU, the kept probe's verdict on CUDA."""
+    if torch.device(device).type != "cuda":
+        return 1, CPU_CHOICE
     return measured_batch_size(checkpoints, device, dtype, root)
