@@ -107,3 +107,11 @@ def test_config_and_cli_take_auto_or_a_number(tmp_path, run_cli):
             load_config(f)
     res = run_cli(["render", "--avatar", "x", "--audio", tmp_path / "a.wav", "--batch-size", "0"])
     assert res.returncode == 2 and "1..64 or auto" in res.stderr
+
+
+def test_cuda_auto_takes_the_kept_probe(tiny_set, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bsz, "measured_batch_size", lambda cs, dev, dtype, root=None: seen.append((dev, dtype)) or
+                        (8, "8: probed on this GPU"))
+    assert bsz.auto_batch_size(tiny_set, torch.device("cuda"), torch.float16) == (8, "8: probed on this GPU")
+    assert seen == [(torch.device("cuda"), torch.float16)]
