@@ -235,8 +235,10 @@ class RenderSetup:
                    _use_nvenc(encoder, dev), why, batch_why)
 
     def output_format(self, clip: Clip) -> Format:
-        """The clip's format with this setup's encoder."""
-        return dataclasses.replace(clip.format, nvenc=self.nvenc)
+        """The clip's format with this setup's encoder (the software one for a codec whose NVENC does not work
+        here: the setup probed H.264's)."""
+        nvenc = self.nvenc and clip.format.codec in ("h264", "hevc") and nvenc_works(clip.format.codec)[0]
+        return dataclasses.replace(clip.format, nvenc=nvenc)
 
     def digest(self, clip: Clip, emotion: str = "neutral", controls: str | Path | None = None) -> str:
         """What a render of `clip` with this setup writes into its output's comment tag (see clip_digest)."""

@@ -129,7 +129,8 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                                                     "batch_size": 1, "encoder": "software"}))
     todo = [j for j in jobs if j.status == "pending"]
     total, done_frames = sum(clips[j.index].frames for j in todo), 0
-    gpus = int(ray.cluster_resources().get("GPU", 0))
+    # `--device cpu` renders on CPU actors even where the cluster has GPUs
+    gpus = 0 if setup_args.get("device") == "cpu" else int(ray.cluster_resources().get("GPU", 0))
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     count = min(len(todo), workers or (gpus or nodes), *([gpus] if gpus else []))
     store = store_root() / "avatars"

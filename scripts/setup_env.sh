@@ -11,10 +11,18 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY="$REPO/.venv/bin/python"
 stamp=".venv/.ditto-fast-installed-$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)"
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
+# a .venv made on a CPU machine (or carried from one) has the CPU build: on a GPU machine it is replaced
+if [ "$gpu" = 1 ] && "$VPY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" 2>/dev/null; then
+    echo "[setup] GPU found but .venv has the CPU build of torch: replacing it" >&2
+    "$VPY" -m pip uninstall -q -y torch >&2
+    rm -f "$stamp"
+fi
 if [ ! -f "$stamp" ]; then
     "$VPY" -m pip install -q --upgrade pip >&2
     if ! "$VPY" -c "import torch" 2>/dev/null; then
-        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        if [ "$gpu" = 1 ]; then
             echo "[setup] GPU found: installing torch with CUDA" >&2
             "$VPY" -m pip install -q "torch>=2.4,<2.15" >&2
         else

@@ -43,18 +43,41 @@ def test_measure_times_each_size_as_the_loop_runs_it(tiny_set):
     assert all(r["ms_per_frame"] > 0 and r["peak_bytes"] == 0 for r in got)
 
 
-def test_measure_stops_at_the_first_size_out_of_memory(tiny_set, monkeypatch):
+def _short_of_memory(monkeypatch, from_batch: int, error: Exception) -> None:
+    """FusedRenderer.launch raises `error` for batches of `from_batch` frames or more, as a full GPU would."""
     launch = FusedRenderer.launch
 
-    def short_of_memory(self, f_s, x_s, x_d):
-        if len(f_s) >= 4:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+    def launch_or_fail(self, f_s, x_s, x_d):
+        if len(f_s) >= from_batch:
+            raise error
         return launch(self, f_s, x_s, x_d)
 
-    monkeypatch.setattr(FusedRenderer, "launch", short_of_memory)
+    monkeypatch.setattr(FusedRenderer, "launch", launch_or_fail)
+
+
+@pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                   RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")])
+def test_measure_stops_at_the_first_size_out_of_memory(tiny_set, monkeypatch, error):
+    _short_of_memory(monkeypatch, 4, error)
     got = bsz.measure(tiny_set.files["warp_network"], tiny_set.files["decoder"], torch.device("cpu"),
                       torch.float32, (1, 2, 4, 8), 2)
     assert [r["batch"] for r in got] == [1, 2]
+
+
+def test_other_errors_are_not_taken_for_memory(tiny_set, monkeypatch):
+    _short_of_memory(monkeypatch, 2, RuntimeError("shape mismatch"))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        bsz.measure(tiny_set.files["warp_network"], tiny_set.files["decoder"], torch.device("cpu"),
+                    torch.float32, (1, 2), 2)
+
+
+def test_no_size_fitting_gives_one_and_is_kept(tiny_set, tmp_path, monkeypatch):
+    _short_of_memory(monkeypatch, 1, torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    for _ in range(2):
+        assert bsz.measured_batch_size(tiny_set, torch.device("cpu"), torch.float32, tmp_path, sizes=(1, 2)) == \
+            (1, "1: the probe ran out of device memory even at batch 1")
+    kept = list((tmp_path / "probes").glob("batch-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["rows"] == []
 
 
 def test_cpu_auto_is_one_without_a_probe_and_a_number_is_kept(tiny_set, tmp_path, monkeypatch):

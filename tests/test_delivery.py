@@ -302,3 +302,22 @@ def test_encoders_software_by_default_on_cpu_and_nvenc_refused_where_it_does_not
             RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="nvenc")
     with pytest.raises(UsageError, match="unknown encoder"):
         RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="x264")
+
+
+def test_nvenc_options_crf_zero_and_a_codec_whose_nvenc_fails(tiny_checkpoints):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ditto_fast.pipeline import RenderSetup
+    from ditto_fast.render.formats import Format, nvenc_works
+
+    lossless = Format("mp4", "h264", nvenc=True).video_args(0, "veryfast")
+    assert "-cq" not in lossless and lossless[lossless.index("-tune") + 1] == "lossless"   # NVENC's cq 0 = automatic
+    quality = Format("mp4", "hevc", nvenc=True).video_args(23, "veryfast")
+    assert quality[quality.index("-cq") + 1] == "23" and quality[quality.index("-tune") + 1] == "hq"
+    # a setup that encodes on NVENC gives a clip the software encoder when that codec's NVENC does not work
+    setup = dataclasses.replace(RenderSetup.resolve(tiny_checkpoints, "cpu"), nvenc=True)
+    for codec in ("h264", "hevc"):
+        clip = SimpleNamespace(format=Format("mp4", codec))
+        assert setup.output_format(clip).nvenc is nvenc_works(codec)[0]
+    assert setup.output_format(SimpleNamespace(format=Format("mov", "prores"))).encoder == "prores_ks"

@@ -53,8 +53,9 @@ def measure(warp_path: str | Path, decoder_path: str | Path, device: torch.devic
                 pending = following
             fused.collect(pending)
             seconds = time.perf_counter() - t0
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
+        except RuntimeError as e:            # torch's OutOfMemoryError, or cuDNN/cuBLAS failing to allocate
+            if not _out_of_memory(e):
+                raise
             break
         rows.append({"batch": batch, "ms_per_frame": round(1000 * seconds / (repeats * batch), 3),
                      "peak_bytes": torch.cuda.max_memory_allocated(fused.device) if cuda else 0})
@@ -62,6 +63,11 @@ def measure(warp_path: str | Path, decoder_path: str | Path, device: torch.devic
     if cuda:
         torch.cuda.empty_cache()               # hand the probe's memory back (other renders may share the GPU)
     return rows
+
+
+def _out_of_memory(e: RuntimeError) -> bool:
+    """Whether `e` says the device ran out of memory."""
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e) or "ALLOC_FAILED" in str(e)
 
 
 def choose(rows: list[dict], total_bytes: int = 0) -> int:
@@ -86,7 +92,8 @@ def measured_batch_size(checkpoints: CheckpointSet, device: torch.device, dtype:
     else:                                    # the same measurement on a CPU (its tests, benchmarks)
         name, total = json.dumps(cpu_kind()), 0
     fp = checkpoints.fingerprints()
-    key = [name, total, torch.__version__, torch.version.cuda, torch.get_num_threads(), str(dtype), list(sizes),
+    threads = torch.get_num_threads() if device.type == "cpu" else None      # a CPU's speed depends on them
+    key = [name, total, torch.__version__, torch.version.cuda, threads, str(dtype), list(sizes),
            fp["warp_network"], fp["decoder"]]
 
     def run() -> dict:
@@ -94,8 +101,11 @@ def measured_batch_size(checkpoints: CheckpointSet, device: torch.device, dtype:
         return {"device": name, "total_bytes": total, "dtype": str(dtype), "torch": torch.__version__,
                 "rows": rows, "chosen": choose(rows, total)}
 
-    verdict = remembered("batch", key, run, lambda v: v["chosen"] in {r["batch"] for r in v["rows"]}, root)
+    verdict = remembered("batch", key, run, lambda v: v["chosen"] in {r["batch"] for r in v["rows"]} or
+                         (v["chosen"] == 1 and v["rows"] == []), root)
     chosen = verdict["chosen"]
+    if not verdict["rows"]:
+        return 1, "1: the probe ran out of device memory even at batch 1"
     first, ms = verdict["rows"][0], {r["batch"]: r["ms_per_frame"] for r in verdict["rows"]}
     return chosen, (f"{chosen}: probed on this {'GPU' if device.type == 'cuda' else 'CPU'}, warp+decode "
                     f"{first['ms_per_frame']:.1f} ms/frame at batch {first['batch']}, {ms[chosen]:.1f} at {chosen} "

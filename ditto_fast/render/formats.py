@@ -51,8 +51,10 @@ class Format:
         if self.codec == "prores":
             args = ["-c:v", self.encoder, "-profile:v", "3", "-vendor", "apl0"]
         elif self.nvenc:
-            # constant quality as with crf; p5 + hq is NVENC's balanced high-quality setting
-            args = ["-c:v", self.encoder, "-preset", "p5", "-tune", "hq", "-rc", "vbr", "-cq", str(crf), "-b:v", "0"]
+            # constant quality as with crf; p5 + hq is NVENC's balanced high-quality setting. crf 0 is x264's
+            # lossless, and NVENC's -cq 0 would mean "automatic", so 0 takes NVENC's lossless tune instead
+            quality = ["-tune", "lossless"] if crf == 0 else ["-tune", "hq", "-rc", "vbr", "-cq", str(crf), "-b:v", "0"]
+            args = ["-c:v", self.encoder, "-preset", "p5", *quality]
             if self.codec == "hevc" and self.container in ("mp4", "mov"):
                 args += ["-tag:v", "hvc1"]
         elif self.codec == "hevc":
@@ -91,9 +93,11 @@ def output_format(path: str | Path, codec: str | None = None) -> Format:
 
 @functools.lru_cache(maxsize=None)
 def nvenc_works(codec: str = "h264") -> tuple[bool, str]:
-    """Whether ffmpeg's NVENC encoder for `codec` encodes here (probed once per process), and why not."""
+    """Whether ffmpeg's NVENC encoder for `codec` encodes here with the options a render gives it (probed once
+    per process), and why not."""
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-f", "lavfi",
-           "-i", "color=black:s=256x256:r=25", "-frames:v", "2", "-c:v", f"{codec}_nvenc", "-f", "null", "-"]
+           "-i", "color=black:s=256x256:r=25", "-frames:v", "2",
+           *Format("mp4", codec, nvenc=True).video_args(18, "veryfast"), "-f", "null", "-"]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -39,18 +39,20 @@ class FusedRenderer:
         self._pinned: dict[tuple, torch.Tensor] = {}
         self._slot = 0
 
-    def _to_device(self, f_s: np.ndarray, slot: int) -> torch.Tensor:
-        host = torch.from_numpy(np.array(f_s, copy=True))          # memmap rows -> one host copy
+    def _to_device(self, array: np.ndarray, slot: int, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """`array` on the device as `dtype`; on CUDA through this slot's pinned buffer with a non-blocking copy
+        (a copy from pageable memory would wait for everything queued before it)."""
+        host = torch.from_numpy(np.array(array, copy=True))        # memmap rows -> one host copy
         if self.device.type != "cuda":
-            return host.to(self.dtype)
-        staging = self._staging(("in", slot), host.shape, host.dtype)
+            return host.to(dtype)
+        staging = self._staging((name, slot), host.shape, host.dtype)
         staging.copy_(host)
-        return staging.to(self.device, non_blocking=True).to(self.dtype)
+        return staging.to(self.device, non_blocking=True).to(dtype)
 
     def _staging(self, key: tuple, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A pinned host buffer per (direction, slot), reallocated when the batch shape changes."""
         buf = self._pinned.get(key)
-        if buf is None or buf.shape != shape:
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
             buf = self._pinned[key] = torch.empty(shape, dtype=dtype).pin_memory()
         return buf
 
@@ -62,9 +64,9 @@ class FusedRenderer:
         second one after it (the render loop keeps at most two in flight).
         """
         slot, self._slot = self._slot, self._slot ^ 1
-        f_3d = self._to_device(f_s, slot)                                    # [B,C,D,64,64]
-        kp_s = torch.from_numpy(np.asarray(x_s, np.float32)).to(self.device)  # [B,21,3]
-        kp_d = torch.from_numpy(np.asarray(x_d, np.float32)).to(self.device)
+        f_3d = self._to_device(f_s, slot, "f_s", self.dtype)                 # [B,C,D,64,64]
+        kp_s = self._to_device(np.asarray(x_s, np.float32), slot, "x_s", torch.float32)   # [B,21,3]
+        kp_d = self._to_device(np.asarray(x_d, np.float32), slot, "x_d", torch.float32)
         feature = self.warp(f_3d, kp_s, kp_d)                                # [B,256,64,64]
         image = self.decoder(feature)                                        # [B,3,512,512] in 0..1
         crop = (image.float() * 255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
@@ -73,7 +75,7 @@ class FusedRenderer:
         host = self._staging(("out", slot), crop.shape, torch.uint8)
         host.copy_(crop, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(self.device))     # the stream the copy went on, on any cuda:N
         return Pending(host, done)
 
     @staticmethod
@@ -84,5 +86,8 @@ class FusedRenderer:
         return pending.crops.numpy()
 
     def __call__(self, f_s: np.ndarray, x_s: np.ndarray, x_d: np.ndarray) -> np.ndarray:
-        """Warp + decode one batch and wait for it: uint8 crops [B,512,512,3]."""
-        return self.collect(self.launch(f_s, x_s, x_d))
+        """Warp + decode one batch and wait for it: uint8 crops [B,512,512,3] of the caller's own (on CUDA
+        a copy: the pinned buffer is reused two launches later)."""
+        pending = self.launch(f_s, x_s, x_d)
+        crops = self.collect(pending)
+        return crops if pending.done is None else crops.copy()
