@@ -138,3 +138,26 @@ def test_cuda_auto_takes_the_kept_probe(tiny_set, monkeypatch):
                         (8, "8: probed on this GPU"))
     assert bsz.auto_batch_size(tiny_set, torch.device("cuda"), torch.float16) == (8, "8: probed on this GPU")
     assert seen == [(torch.device("cuda"), torch.float16)]
+
+
+def test_gpu_probe_script_needs_only_torch(tmp_path, monkeypatch, capsys):
+    """scripts/gpu_probe.py (for a GPU machine whose image has torch and not the render's other packages),
+    run here on the CPU with tiny networks and those packages made unimportable."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    for name in ("mediapipe", "imageio_ffmpeg", "soxr", "soundfile", "transformers", "ray"):
+        monkeypatch.setitem(sys.modules, name, None)                # `import name` now raises ImportError
+    monkeypatch.setattr(bsz, "FRAMES", 2)
+    monkeypatch.setattr(bsz, "SIZES", (1, 2))
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_probe.py"
+    spec = importlib.util.spec_from_file_location("gpu_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--device", "cuda", "--out", str(tmp_path / "x.json")]) == 2     # no GPU here
+    assert module.main(["--device", "cpu", "--tiny", "--out", str(tmp_path / "p.json")]) == 0
+    got = json.loads((tmp_path / "p.json").read_text())
+    fp32 = got["precisions"]["fp32"]
+    assert [r["batch"] for r in fp32["rows"]] == [1, 2] and fp32["chosen"] == bsz.choose(fp32["rows"])
+    assert "<- auto" in capsys.readouterr().out
