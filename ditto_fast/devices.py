@@ -30,6 +30,9 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
         raise UsageError(f"--precision {precision}: use auto, fp16, bf16 or fp32")
     if precision == "fp16" and device.type == "cpu":
         raise UsageError("--precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise UsageError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 arithmetic (it came "
+                         "with Ampere); use fp16 or auto")
     return PRECISIONS[precision]
 
 

@@ -59,3 +59,13 @@ def test_device_and_precision_choice(monkeypatch):
     assert resolve_device("auto").type == "cpu"
     with pytest.raises(UsageError, match="no CUDA device"):
         resolve_device("cuda")
+
+
+def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
+    """A pre-Ampere card would run bf16 emulated or fail in cuDNN: refused up front (the answer is faked here)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    with pytest.raises(UsageError, match="Tesla T4 has no bf16 arithmetic"):
+        resolve_precision("bf16", torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: not including_emulation)
+    assert resolve_precision("bf16", torch.device("cuda")) == torch.bfloat16
