@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .config import X264_PRESETS, default
+from .config import X264_PRESETS, check_setting, default
 from .errors import DittoError, Terminated
 
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
@@ -31,12 +31,14 @@ class BatchSize(click.ParamType):
         return self.name
 
     def convert(self, value, param, ctx):
-        if value == "auto":
-            return value
         try:
-            return click.IntRange(1, 64).convert(value, param, ctx)
-        except click.BadParameter:
-            self.fail(f"{value!r} is not a whole number in 1..64 or auto", param, ctx)
+            number = value if value == "auto" else int(value)
+        except ValueError:
+            number = value                      # refused below, with the setting's own message
+        try:
+            return check_setting("render", "batch_size", number, "")
+        except DittoError as e:                 # the setting's UsageError; click names the option
+            self.fail(str(e).strip(), param, ctx)
 
 
 CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,

@@ -90,6 +90,13 @@ def _check(value: Any, meta: dict, where: str) -> Any:
     return value
 
 
+def check_setting(section: str, key: str, value: Any, where: str) -> Any:
+    """`value` checked as the setting `section.key` is when a file is read (type, range, words);
+    UsageError naming `where` and what is allowed."""
+    fields = {f.name: f for f in dataclasses.fields(_SECTION_CLASSES[section])}
+    return _check(value, fields[key].metadata, where)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}

@@ -46,7 +46,7 @@ from .avatar.format import PKL_NAME
 from .avatar.plate import PlateReader, mirror_positions
 from .avatar.store import avatars_dir
 from .checkpoints import CheckpointSet, find_checkpoints
-from .config import Config, load_config
+from .config import Config, check_setting, load_config
 from .devices import resolve_device, resolve_precision
 from .errors import InputError, UsageError
 from .motion.conditions import build_conditions, condition_parts, emotion_schedule, schedule_file
@@ -224,13 +224,11 @@ class RenderSetup:
         dtype, why = resolve_precision(precision, dev), ""
         if precision == "auto" and dev.type == "cpu":     # the fastest precision good enough on this CPU
             dtype, why = cpu_precision(cs)
-        batch = batch_size or r.batch_size
+        batch = check_setting("render", "batch_size", batch_size or r.batch_size, "batch size")
         if batch == "auto":                     # 1 on a CPU; on CUDA the probe's verdict (measured once per GPU)
             batch, batch_why = auto_batch_size(cs, dev, dtype)
-        elif isinstance(batch, int) and 1 <= batch <= 64:
-            batch_why = f"{batch}: set by --batch-size or render.batch_size"
         else:
-            raise UsageError(f"batch size {batch!r}: use a whole number in 1..64 or auto")
+            batch_why = f"{batch}: set by --batch-size or render.batch_size"
         return cls(config, cs, dev, dtype, batch, r.crf if crf is None else crf, preset or r.preset,
                    _use_nvenc(encoder, dev), why, batch_why)
 

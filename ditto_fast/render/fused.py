@@ -50,7 +50,7 @@ class FusedRenderer:
         return staging.to(self.device, non_blocking=True).to(dtype)
 
     def _staging(self, key: tuple, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        """A pinned host buffer per (direction, slot), reallocated when the batch shape changes."""
+        """A pinned host buffer per (tensor, slot), reallocated when the batch's shape or dtype changes."""
         buf = self._pinned.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype:
             buf = self._pinned[key] = torch.empty(shape, dtype=dtype).pin_memory()
