@@ -1,0 +1,116 @@
+"""One fixed clip rendered through the CLI, a batch and the Python API gives the same bytes, and the bytes
+recorded before the render request was introduced (on a machine of the recorded kind).
+
+The recorded digests are keyed by what decides the arithmetic (CPU flags, torch, numpy, mediapipe,
+ffmpeg); on another kind of machine the three paths must still agree with one another. To record this
+machine's: DITTO_FAST_RECORD_GOLDEN=1 ./scripts/test.sh tests/test_engine_same_bytes.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from ditto_fast.render.precision import cpu_kind
+
+GOLDEN = REPO / "tests" / "data" / "golden_render.json"
+# a clip that leaves the defaults: another seed, fewer steps, a mix of emotions, an output rate that is not
+# the avatar's, controls, and the fixed engine settings a digest records
+CLIP = {"seed": 7, "steps": 4, "emotion": "happy+surprise", "fps": "30"}
+ENGINE = ["--device", "cpu", "--precision", "fp32", "--batch-size", "1", "--encoder", "software"]
+CONTROLS = {"frames": {"0-5": {"yaw": 8.0}}}
+
+
+def _machine_key() -> str:
+    kind = cpu_kind()
+    parts = [platform.machine(), ",".join(kind["flags"]), *(f"{p}={version(p)}" for p in
+             ("torch", "numpy", "mediapipe", "imageio-ffmpeg", "opencv-contrib-python"))]
+    return " ".join(parts)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def three_ways(video_avatar, session_home, tiny_checkpoints, clips, tmp_path_factory, run_cli_module):
+    out = tmp_path_factory.mktemp("same_bytes")
+    controls = out / "controls.json"
+    controls.write_text(json.dumps(CONTROLS))
+    env = {"DITTO_FAST_CHECKPOINTS": str(tiny_checkpoints)}
+    cli_out = out / "cli.mp4"
+    r = run_cli_module(["render", "--avatar", "anchor", "--audio", clips[0], "-o", cli_out, "--seed", CLIP["seed"],
+                        "--steps", CLIP["steps"], "--emotion", CLIP["emotion"], "--fps", CLIP["fps"],
+                        "--controls", controls, *ENGINE, "--quiet"], env)
+    assert r.returncode == 0, r.stderr
+    jobs = out / "jobs.jsonl"
+    jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(clips[0]), "output": "batch.mp4",
+                                "controls": "controls.json", **CLIP}) + "\n")
+    r = run_cli_module(["batch", jobs, *ENGINE, "--quiet"], env)
+    assert r.returncode == 0, r.stderr
+    from ditto_fast import Renderer
+
+    api_out = out / "api.mp4"
+    renderer = Renderer(tiny_checkpoints, device="cpu", precision="fp32", batch_size=1, encoder="software")
+    _render_api(renderer, clips[0], api_out, controls)
+    return {"cli": _sha(cli_out), "batch": _sha(out / "batch.mp4"), "api": _sha(api_out)}
+
+
+def _render_api(renderer, audio: Path, output: Path, controls: Path) -> None:
+    """The Python API's one-off render of the fixed clip."""
+    try:
+        from ditto_fast import RenderRequest
+    except ImportError:                       # the engine before the render request existed
+        renderer.render("anchor", audio, output, controls=controls, **CLIP)
+        return
+    renderer.render(RenderRequest(avatar="anchor", audio=audio, output=output, controls=controls, **CLIP))
+
+
+@pytest.fixture(scope="module")
+def run_cli_module():
+    """The CLI in this process (as conftest's run_cli, module-scoped and without output capture)."""
+    from ditto_fast import cli as cli_module
+
+    def run(args, env):
+        import subprocess
+
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            cli_module.main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        return subprocess.CompletedProcess(args, code, "", "")
+
+    return run
+
+
+@pytest.mark.slow
+def test_the_cli_a_batch_and_the_api_give_the_same_bytes(three_ways):
+    assert three_ways["cli"] == three_ways["batch"] == three_ways["api"], three_ways
+
+
+@pytest.mark.slow
+def test_the_bytes_recorded_before_the_render_request(three_ways):
+    recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    key = _machine_key()
+    if os.environ.get("DITTO_FAST_RECORD_GOLDEN"):
+        recorded[key] = three_ways["cli"]
+        GOLDEN.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    if key not in recorded:
+        pytest.skip(f"no digest recorded for this kind of machine ({key})")
+    assert three_ways["cli"] == recorded[key]
