@@ -1,20 +1,19 @@
 """ditto-fast: batch renderer for lip-synced talking-anchor videos (Ditto method).
 
-The engine: `Renderer` (load once, render clip after clip) and `Registrar` (register avatars);
-imported on first use, so `import ditto_fast` stays light.
+The engine: `Renderer` (load once, render clip after clip) renders `RenderRequest`s, and `Registrar`
+registers avatars; imported on first use, so `import ditto_fast` stays light.
 """
 
-__version__ = "0.1.0"
-__all__ = ["Renderer", "RenderResult", "Registrar"]
+from ditto_fast.core.version import __version__
+
+__all__ = ["Renderer", "RenderRequest", "RenderResult", "Registrar", "__version__"]
+_ENGINE = {"Renderer": "ditto_fast.engine.renderer", "RenderResult": "ditto_fast.engine.renderer",
+           "RenderRequest": "ditto_fast.engine.request", "Registrar": "ditto_fast.avatar.register"}
 
 
 def __getattr__(name: str):
-    if name in ("Renderer", "RenderResult"):
-        from . import pipeline
+    if name in _ENGINE:
+        import importlib
 
-        return getattr(pipeline, name)
-    if name == "Registrar":
-        from .avatar.register import Registrar
-
-        return Registrar
+        return getattr(importlib.import_module(_ENGINE[name]), name)
     raise AttributeError(f"module 'ditto_fast' has no attribute {name!r}")

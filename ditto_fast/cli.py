@@ -12,14 +12,36 @@ from pathlib import Path
 
 import click
 
-from .config import X264_PRESETS, check_setting, default
-from .errors import DittoError, Terminated
+from ditto_fast.core.config import check_setting, declaration, default
+from ditto_fast.engine.request import FIELDS
+from ditto_fast.core.errors import DittoError, Terminated
 
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
-FPS_HELP = ("Output frame rate: 24, 25, 30, 50, 60 or the NTSC rates 23.976, 29.97, 59.94 (also as 24000/1001, "
-            "30000/1001, 60000/1001) [default: the avatar's own rate; 25 for image avatars].")
-CODEC = click.Choice(["h264", "hevc", "prores"], case_sensitive=False)
-CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with PCM audio; .mov only)."
+
+
+class DeclaredSetting(click.ParamType):
+    """An option checked by its config declaration (`section.key`): the same values refused with the same message
+    as in a job line, a config file or a RenderRequest made in Python."""
+
+    def __init__(self, section: str, key: str):
+        self.section, self.key = section, key
+        self.decl = declaration(section, key)
+        self.name = "|".join(self.decl["choices"]) if self.decl["choices"] else \
+            "INTEGER" if self.decl["kind"] is int else "TEXT"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return f"[{self.name}]" if self.decl["choices"] else self.name
+
+    def convert(self, value, param, ctx):
+        if self.decl["kind"] is int and isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                pass                            # refused below, with the setting's own message
+        try:
+            return check_setting(self.section, self.key, value, "")
+        except DittoError as e:                 # the setting's UsageError; click names the option
+            self.fail(str(e).strip(), param, ctx)
 
 
 class BatchSize(click.ParamType):
@@ -35,10 +57,7 @@ class BatchSize(click.ParamType):
             number = value if value == "auto" else int(value)
         except ValueError:
             number = value                      # refused below, with the setting's own message
-        try:
-            return check_setting("render", "batch_size", number, "")
-        except DittoError as e:                 # the setting's UsageError; click names the option
-            self.fail(str(e).strip(), param, ctx)
+        return DeclaredSetting("render", "batch_size").convert(number, param, ctx)
 
 
 CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
@@ -143,10 +162,10 @@ def engine_options(command):
         click.option("--batch-size", type=BatchSize(), default=None,
                      help="Frames per warp+decode micro-batch: 1..64, or auto (1 on a CPU; on a GPU the fastest "
                           "per frame, measured once and kept in the store)." + _default("render", "batch_size")),
-        click.option("--crf", type=click.IntRange(0, 51), default=None,
+        click.option("--crf", type=DeclaredSetting("render", "crf"), default=None,
                      help="H.264 quality." + _default("render", "crf")),
-        click.option("--preset", default=None, help="x264 preset." + _default("render", "preset"),
-                     type=click.Choice(X264_PRESETS)),
+        click.option("--preset", type=DeclaredSetting("render", "preset"), default=None,
+                     help="x264 preset." + _default("render", "preset")),
         click.option("--encoder", type=click.Choice(["auto", "software", "nvenc"]), default="auto", show_default=True,
                      help="H.264/HEVC encoder: software (x264/x265), nvenc (the GPU's), or auto (NVENC when "
                           "rendering on CUDA and it works)."),
@@ -155,6 +174,26 @@ def engine_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def request_options(skip: tuple[str, ...] = (), job_default: bool = False):
+    """The render request's fields as click options (their names, types, ranges and help from the request and the
+    config's declarations), leaving out `skip`; with `job_default` each one is the default of a batch's jobs."""
+    def decorate(command):
+        for f in reversed(FIELDS):
+            if f.name in skip:
+                continue
+            meta = f.metadata
+            kind = DeclaredSetting(*meta["setting"]) if meta["setting"] else \
+                click.Path(path_type=Path) if meta["kind"] == "path" else None
+            help_text = meta["help"] + (_default(*meta["setting"]) if meta["setting"] else "")
+            if job_default:
+                help_text += f' A job\'s own "{f.name}" wins.'
+            command = click.option(*meta["flags"], f.name, type=kind, default=None,
+                                   required=meta["required"] and not job_default, help=help_text,
+                                   metavar="RATE" if meta["kind"] == "rate" else None)(command)
+        return command
+    return decorate
 
 
 @contextmanager
@@ -188,23 +227,24 @@ def _write_json(path: Path, data: dict) -> None:
 @cli.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("--name", help="Avatar name [A-Za-z0-9_-]{1,64}; default: the file stem.")
-@click.option("--max-size", type=click.IntRange(64, 8192), default=None,
+@click.option("--max-size", type=DeclaredSetting("register", "max_size"), default=None,
               help="Long side of the frames kept; larger sources are resized." + _default("register", "max_size"))
 @click.option("--max-frames", type=click.IntRange(1), default=None, help="Use at most N frames.")
 @click.option("--force", is_flag=True, help="Replace an existing avatar of that name.")
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None,
               help="Checkpoint directory (default $DITTO_FAST_CHECKPOINTS or ./checkpoints).")
 @click.option("--device", type=DEVICE, default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 256), default=None, help="Crops per batch." + _default("register", "batch_size"))
+@click.option("--batch-size", type=DeclaredSetting("register", "batch_size"), default=None,
+              help="Crops per batch." + _default("register", "batch_size"))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--strict", is_flag=True, help="Refuse (exit 4) a source whose mouth is open, instead of a warning.")
 @CONFIG
 def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet, strict,
              config_path):
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
-    from .avatar.register import Registrar
-    from .config import load_config
-    from .memory import reuse_freed_memory
+    from ditto_fast.avatar.register import Registrar
+    from ditto_fast.core.config import load_config
+    from ditto_fast.core.memory import reuse_freed_memory
 
     config = load_config(config_path).register
     reuse_freed_memory()          # registration also returns the free pages every TRIM_EVERY frames
@@ -234,62 +274,47 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 
 # ----------------------------------------------------------------------------- render
 @cli.command()
-@click.option("--avatar", required=True, help="Registered avatar name (see `ditto-fast avatars`).")
-@click.option("--audio", "audio_path", required=True, type=click.Path(path_type=Path), help="Speech file.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Output file; .mp4, .mov or .mkv picks the container (default <avatar>_<audio stem>.mp4 "
-                   "in the current directory).")
-@click.option("--steps", type=click.IntRange(1, 1000), default=None, help="DDIM steps." + _default("motion", "steps"))
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
-@click.option("--emotion", default="neutral", show_default=True,
-              help="angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, "
-                   "or a per-frame schedule: a JSON file, or inline JSON like "
-                   "'{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")
-@click.option("--controls", type=click.Path(path_type=Path), default=None, help="Per-frame control file (JSON).")
-@click.option("--fps", default=None, metavar="RATE", help=FPS_HELP)
-@click.option("--codec", type=CODEC, default=None, help=CODEC_HELP)
+@request_options()
 @engine_options
 @click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
 @click.option("--preview", type=click.Path(path_type=Path), default=None,
               help="Also write a PNG: thumbnails of the output, the waveform and the generated lip opening.")
 @click.option("--quiet", is_flag=True, help="No progress bar or stage table.")
 @CONFIG
-def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, codec, device, precision, batch_size,
-           crf, preset, encoder, checkpoints_dir, profile, preview, quiet, config_path):
+def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir, profile, preview, quiet, config_path,
+           **fields):
     """Render AUDIO spoken by AVATAR into a video file (written to a temporary name, renamed when complete)."""
-    from .avatar import load_avatar, validate_name
-    from .checkpoints import find_checkpoints
-    from .config import load_config
-    from .memory import reuse_freed_memory
-    from .pipeline import Renderer, check_clip, default_output, stage_table
+    from ditto_fast.avatar import load_avatar
+    from ditto_fast.checkpoints import find_checkpoints
+    from ditto_fast.core.config import load_config
+    from ditto_fast.core.memory import reuse_freed_memory
+    from ditto_fast.engine.clip import check_clip
+    from ditto_fast.engine.renderer import Renderer, stage_table
+    from ditto_fast.engine.request import RenderRequest
+    from ditto_fast.engine.setup import RenderSetup
 
+    request = RenderRequest(**fields)
     config = load_config(config_path)
-    output = output or default_output(avatar, audio_path)
     cs = find_checkpoints(checkpoints_dir)
-    # every input checked before the networks load
-    check_clip(load_avatar(validate_name(avatar), expected_fingerprints=cs.avatar_fingerprints()), audio_path, output,
-               seed=seed, emotion=emotion, controls=controls, steps=steps, config=config, fps=fps, codec=codec)
+    # every input checked (the audio decoded, the avatar opened) before the networks load
+    clip = check_clip(request, load_avatar(request.avatar, expected_fingerprints=cs.avatar_fingerprints()), config)
     if preview is not None:
-        from .preview.paths import check_png_path
+        from ditto_fast.preview.paths import check_png_path
 
         check_png_path(preview)
     reuse_freed_memory()
-    renderer = Renderer(cs, device=device, precision=precision, config=config, batch_size=batch_size, crf=crf,
-                        preset=preset, encoder=encoder)
+    renderer = Renderer(setup=RenderSetup.resolve(cs, device, precision, config, batch_size, crf, preset, encoder))
     with _bar("render", quiet) as bar:
-        result = renderer.render(avatar, audio_path, output, seed=seed, emotion=emotion, controls=controls,
-                                 steps=steps, fps=fps, codec=codec, progress=bar)
-    result.profile["stages"]["load_models"] = round(renderer.load_seconds, 4)
+        result = renderer.render(clip, progress=bar)
     if profile:
         _write_json(profile, result.profile)
     if not quiet:
         click.echo(stage_table(result.profile), err=True)
     if preview is not None:
-        from .preview.render_strip import write_render_preview
+        from ditto_fast.preview.render_strip import write_render_preview
 
-        opened = renderer.avatar(avatar)
-        write_render_preview(preview, result.output, audio_path, result.profile["frames"], result.profile["rate"],
-                             mouth=result.mouth, M_c2o=opened.M_c2o, size=opened.size,
+        write_render_preview(preview, result.output, request.audio, result.profile["frames"], result.profile["rate"],
+                             mouth=result.mouth, M_c2o=clip.avatar.M_c2o, size=clip.avatar.size,
                              random_weights=result.profile["random_weights"])
     click.echo(str(result.output))
 
@@ -308,8 +333,7 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
 @click.option("--previews", "previews_dir", type=click.Path(path_type=Path), default=None,
               help="Write a preview PNG of each rendered job into this folder (<output stem>.png); "
                    "the report gives each job's \"preview\".")
-@click.option("--fps", default=None, metavar="RATE", help=FPS_HELP + " A job's own \"fps\" wins.")
-@click.option("--codec", type=CODEC, default=None, help=CODEC_HELP + " A job's own \"codec\" wins.")
+@request_options(skip=("avatar", "audio", "output"), job_default=True)
 @engine_options
 @click.option("--quiet", is_flag=True, help="No progress bar or job table.")
 @click.option("--ray", "ray_address", default=None, metavar="local|ADDRESS",
@@ -317,14 +341,15 @@ def render(avatar, audio_path, output, steps, seed, emotion, controls, fps, code
 @click.option("--workers", type=click.IntRange(1, 1024), default=None,
               help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
 @CONFIG
-def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previews_dir, fps, codec, device, precision,
-          batch_size, crf, preset, encoder, checkpoints_dir, quiet, ray_address, workers, config_path):
-    """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional seed,
-    emotion, controls, steps) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
-    from .batch import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, run_batch, summary
-    from .config import load_config
-    from .memory import reuse_freed_memory
-    from .pipeline import RenderSetup
+def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previews_dir, device, precision,
+          batch_size, crf, preset, encoder, checkpoints_dir, quiet, ray_address, workers, config_path, **defaults):
+    """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional steps, seed,
+    emotion, controls, fps, codec) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
+    from ditto_fast.batch.jobs import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, summary
+    from ditto_fast.batch.local import run_batch
+    from ditto_fast.core.config import load_config
+    from ditto_fast.core.memory import reuse_freed_memory
+    from ditto_fast.engine.setup import RenderSetup
 
     by_dir = (avatar, audio_dir, out_dir)
     if jobs_file is not None and any(v is not None for v in by_dir):
@@ -332,13 +357,11 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
     if jobs_file is None and any(v is None for v in by_dir):
         raise click.UsageError("give JOBS_FILE, or all of --avatar NAME --audio-dir IN --out-dir OUT")
     config = load_config(config_path)
-    jobs = read_jobs(jobs_file) if jobs_file is not None else \
-        jobs_from_dir(avatar, audio_dir, out_dir, ".mov" if codec and codec.lower() == "prores" else ".mp4")
-    for job in jobs:
-        job.fps = job.fps if job.fps is not None else fps
-        job.codec = job.codec if job.codec is not None else codec
+    defaults = {k: v for k, v in defaults.items() if v is not None}
+    jobs = read_jobs(jobs_file, defaults) if jobs_file is not None else \
+        jobs_from_dir(avatar, audio_dir, out_dir, defaults)
     if report is not None:
-        from .render.writer import check_output_path
+        from ditto_fast.render.writer import check_output_path
 
         check_output_path(report)
     if workers is not None and ray_address is None:
@@ -346,9 +369,9 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
     if previews_dir is not None and ray_address is not None:
         raise click.UsageError("--previews does not work with --ray yet; render previews with `render --preview`")
     if ray_address is not None:
-        from .scale import run_batch_ray
+        from ditto_fast.batch.ray_actors import run_batch_ray
 
-        from .checkpoints import find_checkpoints
+        from ditto_fast.checkpoints import find_checkpoints
 
         setup_args = {"checkpoints": str(find_checkpoints(checkpoints_dir).root.resolve()), "device": device,
                       "precision": precision, "config": config, "batch_size": batch_size, "crf": crf,
@@ -382,7 +405,7 @@ def config_cmd(config_path):
 
     import yaml
 
-    from .config import load_config
+    from ditto_fast.core.config import load_config
 
     click.echo(yaml.safe_dump(dataclasses.asdict(load_config(config_path)), sort_keys=False).rstrip())
 
@@ -395,7 +418,7 @@ def avatars(ctx, as_json):
     """List registered avatars (subcommands: show, rm)."""
     if ctx.invoked_subcommand is not None:
         return
-    from .avatar import list_avatars, store_root
+    from ditto_fast.avatar import list_avatars, store_root
 
     rows = list_avatars()
     if as_json:
@@ -422,15 +445,15 @@ def avatars(ctx, as_json):
               help="Also write a PNG: source frames with crop box and landmarks, the crops, pose/eye/mouth plots.")
 def avatars_show(name, verify, preview):
     """Show one avatar's details."""
-    from .avatar import avatar_info, load_avatar
+    from ditto_fast.avatar import avatar_info, load_avatar
 
     if preview is not None:
-        from .preview.paths import check_png_path
+        from ditto_fast.preview.paths import check_png_path
 
         check_png_path(preview)
     info = avatar_info(name, verify=verify)
     if preview is not None:
-        from .preview.avatar_sheet import write_avatar_preview
+        from ditto_fast.preview.avatar_sheet import write_avatar_preview
 
         info["preview"] = str(write_avatar_preview(load_avatar(name, verify="light"), preview))
     click.echo(json.dumps(info, indent=2, default=str))
@@ -440,7 +463,7 @@ def avatars_show(name, verify, preview):
 @click.argument("name")
 def avatars_rm(name):
     """Remove an avatar from the store."""
-    from .avatar import remove_avatar
+    from ditto_fast.avatar import remove_avatar
 
     remove_avatar(name)
     click.echo(f"removed {name}")
@@ -458,7 +481,7 @@ def checkpoints():
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 def checkpoints_init_random(directory, tiny, seed):
     """Write random weights for all six networks and HuBERT into DIRECTORY (outputs are labelled random)."""
-    from .checkpoints import write_random
+    from ditto_fast.checkpoints.random import write_random
 
     root = write_random(directory, tiny=tiny, seed=seed)
     click.echo(f"wrote {'tiny ' if tiny else ''}random checkpoints (seed {seed}) to {root}")
@@ -468,8 +491,8 @@ def checkpoints_init_random(directory, tiny, seed):
 @click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None)
 def checkpoints_info(checkpoints_dir):
     """Load every network once and print its file, fingerprint and size."""
-    from .checkpoints import find_checkpoints
-    from .models import load
+    from ditto_fast.checkpoints import find_checkpoints
+    from ditto_fast.models import load
 
     cs = find_checkpoints(checkpoints_dir)
     fps = cs.fingerprints()
@@ -488,7 +511,7 @@ def checkpoints_info(checkpoints_dir):
 def doctor(checkpoints_dir):
     """Check ffmpeg, torch device, mediapipe models, checkpoints (each loaded) and the avatar store, one line each;
     changes nothing. Exit 6 if the checkpoints fail, 3 if the store is not writable."""
-    from .doctor import run_checks
+    from ditto_fast.doctor import run_checks
 
     failed = []
     for check in run_checks(checkpoints_dir):

@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DittoError
+from ditto_fast.core.errors import DittoError
 
 
 @dataclass
@@ -59,9 +59,9 @@ def _mediapipe() -> Check:
 
 def _checkpoints(directory) -> Check:
     """Find the checkpoints and load each network and HuBERT on the CPU, as a render would."""
-    from . import models
-    from .audio.hubert import load_hubert_encoder
-    from .checkpoints import find_checkpoints, resolve_root
+    from ditto_fast import models
+    from ditto_fast.audio.hubert import load_hubert_encoder
+    from ditto_fast.checkpoints import find_checkpoints, resolve_root
 
     root = resolve_root(directory)
     try:
@@ -89,7 +89,7 @@ def _writable_dir(path: Path) -> tuple[bool, Path]:
 
 def _store() -> Check:
     """The avatar store, looked at without changing anything (no directory made, no file written)."""
-    from .avatar import list_avatars, store_root
+    from ditto_fast.avatar import list_avatars, store_root
 
     root = store_root() / "avatars"
     ok, where = _writable_dir(root)

@@ -66,7 +66,7 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
     try:
         import ray
 
-        from ditto_fast.scale import BatchWorker
+        from ditto_fast.batch.ray_actors import BatchWorker
 
         t0 = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
@@ -79,7 +79,7 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
     except ImportError:
         pass
 
-    from ditto_fast.pipeline import RenderSetup
+    from ditto_fast.engine.setup import RenderSetup
 
     mean_sep = sum(fixed_sep) / clips_n
     result = {"clips": clips_n, "audio_seconds": seconds, "steps": steps, "networks": "tiny" if tiny else "full",

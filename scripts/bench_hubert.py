@@ -17,7 +17,7 @@ import torch
 import bench_common  # noqa: F401  (puts tests/ on sys.path: the reference paths are shared with the tests)
 from ditto_fast.audio.decode import frame_count, load_audio
 from ditto_fast.audio.hubert import WINDOW, HubertFeatures, pad_signal, window_starts
-from ditto_fast.hubert_random import write_random_hubert
+from ditto_fast.checkpoints.random_hubert import write_random_hubert
 from reference import hubert_encode_windows
 
 SPEECH = Path("/work/shared/media/news_en_16k.wav")

@@ -19,11 +19,12 @@ import cv2
 import numpy as np
 
 import bench_common  # noqa: F401  (puts tests/ on sys.path: write_plate is shared with the tests)
-from ditto_fast.avatar.plate import PlateReader, mirror_index
+from ditto_fast.avatar.plate import PlateReader
+from ditto_fast.media.rates import mirror_index
 from ditto_fast.render import putback as pb_mod
 from ditto_fast.render.putback import YuvPutback, feathered_mask
 from ditto_fast.render.writer import VideoWriter
-from ditto_fast.yuv import rgb_to_i420
+from ditto_fast.media.yuv import rgb_to_i420
 from synthetic import write_plate
 
 W, H = 1920, 1080

@@ -10,7 +10,7 @@ CHILD = """
 import json, resource, time
 from ditto_fast.avatar.register import register_avatar
 from ditto_fast.avatar import load_avatar
-from ditto_fast.timing import StageTimer
+from ditto_fast.core.timing import StageTimer
 t = StageTimer()
 t0 = time.perf_counter()
 d = register_avatar({video!r}, name="bench", force=True, checkpoints={ckpt!r}, device="cpu", timer=t)

@@ -15,7 +15,7 @@ print(json.dumps({{}}))
 """
 
 # the malloc policy `ditto-fast render` and `batch` set (a line of child code)
-CLI_MALLOC = "from ditto_fast.memory import reuse_freed_memory; reuse_freed_memory()"
+CLI_MALLOC = "from ditto_fast.core.memory import reuse_freed_memory; reuse_freed_memory()"
 
 # the loop's ffmpeg I/O split in two: time in the plate reader's frame() and in the encoder's write()
 SPLIT_WRITE = """
@@ -39,12 +39,12 @@ _timed(VideoWriter, "write", "encoder_write")
 CHILD = """
 import json
 """ + CLI_MALLOC + SPLIT_WRITE + """
-from ditto_fast.pipeline import Renderer, stage_table
+from ditto_fast.engine.renderer import Renderer, stage_table
+from ditto_fast.engine.request import RenderRequest
 import torch
 threads_used = torch.get_num_threads()
 engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch!r})
-res = engine.render("bench", {audio!r}, {out!r})
-res.profile["stages"]["load_models"] = round(engine.load_seconds, 4)
+res = engine.render(RenderRequest("bench", {audio!r}, {out!r}))
 import resource
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)     # the ffmpeg processes: audio decode, plate decode, encode
 res.profile["ffmpeg_cpu_s"] = ru.ru_utime + ru.ru_stime

@@ -215,7 +215,7 @@ def run_case(case: Case, path: Path, work: Path, env: dict, timeout: float) -> C
             problems.append(f"avatar {out.name} exists after exit {case.exit_code}")
         if case.exit_code == 0:
             from ditto_fast.avatar import load_avatar
-            from ditto_fast.errors import DittoError
+            from ditto_fast.core.errors import DittoError
 
             try:
                 load_avatar(out, verify="full")
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="one case, e.g. render:17")
     args = ap.parse_args(argv)
 
-    from ditto_fast.checkpoints import write_random
+    from ditto_fast.checkpoints.random import write_random
 
     work = args.work or Path(tempfile.mkdtemp(prefix="ditto-fuzz-"))
     try:

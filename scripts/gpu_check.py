@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench_common import anchor, checkpoints, speech
-    from ditto_fast.pipeline import Renderer, STAGES
+    from ditto_fast.engine.renderer import Renderer, STAGES
+    from ditto_fast.engine.request import RenderRequest
     from ditto_fast.render.formats import nvenc_works
 
     if not torch.cuda.is_available():
@@ -57,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     def run(seconds: float, bs: int, ahead: bool, use_nvenc: bool) -> dict:
         engine.setup = dataclasses.replace(base_setup, batch_size=bs, nvenc=use_nvenc)
         engine.config = dataclasses.replace(base_cfg, render=dataclasses.replace(base_cfg.render, lookahead=ahead))
-        res = engine.render("gpu", speech(seconds), home / f"out_{bs}_{ahead}_{use_nvenc}.mp4")
+        res = engine.render(RenderRequest("gpu", speech(seconds), home / f"out_{bs}_{ahead}_{use_nvenc}.mp4"))
         p = res.profile
         per = {k: 1000 * p["stages"][k] / p["frames"] for k in STAGES if k not in ("load_models", "load_avatar")}
         loop_cpu = 1000 * sum(p["stages_cpu"][k] for k in ("stitch", "putback", "write")) / p["frames"]
         return {"batch": bs, "lookahead": ahead, "encoder": p["encoder"], "frames": p["frames"], "fps": p["fps"],
                 "ms_per_frame": per, "loop_thread_cpu_ms": loop_cpu}
 
-    engine.render("gpu", speech(2.0), home / "warmup.mp4")                      # cuDNN autotune, allocator
+    engine.render(RenderRequest("gpu", speech(2.0), home / "warmup.mp4"))                      # cuDNN autotune, allocator
     rows = []
     header = (f"{'batch':>5} {'ahead':>5} {'encoder':>11} {'fps':>7} " + " ".join(f"{k[:9]:>9}" for k in STAGES[2:])
               + f" {'loop cpu':>9}")     # the loop thread's own CPU in stitch + putback + write

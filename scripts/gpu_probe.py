@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from ditto_fast.checkpoints import MODELS_SUBDIR, write_random
+    from ditto_fast.checkpoints import MODELS_SUBDIR
+    from ditto_fast.checkpoints.random import write_random
     from ditto_fast.models import SPECS
     from ditto_fast.render.batch_size import FRAMES, SIZES, choose, measure
 

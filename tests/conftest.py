@@ -97,7 +97,7 @@ def assert_close_to_ref(got: np.ndarray, ref: np.ndarray, what: str, rel: float 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> Path:
     """A checkpoint root with tiny random weights for all six networks and HuBERT (written once)."""
-    from ditto_fast.checkpoints import write_random
+    from ditto_fast.checkpoints.random import write_random
 
     root = tmp_path_factory.mktemp("ckpt_tiny")
     write_random(root, tiny=True, seed=0)
@@ -211,6 +211,6 @@ def clips(tmp_path_factory, speech_wav):
 @pytest.fixture(scope="session")
 def engine(video_avatar, tiny_checkpoints):
     """One render engine with the tiny checkpoints on the CPU, shared by the session."""
-    from ditto_fast.pipeline import Renderer
+    from ditto_fast.engine.renderer import Renderer
 
     return Renderer(tiny_checkpoints, device="cpu")

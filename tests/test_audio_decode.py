@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 
 from ditto_fast.audio.decode import frame_count, load_audio
-from ditto_fast.errors import InputError
+from ditto_fast.core.errors import InputError
 
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
 

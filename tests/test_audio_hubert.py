@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import HubertConfig, HubertForCTC, HubertModel
 
 from ditto_fast.audio.hubert import HubertFeatures, load_hubert_encoder, window_starts
-from ditto_fast.errors import CheckpointError
-from ditto_fast.hubert_random import RANDOM_MARK, hubert_config_dict, write_random_hubert
+from ditto_fast.core.errors import CheckpointError
+from ditto_fast.checkpoints.random_hubert import RANDOM_MARK, hubert_config_dict, write_random_hubert
 from reference import hubert_features_one_by_one
 
 

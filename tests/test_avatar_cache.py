@@ -15,7 +15,7 @@ import pytest
 from ditto_fast.avatar import format as fmt
 from ditto_fast.avatar import reader, safe_pickle, store, writer
 from ditto_fast.avatar import AvatarWriter, load_avatar
-from ditto_fast.errors import AvatarError, InputError, UsageError
+from ditto_fast.core.errors import AvatarError, InputError, UsageError
 
 FP = {"appearance_extractor": "a1b2c3d4e5f60718", "motion_extractor": "0918f7e6d5c4b3a2"}
 TAIL = (4, 4, 64, 64)

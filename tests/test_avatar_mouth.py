@@ -12,7 +12,7 @@ import pytest
 from conftest import store_env
 from ditto_fast.avatar import load_avatar
 from ditto_fast.avatar.mouth_check import MouthCheck, frame_ranges, mouth_check_of
-from ditto_fast.config import load_config
+from ditto_fast.core.config import load_config
 from ditto_fast.face.mouth import MOUTH_CORNERS, mouth_openness
 from synthetic import Motion, astronaut, open_mouth_astronaut, write_anchor_video
 

@@ -11,8 +11,9 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from ditto_fast.avatar.plate import PlateReader, mirror_index, seek_time, write_plate_image
-from ditto_fast.errors import AvatarError
+from ditto_fast.avatar.plate import PlateReader, seek_time, write_plate_image
+from ditto_fast.media.rates import mirror_index
+from ditto_fast.core.errors import AvatarError
 from ditto_fast.render.writer import VideoWriter
 from synthetic import write_plate
 

@@ -12,8 +12,8 @@ import pytest
 
 from ditto_fast.avatar.plate import PLATE_KEYINT, PlateReader
 from ditto_fast.avatar.source import SourceFrames, open_source
-from ditto_fast.ffpipe import RawVideoPipe
-from ditto_fast.yuv import YuvFrame
+from ditto_fast.media.ffpipe import RawVideoPipe
+from ditto_fast.media.yuv import YuvFrame
 
 
 def _reference_frames(path, size) -> list[np.ndarray]:

@@ -11,19 +11,21 @@ import sys
 import numpy as np
 import pytest
 
-from ditto_fast.batch import Job, read_jobs, run_batch
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.batch.jobs import Job, read_jobs
+from ditto_fast.batch.local import run_batch
 from ditto_fast.cli import main
-from ditto_fast.ffpipe import container_comment
-from ditto_fast.pipeline import RenderSetup
+from ditto_fast.media.ffpipe import container_comment
+from ditto_fast.engine.setup import RenderSetup
 
 pytestmark = pytest.mark.slow
 
 
 def test_engine_gives_the_same_bytes_first_or_again_and_as_the_cli(engine, clips, tmp_path, session_home,
                                                                    tiny_checkpoints):
-    a = engine.render("anchor", clips[0], tmp_path / "a.mp4", seed=3)
-    engine.render("anchor", clips[1], tmp_path / "other.mp4")
-    b = engine.render("anchor", clips[0], tmp_path / "b.mp4", seed=3)
+    a = engine.render(RenderRequest("anchor", clips[0], tmp_path / "a.mp4", seed=3))
+    engine.render(RenderRequest("anchor", clips[1], tmp_path / "other.mp4"))
+    b = engine.render(RenderRequest("anchor", clips[0], tmp_path / "b.mp4", seed=3))
     assert a.profile["frames"] == 10 and a.output.read_bytes() == b.output.read_bytes()
     assert container_comment(a.output) == a.profile["digest"]
     env = dict(os.environ, DITTO_FAST_HOME=str(session_home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
@@ -32,7 +34,7 @@ def test_engine_gives_the_same_bytes_first_or_again_and_as_the_cli(engine, clips
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "cli.mp4").read_bytes() == a.output.read_bytes()
-    c = engine.render("anchor", clips[0], tmp_path / "c.mp4", seed=4)
+    c = engine.render(RenderRequest("anchor", clips[0], tmp_path / "c.mp4", seed=4))
     assert c.profile["digest"] != a.profile["digest"] and c.output.read_bytes() != a.output.read_bytes()
 
 
@@ -66,7 +68,7 @@ def test_batch_renders_good_jobs_reports_the_broken_one_and_resumes(engine, clip
     assert "\n" not in broken["error"] and not (tmp_path / "out" / "broken.mp4").exists()
     assert [r["frames"] for r in rows["jobs"]] == [10, 0, 13]
     # the same job rendered by the engine gives the same bytes
-    ref = engine.render("anchor", clips[0], tmp_path / "ref.mp4", seed=3)
+    ref = engine.render(RenderRequest("anchor", clips[0], tmp_path / "ref.mp4", seed=3))
     assert (tmp_path / "out" / "zero.mp4").read_bytes() == ref.output.read_bytes()
     # a rerun skips what is finished and loads no network
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
@@ -102,7 +104,8 @@ def test_batch_refuses_outputs_that_are_inputs_or_shared(clips, tmp_path, video_
 
 def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp_path, video_avatar,
                                                                       tiny_checkpoints):
-    jobs = [Job(0, "anchor", clips[0], tmp_path / "a.mp4"), Job(1, "anchor", clips[1], tmp_path / "b.mp4")]
+    jobs = [Job(0, RenderRequest("anchor", clips[0], tmp_path / "a.mp4")),
+            Job(1, RenderRequest("anchor", clips[1], tmp_path / "b.mp4"))]
     seen = []
 
     def progress(done, total):
@@ -140,7 +143,7 @@ def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(en
         if not replaced:                    # after the first frames, `register --force` swaps the avatar
             replaced.append(reg.register(other, "race", force=True))
 
-    out = engine.render("race", REPO / "tests" / "data" / "speech_en_44k_stereo_2s.wav", tmp_path / "out.mp4",
+    out = engine.render(RenderRequest("race", REPO / "tests" / "data" / "speech_en_44k_stereo_2s.wav", tmp_path / "out.mp4"),
                         progress=replace_once).output
     # the store now holds other files under the same names
     assert replaced and old.plate_path.stat().st_ino != os.fstat(old.plate_fd).st_ino
@@ -153,7 +156,7 @@ def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(en
         for i in (0, 24, 30, 49):           # mirror-looped plate frames, read long after the swap
             corner = np.abs(frames[i][:120, :160].astype(int) - plate[i][:120, :160].astype(int)).mean()
             assert corner < 3, (i, corner)
-    new = engine.render("race", clips[0], tmp_path / "new.mp4").output   # the next render sees the new avatar
+    new = engine.render(RenderRequest("race", clips[0], tmp_path / "new.mp4")).output   # the next render sees the new avatar
     gen = imageio_ffmpeg.read_frames(str(new))
     assert tuple(next(gen)["size"]) == (1280, 720)
     gen.close()
@@ -165,15 +168,15 @@ def test_lookahead_gives_the_same_bytes(video_avatar, clips, tmp_path, tiny_chec
     """Launching batch k+1 before writing batch k changes nothing in the output (10 frames: 3+3+3+1)."""
     import dataclasses
 
-    from ditto_fast.config import load_config
-    from ditto_fast.pipeline import Renderer
+    from ditto_fast.core.config import load_config
+    from ditto_fast.engine.renderer import Renderer
 
     outs = {}
     for ahead in (True, False):
         cfg = load_config()
         cfg = dataclasses.replace(cfg, render=dataclasses.replace(cfg.render, lookahead=ahead))
         r = Renderer(tiny_checkpoints, device="cpu", config=cfg, batch_size=batch_size)
-        res = r.render("anchor", clips[0], tmp_path / f"{ahead}.mp4", seed=5)
+        res = r.render(RenderRequest("anchor", clips[0], tmp_path / f"{ahead}.mp4", seed=5))
         assert res.profile["batch_size"] == batch_size and res.profile["stages"]["stitch"] > 0
         outs[ahead] = res.output.read_bytes()
     assert outs[True] == outs[False]
@@ -184,10 +187,10 @@ def test_batched_stitching_gives_the_same_bytes(video_avatar, clips, tmp_path, t
     """Stitching a batch of 3 at once writes the same file as stitching its frames one by one (at 30 fps, so
     frames between motion frames are blended too)."""
     from ditto_fast.motion.stitch import MotionStitch
-    from ditto_fast.pipeline import Renderer
+    from ditto_fast.engine.renderer import Renderer
 
     r = Renderer(tiny_checkpoints, device="cpu", batch_size=3)
-    batched = r.render("anchor", clips[1], tmp_path / "b.mp4", seed=2, fps=30).output.read_bytes()
+    batched = r.render(RenderRequest("anchor", clips[1], tmp_path / "b.mp4", seed=2, fps=30)).output.read_bytes()
     whole = MotionStitch.batch
 
     def frame_by_frame(self, s, d, d_next=None, w=None):
@@ -196,4 +199,4 @@ def test_batched_stitching_gives_the_same_bytes(video_avatar, clips, tmp_path, t
         return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs])
 
     monkeypatch.setattr(MotionStitch, "batch", frame_by_frame)
-    assert r.render("anchor", clips[1], tmp_path / "s.mp4", seed=2, fps=30).output.read_bytes() == batched
+    assert r.render(RenderRequest("anchor", clips[1], tmp_path / "s.mp4", seed=2, fps=30)).output.read_bytes() == batched

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from ditto_fast.batch import Job, jobs_from_dir, read_jobs, summary, write_report
-from ditto_fast.errors import UsageError
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.batch.jobs import Job, jobs_from_dir, read_jobs, summary, write_report
+from ditto_fast.core.errors import UsageError
 
 
 def test_jobs_file_paths_are_relative_to_it_and_bad_lines_fail_alone(tmp_path):
@@ -31,8 +32,10 @@ def test_jobs_file_paths_are_relative_to_it_and_bad_lines_fail_alone(tmp_path):
     assert [j.index for j in jobs] == list(range(8))
     a, b = jobs[0], jobs[1]
     assert a.status == b.status == "pending"
-    assert a.audio == d / "a.wav" and a.output == d / "out" / "a.mp4" and a.seed == 3 and a.steps == 10
-    assert b.emotion == "happy+surprise" and b.controls == d / "c.json" and b.seed == 0 and b.steps is None
+    assert a.audio == d / "a.wav" and a.output == d / "out" / "a.mp4"
+    assert a.request.seed == 3 and a.request.steps == 10
+    assert b.request.emotion == "happy+surprise" and b.request.controls == d / "c.json"
+    assert b.request.seed is None and b.request.steps is None          # the config's, when the job is checked
     errors = [j.error for j in jobs[2:]]
     assert all(j.status == "failed" and j.exit_code == 2 for j in jobs[2:])
     assert "jobs.jsonl:5" in errors[0] and "not valid JSON" in errors[0]
@@ -64,8 +67,9 @@ def test_audio_dir_gives_one_job_per_audio_file(tmp_path):
 
 
 def test_report_is_written_whole_with_a_summary(tmp_path):
-    jobs = [Job(0, "ruby", tmp_path / "a.wav", tmp_path / "a.mp4", status="done", frames=50, seconds=1.234),
-            Job(1, "ruby", tmp_path / "b.wav", tmp_path / "b.mp4", status="skipped"), Job(2, "ruby")]
+    jobs = [Job(0, RenderRequest("ruby", tmp_path / "a.wav", tmp_path / "a.mp4"), status="done", frames=50, seconds=1.234),
+            Job(1, RenderRequest("ruby", tmp_path / "b.wav", tmp_path / "b.mp4"), status="skipped"),
+            Job(2, named={"avatar": "ruby"})]
     jobs[2].fail(UsageError("x.wav: bad\nsecond line"))
     old = os.umask(0o022)
     try:
@@ -87,8 +91,8 @@ def test_outputs_that_are_inputs_fail_alone(video_avatar, tiny_checkpoints, clip
     with exit 2 before anything renders; so does an avatar named by a path; the other jobs stand."""
     import shutil
 
-    from ditto_fast.batch import check_jobs
-    from ditto_fast.pipeline import RenderSetup
+    from ditto_fast.batch.jobs import check_jobs
+    from ditto_fast.engine.setup import RenderSetup
 
     import subprocess
 

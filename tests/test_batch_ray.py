@@ -12,9 +12,10 @@ import pytest
 import imageio_ffmpeg
 import numpy as np
 
-from ditto_fast.batch import Job
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.batch.jobs import Job
 from ditto_fast.cli import main
-from ditto_fast.ffpipe import container_comment
+from ditto_fast.media.ffpipe import container_comment
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -36,12 +37,12 @@ def _frames(path) -> np.ndarray:
 
 
 def _jobs(clips, out):
-    return [Job(i, "anchor", clips[i], out / f"{i}.mp4", seed=i) for i in range(3)]
+    return [Job(i, RenderRequest("anchor", clips[i], out / f"{i}.mp4", seed=i)) for i in range(3)]
 
 
 def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video_avatar, clips, engine, tmp_path,
                                                                 tiny_checkpoints):
-    from ditto_fast.scale import run_batch_ray
+    from ditto_fast.batch.ray_actors import run_batch_ray
 
     killed = []
 
@@ -59,7 +60,7 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     # two actors on this node: torch in each on half its cores (Ray itself would have given them one)
     assert {r["torch_threads"] for r in rows["jobs"]} == {max(1, len(os.sched_getaffinity(0)) // 2)}
     for j in jobs:                          # the same clips as the engine's (actors may run torch on fewer
-        ref = engine.render("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.seed)   # threads: rounding)
+        ref = engine.render(RenderRequest("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.request.seed))   # threads: rounding)
         assert container_comment(j.output) == ref.profile["digest"]
         got, want = _frames(j.output), _frames(ref.output)
         assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 1.0

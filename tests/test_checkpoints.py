@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from ditto_fast import models
-from ditto_fast.checkpoints import MODELS_SUBDIR, find_checkpoints, random_state_dict
+from ditto_fast.checkpoints import MODELS_SUBDIR, find_checkpoints
+from ditto_fast.checkpoints.random import random_state_dict
 from ditto_fast.cli import main
-from ditto_fast.errors import CheckpointError
+from ditto_fast.core.errors import CheckpointError
 
 
 def test_tiny_set_loads_every_network(tiny_checkpoints):

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from ditto_fast.config import DEFAULT_YAML, Config, default, load_config
-from ditto_fast.errors import UsageError
+from ditto_fast.core.config import DEFAULT_YAML, Config, default, load_config
+from ditto_fast.core.errors import UsageError
 
 
 def test_every_setting_has_one_packaged_default():

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from ditto_fast.errors import UsageError
-from ditto_fast.rates import (
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.core.errors import UsageError
+from ditto_fast.media.rates import (
     frames_for, from_stream, motion_timeline, parse_rate, rate_text, source_indices,
 )
 from ditto_fast.render.formats import output_format
@@ -147,7 +148,7 @@ def test_writer_makes_the_named_container_and_codec_tagged_bt709_48k(tmp_path, n
     assert stream_rate(out) == NTSC
     assert decode_gray(out).shape[0] == 12
     assert out.stat().st_mode & 0o777 == 0o644
-    from ditto_fast.ffpipe import container_comment
+    from ditto_fast.media.ffpipe import container_comment
     assert container_comment(out) == "ditto-fast test digest"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -233,7 +234,7 @@ def test_registration_keeps_a_30fps_anchor_at_30fps(anchor_30):
 @pytest.mark.slow
 def test_a_30fps_anchor_renders_at_30fps_with_every_background_frame_in_order(anchor_30, half_second, tmp_path,
                                                                               engine):
-    out = engine.render("anchor30", half_second, tmp_path / "native.mp4").output
+    out = engine.render(RenderRequest("anchor30", half_second, tmp_path / "native.mp4")).output
     assert stream_rate(out) == 30
     marks = _markers(out)
     assert len(marks) == 15                                             # ceil(0.5 s * 30)
@@ -246,7 +247,7 @@ def test_a_30fps_anchor_renders_at_30fps_with_every_background_frame_in_order(an
                                                   ("59.94", 30, Fraction(60000, 1001), "r.mov")])
 def test_other_rates_give_their_frame_counts_and_background_in_time(anchor_30, half_second, tmp_path, engine,
                                                                     fps, frames, rate, name):
-    out = engine.render("anchor30", half_second, tmp_path / name, fps=fps).output
+    out = engine.render(RenderRequest("anchor30", half_second, tmp_path / name, fps=fps)).output
     # Matroska keeps times in milliseconds, so only MP4/QuickTime hold an NTSC rate exactly
     assert stream_rate(out) == rate
     marks = _markers(out)
@@ -285,7 +286,7 @@ def test_avatar_files_follow_the_umask(tmp_path, tiny_checkpoints, monkeypatch):
 
 
 def test_encoders_software_by_default_on_cpu_and_nvenc_refused_where_it_does_not_work(tiny_checkpoints):
-    from ditto_fast.pipeline import RenderSetup
+    from ditto_fast.engine.setup import RenderSetup
     from ditto_fast.render.formats import Format, nvenc_works
 
     assert RenderSetup.resolve(tiny_checkpoints, "cpu").nvenc is False                  # auto on a CPU
@@ -308,7 +309,7 @@ def test_nvenc_options_crf_zero_and_a_codec_whose_nvenc_fails(tiny_checkpoints):
     import dataclasses
     from types import SimpleNamespace
 
-    from ditto_fast.pipeline import RenderSetup
+    from ditto_fast.engine.setup import RenderSetup
     from ditto_fast.render.formats import Format, nvenc_works
 
     lossless = Format("mp4", "h264", nvenc=True).video_args(0, "veryfast")

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ditto_fast.errors import NoFaceError
+from ditto_fast.core.errors import NoFaceError
 from ditto_fast.face.crop import face_size, transform_points
 from ditto_fast.face.landmarks import FaceTracker, MultipleFacesWarning
 from synthetic import ASTRONAUT_FACE_PX, Motion, astronaut, astronaut_canvas, write_anchor_video

@@ -10,7 +10,8 @@ import pytest
 PROBE = """
 import resource, sys
 import torch
-from ditto_fast import memory, models
+from ditto_fast import models
+from ditto_fast.core import memory
 if sys.argv[1] == "mmap":
     import ctypes
     ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)         # M_MMAP_THRESHOLD 1 MiB: the policy before this one

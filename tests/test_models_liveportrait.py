@@ -9,7 +9,7 @@ import torch
 
 from conftest import assert_close_to_ref, native_bf16
 from ditto_fast import models
-from ditto_fast.errors import CheckpointError
+from ditto_fast.core.errors import CheckpointError
 from ditto_fast.models.registry import module_of
 
 NETS = ("appearance_extractor", "warp_network", "decoder")

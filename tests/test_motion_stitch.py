@@ -8,7 +8,7 @@ import torch
 
 from conftest import assert_close_to_ref
 from ditto_fast import models
-from ditto_fast.errors import InputError
+from ditto_fast.core.errors import InputError
 from ditto_fast.motion.controls import BLINK_PROFILE, Controls, load_controls, parse_controls
 from ditto_fast.motion.keypoints import motion_to_info, pose_degrees, transform_keypoints
 from ditto_fast.motion.stitch import EYE_KP, LIP_KP, MotionStitch, _fix_gaze

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from ditto_fast.batch import Job, write_report
-from ditto_fast.partfiles import create_locked, remove_stale
+from ditto_fast.batch.jobs import Job, write_report
+from ditto_fast.media.partfiles import create_locked, remove_stale
 
 
 def test_only_files_nobody_holds_are_removed(tmp_path):
@@ -35,5 +35,5 @@ def test_only_files_nobody_holds_are_removed(tmp_path):
 def test_a_killed_batchs_report_temporary_goes_with_the_next_report(tmp_path):
     stale = tmp_path / ".report.json.tmpq1w2e3r4"
     stale.write_text('{"jobs": [')
-    write_report(tmp_path / "report.json", [Job(0, "ruby", status="done")])
+    write_report(tmp_path / "report.json", [Job(0, named={"avatar": "ruby"}, status="done")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, store_env
 from ditto_fast.avatar import load_avatar
-from ditto_fast.avatar.plate import mirror_indices
+from ditto_fast.media.rates import mirror_indices
 from ditto_fast.render.putback import crop_bbox
 from synthetic import Motion, astronaut_canvas
 
@@ -145,7 +145,7 @@ def test_bad_inputs(video_avatar, session_home, tiny_checkpoints, tmp_path, run_
 
 
 def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tmp_path, run_cli):
-    from ditto_fast.checkpoints import write_random
+    from ditto_fast.checkpoints.random import write_random
 
     other = tmp_path / "other"
     write_random(other, tiny=True, seed=5)

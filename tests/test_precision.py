@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from ditto_fast.engine.request import RenderRequest
 from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.render import precision as prec
 
@@ -61,7 +62,7 @@ def test_the_probe_times_both_and_holds_bf16_to_the_psnr(tiny_set):
 
 
 def test_a_pin_overrides_the_probe_and_a_bad_pin_is_refused(tiny_set, tmp_path, monkeypatch):
-    from ditto_fast.errors import UsageError
+    from ditto_fast.core.errors import UsageError
 
     monkeypatch.setattr(prec, "probe", lambda *a, **k: pytest.fail("probed although pinned"))
     monkeypatch.setenv(prec.PIN_ENV, "bf16")
@@ -72,6 +73,6 @@ def test_a_pin_overrides_the_probe_and_a_bad_pin_is_refused(tiny_set, tmp_path, 
 
 
 def test_a_render_says_what_auto_chose(engine, clips, tmp_path):
-    res = engine.render("anchor", clips[0], tmp_path / "o.mp4")
+    res = engine.render(RenderRequest("anchor", clips[0], tmp_path / "o.mp4"))
     assert res.profile["precision"] == "float32"
     assert res.profile["precision_choice"] == "fp32: pinned by DITTO_FAST_CPU_PRECISION"

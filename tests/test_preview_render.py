@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import store_env
+from ditto_fast.engine.request import RenderRequest
 from ditto_fast.motion.keypoints import MOTION_DIM, NUM_KP
 from ditto_fast.motion.lips import lip_opening
 from ditto_fast.motion.stitch import LIP_KP
@@ -29,7 +30,7 @@ def test_lip_opening_grows_as_the_lip_keypoints_part():
 
 
 def test_render_returns_the_lip_opening_and_the_preview_is_the_same_each_time(engine, clips, tmp_path):
-    result = engine.render("anchor", clips[0], tmp_path / "a.mp4", seed=3)
+    result = engine.render(RenderRequest("anchor", clips[0], tmp_path / "a.mp4", seed=3))
     n = result.profile["frames"]
     assert result.mouth is not None and result.mouth.shape == (n,) and np.isfinite(result.mouth).all()
     assert np.ptp(result.mouth) > 0                                  # the generated motion moves the lips

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from ditto_fast.checkpoints import find_checkpoints
-from ditto_fast.devices import resolve_device, resolve_precision
-from ditto_fast.errors import UsageError
+from ditto_fast.core.devices import resolve_device
+from ditto_fast.render.precision import choose_precision
+from ditto_fast.core.errors import UsageError
 from ditto_fast.render.fused import FusedRenderer
 
 
@@ -50,11 +51,11 @@ def test_reduced_precision_close_to_fp32(inputs, dtype):
 
 
 def test_device_and_precision_choice(monkeypatch):
-    assert resolve_precision("auto", torch.device("cpu")) == torch.float32
-    assert resolve_precision("auto", torch.device("cuda")) == torch.float16
-    assert resolve_precision("bf16", torch.device("cpu")) == torch.bfloat16
+    assert choose_precision("auto", torch.device("cpu"))[0] == torch.float32      # the suite pins fp32
+    assert choose_precision("auto", torch.device("cuda"))[0] == torch.float16
+    assert choose_precision("bf16", torch.device("cpu"))[0] == torch.bfloat16
     with pytest.raises(UsageError):
-        resolve_precision("fp16", torch.device("cpu"))
+        choose_precision("fp16", torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto").type == "cpu"
     with pytest.raises(UsageError, match="no CUDA device"):
@@ -66,6 +67,6 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
     with pytest.raises(UsageError, match="Tesla T4 has no bf16 arithmetic"):
-        resolve_precision("bf16", torch.device("cuda"))
+        choose_precision("bf16", torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: not including_emulation)
-    assert resolve_precision("bf16", torch.device("cuda")) == torch.bfloat16
+    assert choose_precision("bf16", torch.device("cuda"))[0] == torch.bfloat16

@@ -15,7 +15,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from ditto_fast.errors import DittoError, InputError
+from ditto_fast.core.errors import DittoError, InputError
 from ditto_fast.render import writer as writer_mod
 from ditto_fast.render.writer import VideoWriter, check_output_path
 

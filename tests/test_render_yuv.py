@@ -8,11 +8,12 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
+from ditto_fast.engine.request import RenderRequest
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.render import putback as putback_mod
 from ditto_fast.render.putback import YuvPutback
 from ditto_fast.render.writer import VideoWriter
-from ditto_fast.yuv import YuvFrame, i420_planes, rgb_to_i420
+from ditto_fast.media.yuv import YuvFrame, i420_planes, rgb_to_i420
 from test_render_putback import CASES, blend_kernel, reference_putback, smooth_crop  # noqa: F401 - a fixture
 
 
@@ -133,7 +134,7 @@ def test_render_keeps_the_plate_outside_the_face_box(tmp_path, tiny_checkpoints,
     from synthetic import Motion, write_anchor_video
 
     from ditto_fast.avatar.register import register_avatar
-    from ditto_fast.pipeline import Renderer
+    from ditto_fast.engine.renderer import Renderer
 
     src = write_anchor_video(tmp_path / "hd.mp4", 8, size=(1280, 720), face_px=120, bt709=True,
                              motion=Motion(center=(640.0, 370.0), velocity=(0.5, 0.0), spin_deg=0.0))
@@ -143,7 +144,7 @@ def test_render_keeps_the_plate_outside_the_face_box(tmp_path, tiny_checkpoints,
     monkeypatch.setattr(VideoWriter, "write", lambda self, f: (written.append(f.copy()), real_write(self, f)))
     engine = Renderer(tiny_checkpoints, device="cpu")
     avatar = engine.avatar("hd")
-    engine.render("hd", clips[0], tmp_path / "out.mp4")
+    engine.render(RenderRequest("hd", clips[0], tmp_path / "out.mp4"))
     plate = decode_i420(avatar.plate_path, 1280, 720)
     assert len(written) == 10
     box_of = YuvPutback().box

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ditto_fast.timing import StageTimer
+from ditto_fast.core.timing import StageTimer
 
 
 def test_stage_timer_counts_wall_and_cpu_per_stage():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ditto_fast.face.crop import params_to_matrix, warp_crop
-from ditto_fast.yuv import YuvFrame, frame_region, matrix_for_tag
+from ditto_fast.media.yuv import YuvFrame, frame_region, matrix_for_tag
 
 
 def _random_i420(w: int, h: int, seed: int = 0) -> np.ndarray:

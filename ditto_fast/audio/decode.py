@@ -9,18 +9,20 @@ call), so memory stays at the 16 kHz output plus one chunk, even for hours of au
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import imageio_ffmpeg
 import numpy as np
 import soxr
 
-from ditto_fast.errors import InputError
-from ditto_fast.inputs import check_input_file
+from ditto_fast.core.errors import InputError
+from ditto_fast.media.inputs import check_input_file
 
 SAMPLE_RATE = 16000
 SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
@@ -85,6 +87,34 @@ def _read_wav_header(stream) -> tuple[int, int]:
     return rate, channels
 
 
+@dataclass(frozen=True)
+class DecodedAudio:
+    """A file's audio decoded once: 16 kHz mono float32 samples and the sha256 of the file's bytes."""
+
+    samples: np.ndarray                 # [n] float32 at 16 kHz
+    sha256: str
+
+    @property
+    def seconds(self) -> float:
+        return len(self.samples) / SAMPLE_RATE
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_READ_BYTES), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def decode_audio(path: str | os.PathLike) -> DecodedAudio:
+    """Decode an audio file (see load_audio) and fingerprint its bytes, for a render that reads it once."""
+    path = Path(path)
+    samples = load_audio(path)
+    return DecodedAudio(samples, file_sha256(path))
+
+
 def load_audio(path: str | os.PathLike) -> np.ndarray:
     """Decode an audio file (any format ffmpeg reads, any rate/channels) to 16 kHz mono float32 [n]."""
     path = Path(path)
@@ -145,4 +175,4 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
     return audio
 
 
-__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "frame_count", "load_audio"]
+__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "DecodedAudio", "decode_audio", "file_sha256", "frame_count", "load_audio"]

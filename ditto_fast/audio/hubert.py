@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ditto_fast.audio.decode import frame_count
-from ditto_fast.errors import CheckpointError
+from ditto_fast.core.errors import CheckpointError
 
 WINDOW = 6480          # samples per window: int((3 + 5 + 2) * 0.04 * 16000) + 80
 PAD_FRONT = 2000       # WINDOW - int((5 + 2) * 0.04 * 16000)

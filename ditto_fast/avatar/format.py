@@ -23,7 +23,7 @@ import numpy as np
 
 from ditto_fast.avatar import safe_pickle
 from ditto_fast.avatar.store import damaged_error, register_hint
-from ditto_fast.errors import AvatarError
+from ditto_fast.core.errors import AvatarError
 
 FORMAT_VERSION = 2
 PKL_MAGIC = b"ditto-fast-avatar"

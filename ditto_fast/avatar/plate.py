@@ -1,8 +1,8 @@
-"""Background plate, the one owner of it: how registration encodes it, the mirror-loop rule, and reading it back.
+"""Background plate, the one owner of it: how registration encodes it and reading it back.
 
 Registration writes a video avatar's plate with `plate_encoder_args` (or an image avatar's with
-`write_plate_image`); rendering and the condition builder walk the avatar's frames in the order
-`mirror_index` gives, and `PlateReader` streams the plate back in that order.
+`write_plate_image`); rendering and the condition builder walk the avatar's frames in the order the
+mirror loop (`media/rates.py`) gives, and `PlateReader` streams the plate back in that order.
 
 Memory: a video plate is decoded in aligned blocks of `block_frames` frames (default 25, one second),
 each by one ffmpeg process seeking (-ss) to the block's first frame and writing the block into an
@@ -28,10 +28,10 @@ from typing import IO
 import cv2
 import numpy as np
 
-from ditto_fast.errors import AvatarError, InputError
-from ditto_fast.ffpipe import RawVideoPipe, colorspace_tag, video_stream_line
-from ditto_fast.rates import from_stream
-from ditto_fast.yuv import COLORSPACE_TAG, matrix_for_tag, rgb_to_i420
+from ditto_fast.core.errors import AvatarError, InputError
+from ditto_fast.media.ffpipe import RawVideoPipe, colorspace_tag, video_stream_line
+from ditto_fast.media.rates import from_stream, mirror_index
+from ditto_fast.media.yuv import COLORSPACE_TAG, matrix_for_tag, rgb_to_i420
 
 PLATE_KEYINT = 25          # keyframe interval of written plates == default read block
 PLATE_CRF = 16
@@ -39,26 +39,6 @@ PLATE_CRF = 16
 # anchor) for under half the encode CPU; the larger file hardly matters beside f_s (4 MiB a frame)
 PLATE_PRESET = "ultrafast"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
-
-
-def mirror_index(i: int, n: int) -> int:
-    """Plate frame for output frame i when looping n frames forward then backward: 0..n-1, n-1..0, 0.."""
-    if n <= 0:
-        raise ValueError(f"plate frame count must be positive, got {n}")
-    r = i % (2 * n)
-    return r if r < n else 2 * n - 1 - r
-
-
-def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
-    """Source frame [n_out] int64 for each of n_out output frames, by mirror_index over n_src frames (at least 1)."""
-    return mirror_positions(np.arange(n_out, dtype=np.int64), n_src)
-
-
-def mirror_positions(positions: np.ndarray, n_src: int) -> np.ndarray:
-    """mirror_index of each position [K] (frame numbers on an endless forward timeline) -> int64 [K]."""
-    n = max(1, int(n_src))
-    r = np.asarray(positions, dtype=np.int64) % (2 * n)
-    return np.where(r < n, r, 2 * n - 1 - r)
 
 
 def plate_encoder_args() -> list[str]:

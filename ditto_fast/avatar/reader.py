@@ -23,8 +23,8 @@ from ditto_fast.avatar.mouth_check import mouth_check_of
 from ditto_fast.avatar.store import (
     avatars_dir, damaged_error, existing_names, missing_error, register_hint, validate_name,
 )
-from ditto_fast.errors import AvatarError
-from ditto_fast.rates import from_stream
+from ditto_fast.core.errors import AvatarError
+from ditto_fast.media.rates import from_stream
 
 VERIFY_LEVELS = ("light", "sampled", "full")
 

@@ -20,27 +20,27 @@ import cv2
 import numpy as np
 import torch
 
-from .. import models
-from ..checkpoints import find_checkpoints
-from ..config import RegisterConfig, load_config
-from ..devices import numpy_blas_single_threaded, resolve_device
-from ..errors import InputError, NoFaceError
-from ..face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
-from ..face.eyes import eye_features
-from ..face.kept_points import KEPT_POINTS, kept_points
-from ..face.landmarks import FaceTracker
-from ..face.mouth import mouth_openness
-from ..memory import release_free_memory
-from ..rates import rate_text
-from ..smoothing import centred_mean
-from ..timing import StageTimer
-from ..yuv import YuvFrame
-from .format import F_S_DTYPE, file_sha256
-from .mouth_check import MouthCheck
-from .plate import write_plate_image
-from .source import SourceFrames, SourceInfo, open_source
-from .store import avatars_dir, validate_name
-from .writer import AvatarWriter
+from ditto_fast import models
+from ditto_fast.checkpoints import find_checkpoints
+from ditto_fast.core.config import RegisterConfig, load_config
+from ditto_fast.core.devices import numpy_blas_single_threaded, resolve_device
+from ditto_fast.core.errors import InputError, NoFaceError
+from ditto_fast.face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
+from ditto_fast.face.eyes import eye_features
+from ditto_fast.face.kept_points import KEPT_POINTS, kept_points
+from ditto_fast.face.landmarks import FaceTracker
+from ditto_fast.face.mouth import mouth_openness
+from ditto_fast.core.memory import release_free_memory
+from ditto_fast.media.rates import rate_text
+from ditto_fast.core.smoothing import centred_mean
+from ditto_fast.core.timing import StageTimer
+from ditto_fast.media.yuv import YuvFrame
+from ditto_fast.avatar.format import F_S_DTYPE, file_sha256
+from ditto_fast.avatar.mouth_check import MouthCheck
+from ditto_fast.avatar.plate import write_plate_image
+from ditto_fast.avatar.source import SourceFrames, SourceInfo, open_source
+from ditto_fast.avatar.store import avatars_dir, validate_name
+from ditto_fast.avatar.writer import AvatarWriter
 
 INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read

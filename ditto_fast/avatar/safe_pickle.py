@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ditto_fast.errors import AvatarError
+from ditto_fast.core.errors import AvatarError
 
 # (module, name) pairs a cache pickle may reference.
 ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(

@@ -14,12 +14,12 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..errors import InputError
-from ..inputs import check_input_file
-from ..ffpipe import RawVideoPipe, TruncatedFrame, colorspace_tag, stream_lines
-from ..rates import MOTION_FPS, from_stream, nearest_standard, rate_text
-from ..yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
-from .plate import plate_encoder_args
+from ditto_fast.core.errors import InputError
+from ditto_fast.media.inputs import check_input_file
+from ditto_fast.media.ffpipe import RawVideoPipe, TruncatedFrame, colorspace_tag, stream_lines
+from ditto_fast.media.rates import MOTION_FPS, from_stream, nearest_standard, rate_text
+from ditto_fast.media.yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
+from ditto_fast.avatar.plate import plate_encoder_args
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
 

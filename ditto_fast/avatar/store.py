@@ -16,7 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ditto_fast.errors import AvatarError, InputError, UsageError
+from ditto_fast.core.home import store_root
+from ditto_fast.core.errors import AvatarError, InputError, UsageError
 
 TMP_PREFIX = ".tmp-"
 STALE_TMP_AGE_S = 3600.0
@@ -24,12 +25,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")   # never a leading "-"
 
 
 # ----------------------------------------------------------------------------- paths and names
-def store_root() -> Path:
-    """The store root: $DITTO_FAST_HOME, else ~/.cache/ditto-fast (read on every call)."""
-    env = os.environ.get("DITTO_FAST_HOME")
-    return Path(env).expanduser() if env else Path("~/.cache/ditto-fast").expanduser()
-
-
 def avatars_dir(root: str | os.PathLike | None = None) -> Path:
     """The directory holding one sub-directory per avatar."""
     return (Path(root) if root is not None else store_root()) / "avatars"

@@ -28,9 +28,9 @@ from ditto_fast.avatar.store import (
     TMP_PREFIX, aside_path, avatars_dir, clean_stale_tmp, ensure_writable_store, fsync_path, lock_dir, remove_tree,
     unlock, validate_name,
 )
-from ditto_fast.errors import InputError, UsageError
-from ditto_fast.filemode import give_usual_mode
-from ditto_fast.rates import from_stream, rate_text
+from ditto_fast.core.errors import InputError, UsageError
+from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.media.rates import from_stream, rate_text
 
 # meta keys finish() interprets or sets itself; any other key is kept under the record's "extra"
 _META_KEYS = frozenset({"source", "fingerprints", "crop", "x_s_info", *FRAME_ARRAYS, "sc", "is_image",

@@ -1,5 +1,5 @@
 """Face stage: mediapipe landmarks, crop geometry, eye features."""
 
-from .eyes import eye_features
+from ditto_fast.face.eyes import eye_features
 
 __all__ = ["eye_features"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from ..yuv import YuvFrame, frame_region
+from ditto_fast.media.yuv import YuvFrame, frame_region
 
 # Eye centre per eye: the two corners and the middle of each lid; mouth centre: the two corners.
 EYE_POINTS = ((33, 133, 159, 145), (362, 263, 386, 374))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .crop import CONTOUR, MOUTH_CORNERS as CROP_MOUTH_CORNERS
-from .eyes import EYE_CORNERS, EYE_LIDS, IRIS
-from .mouth import INNER_LIP_PAIRS, MOUTH_CORNERS
+from ditto_fast.face.crop import CONTOUR, MOUTH_CORNERS as CROP_MOUTH_CORNERS
+from ditto_fast.face.eyes import EYE_CORNERS, EYE_LIDS, IRIS
+from ditto_fast.face.mouth import INNER_LIP_PAIRS, MOUTH_CORNERS
 
 # name -> mediapipe indices; the groups the preview colours apart
 GROUPS: dict[str, tuple[int, ...]] = {

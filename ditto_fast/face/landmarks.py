@@ -21,9 +21,9 @@ from contextlib import contextmanager
 import cv2
 import numpy as np
 
-from ..errors import NoFaceError
-from ..yuv import YuvFrame, frame_region, frame_rgb as whole_rgb
-from .crop import face_size
+from ditto_fast.core.errors import NoFaceError
+from ditto_fast.media.yuv import YuvFrame, frame_region, frame_rgb as whole_rgb
+from ditto_fast.face.crop import face_size
 
 CROP_FACTOR = 2.0          # mesh crop side / face size
 MESH_PX = 256              # the mesh crop is resized to this side (the mesh model itself sees 192 px)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .blocks import DownBlock2d, ResBlock3d, SameBlock2d, count_indexed, fuse_blocks, param_dtype
+from ditto_fast.models.blocks import DownBlock2d, ResBlock3d, SameBlock2d, count_indexed, fuse_blocks, param_dtype
 
 TINY_WIDTHS = {"block_expansion": 4, "max_features": 16, "reshape_channel": 4, "num_resblocks": 1}
 

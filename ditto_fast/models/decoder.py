@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import NearestUpConv3x3, SNConv2d, conv2d_holding, count_indexed, fuse_blocks, param_dtype
+from ditto_fast.models.blocks import NearestUpConv3x3, SNConv2d, conv2d_holding, count_indexed, fuse_blocks, param_dtype
 
 TINY_WIDTHS = {"in_channels": 8, "out_channels": 8, "num_middle": 1, "spade_hidden": 8}
 

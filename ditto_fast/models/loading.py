@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..errors import CheckpointError
-from .registry import SPECS, build, module_of, spec
+from ditto_fast.core.errors import CheckpointError
+from ditto_fast.models.registry import SPECS, build, module_of, spec
 
 # tensors whose presence identifies each network's file (used to say "this looks like X")
 _SIGNATURES = {

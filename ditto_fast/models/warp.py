@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import (DownBlock3d, SameBlock2d, UpBlock3d, conv2d_point_taps, conv3d_depth_taps, count_indexed, fold_batchnorm,
+from ditto_fast.models.blocks import (DownBlock3d, SameBlock2d, UpBlock3d, conv2d_point_taps, conv3d_depth_taps, count_indexed, fold_batchnorm,
                      fuse_blocks, keypoint_gaussians, make_coordinate_grid, param_dtype)
 
 KP_VARIANCE = 0.01

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..avatar.plate import mirror_indices
-from ..errors import CheckpointError, InputError, UsageError
+from ditto_fast.media.rates import mirror_indices
+from ditto_fast.core.errors import CheckpointError, InputError, UsageError
 
 EMOTIONS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise", "contempt")
 PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
@@ -70,9 +70,20 @@ def _is_file(p: Path) -> bool:
         return False
 
 
-def emotion_schedule(emotion: str, n: int) -> np.ndarray:
+def read_schedule_file(p: Path) -> bytes:
+    """The bytes of an emotion schedule file; InputError naming it when it is missing or unreadable."""
+    if not _is_file(p):
+        raise InputError(f"{p}: emotion schedule file not found")
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise InputError(f"{p}: cannot read the emotion schedule ({e.strerror}); check the file") from None
+
+
+def emotion_schedule(emotion: str, n: int, file_bytes: bytes | None = None) -> np.ndarray:
     """[n,8] per-frame emotion: one label for all frames, or a schedule, given inline or as a JSON file:
-    {"default": "neutral", "frames": {"0-49": "happy", "120-": "sad"}}."""
+    {"default": "neutral", "frames": {"0-49": "happy", "120-": "sad"}}. `file_bytes`: the schedule file's
+    contents when the caller has read them already."""
     if emotion.lstrip().startswith("{"):
         try:
             data = json.loads(emotion)
@@ -83,14 +94,10 @@ def emotion_schedule(emotion: str, n: int) -> np.ndarray:
     p = schedule_file(emotion)
     if p is None:
         return np.repeat(emotion_vector(emotion)[None], n, axis=0)
-    if not _is_file(p):
-        raise InputError(f"{p}: emotion schedule file not found")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(read_schedule_file(p) if file_bytes is None else file_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{p}: not valid JSON ({e}); fix the emotion schedule") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read the emotion schedule ({e.strerror}); check the file") from None
     return _schedule(data, n, str(p), InputError)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_fast.errors import InputError
+from ditto_fast.core.errors import InputError
 
 FRAME_KEYS = ("pitch", "yaw", "roll", "pose_scale", "exp_scale", "exp_offset")
 # allowed values of each per-frame key (inclusive; exp_offset: each of its 63 numbers): wide enough for any
@@ -181,14 +181,22 @@ def parse_controls(data: object, n_frames: int, path: str | Path = "<controls>")
     )
 
 
-def load_controls(path: str | Path, n_frames: int) -> Controls:
-    """Read and check a JSON control file for a render of n_frames frames."""
-    path = Path(path)
+def read_control_file(path: Path) -> bytes:
+    """The bytes of a control file; InputError naming it when it is missing or unreadable."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{path}: control file not found; check the path") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the control file ({e}); check the file") from None
+
+
+def load_controls(path: str | Path, n_frames: int, file_bytes: bytes | None = None) -> Controls:
+    """Read (unless `file_bytes` holds it already) and check a JSON control file for a render of n_frames frames."""
+    path = Path(path)
+    try:
+        data = json.loads(read_control_file(path) if file_bytes is None else file_bytes)
+    except UnicodeDecodeError as e:
         raise InputError(f"{path}: cannot read the control file ({e}); check the file") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}); fix the file") from None

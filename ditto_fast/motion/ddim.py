@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..models.lmdm import DEFAULT_GUIDANCE, cosine_alphas_cumprod
+from ditto_fast.models.lmdm import DEFAULT_GUIDANCE, cosine_alphas_cumprod
 
 
 class DDIMScheduler:

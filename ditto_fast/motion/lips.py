@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .keypoints import NUM_KP, motion_to_info
-from .stitch import LIP_KP
+from ditto_fast.motion.keypoints import NUM_KP, motion_to_info
+from ditto_fast.motion.stitch import LIP_KP
 
 
 def lip_opening(motion: np.ndarray, kp: np.ndarray) -> np.ndarray:

@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..smoothing import smooth_range
-from .keypoints import SMOOTHED_DIMS
+from ditto_fast.core.smoothing import smooth_range
+from ditto_fast.motion.keypoints import SMOOTHED_DIMS
 
 # sample_window(cond_frame [1,D], cond [1,W,C], generator) -> motion [1,W,D]
 WindowSampler = Callable[[torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]

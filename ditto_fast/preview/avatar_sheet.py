@@ -15,13 +15,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..avatar import Avatar
-from ..avatar.mouth_check import mouth_check_of
-from ..avatar.plate import PlateReader
-from ..face.crop import DSIZE, warp_crop
-from ..face.kept_points import group_of
-from ..motion.keypoints import bins_to_degrees
-from .canvas import (BLUE, GREEN, GREY, INK, MARGIN, ORANGE, RED, WIDTH, Box, TimePlot, evenly_spaced,
+from ditto_fast.avatar import Avatar
+from ditto_fast.avatar.mouth_check import mouth_check_of
+from ditto_fast.avatar.plate import PlateReader
+from ditto_fast.face.crop import DSIZE, warp_crop
+from ditto_fast.face.kept_points import group_of
+from ditto_fast.motion.keypoints import bins_to_degrees
+from ditto_fast.preview.canvas import (BLUE, GREEN, GREY, INK, MARGIN, ORANGE, RED, WIDTH, Box, TimePlot, evenly_spaced,
                      frame_ticks, page, paste, text, write_png)
 
 FRAMES_SHOWN = 6

@@ -13,9 +13,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..errors import InputError
-from ..filemode import give_usual_mode
-from .paths import check_png_path
+from ditto_fast.core.errors import InputError
+from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.preview.paths import check_png_path
 
 WIDTH = 1600                       # every preview is this wide
 MARGIN = 16

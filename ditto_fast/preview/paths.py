@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from ..errors import InputError, UsageError
+from ditto_fast.core.errors import InputError, UsageError
 
 
 def check_png_path(path: str | os.PathLike) -> Path:

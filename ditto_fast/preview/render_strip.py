@@ -14,12 +14,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..audio.decode import SAMPLE_RATE, load_audio
-from ..face.crop import params_to_matrix, warp_crop
-from .avatar_sheet import crop_corners
-from .canvas import (BLUE, GREY, INK, MARGIN, RED, WIDTH, Box, TimePlot, evenly_spaced, nice_step, page, paste,
+from ditto_fast.audio.decode import SAMPLE_RATE, load_audio
+from ditto_fast.face.crop import params_to_matrix, warp_crop
+from ditto_fast.preview.avatar_sheet import crop_corners
+from ditto_fast.preview.canvas import (BLUE, GREY, INK, MARGIN, RED, WIDTH, Box, TimePlot, evenly_spaced, nice_step, page, paste,
                      text, write_png)
-from .video_frames import video_frames
+from ditto_fast.preview.video_frames import video_frames
 
 THUMBS = 6
 HEADER = 56

@@ -12,9 +12,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..avatar.plate import probe_video
-from ..errors import AvatarError, InputError
-from ..ffpipe import RawVideoPipe, TruncatedFrame
+from ditto_fast.avatar.plate import probe_video
+from ditto_fast.core.errors import AvatarError, InputError
+from ditto_fast.media.ffpipe import RawVideoPipe, TruncatedFrame
 
 SEQUENTIAL_LIMIT = 1500
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import imageio_ffmpeg
 
-from ..errors import UsageError
+from ditto_fast.core.config import CODECS
+from ditto_fast.core.errors import UsageError
 
 CONTAINERS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
-CODECS = ("h264", "hevc", "prores")
 AUDIO_RATE = 48000
 COLOUR_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
 
@@ -89,6 +89,11 @@ def output_format(path: str | Path, codec: str | None = None) -> Format:
     if codec == "prores" and container != "mov":
         raise UsageError(f"{path}: ProRes goes in a QuickTime file; name the output .mov")
     return Format(container, codec)
+
+
+def default_suffix(codec: str | None) -> str:
+    """The extension an output gets when none is given: .mov for ProRes (QuickTime only), else .mp4."""
+    return ".mov" if (codec or "").lower() == "prores" else ".mp4"
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import models
+from ditto_fast import models
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""`--precision auto` on a CPU: the fastest of fp32 and bf16 that keeps the decoder within 45 dB of fp32.
+"""The render's precision, decided here alone: `--precision`, `auto` (fp16 on CUDA; on a CPU the fastest of fp32
+and bf16 that keeps the decoder within 45 dB of fp32) and the $DITTO_FAST_CPU_PRECISION pin.
 
 bf16 pays only where the CPU does bf16 arithmetic (AVX512-BF16 or AMX); elsewhere it is emulated and
 slower, and fp32 is chosen without a probe. Where it may pay, one probe per CPU kind, torch version and
@@ -17,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoints import CheckpointSet
-from ..errors import UsageError
-from .fused import FusedRenderer
-from .probes import remembered, sample_inputs
+from ditto_fast.checkpoints import CheckpointSet
+from ditto_fast.core.errors import UsageError
+from ditto_fast.render.fused import FusedRenderer
+from ditto_fast.render.probes import remembered, sample_inputs
 
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MIN_PSNR_DB = 45.0
 # pins what auto picks on every CPU (one precision, so the same bytes, on a farm of mixed CPU kinds)
 PIN_ENV = "DITTO_FAST_CPU_PRECISION"
@@ -86,3 +88,19 @@ def cpu_precision(checkpoints: CheckpointSet, root: str | os.PathLike | None = N
     why = (f"{verdict['chosen']}: probed on this CPU, warp+decode fp32 {verdict['fp32_s']:.2f} s, "
            f"bf16 {verdict['bf16_s']:.2f} s, bf16 PSNR {verdict['psnr_db']:.1f} dB (needs {verdict['min_psnr_db']:g})")
     return (torch.bfloat16 if verdict["chosen"] == "bf16" else torch.float32), why
+
+
+def choose_precision(precision: str, device: torch.device, checkpoints: CheckpointSet | None = None
+                     ) -> tuple[torch.dtype, str]:
+    """(dtype, why auto chose it) for `--precision`: 'auto' -> float16 on CUDA, on a CPU `cpu_precision` (the pin
+    or the probe of `checkpoints`); fp16 on a CPU (slow and lossy there) and bf16 on a GPU without it are refused."""
+    if precision == "auto":
+        return (torch.float16, "") if device.type == "cuda" else cpu_precision(checkpoints)
+    if precision not in PRECISIONS:
+        raise UsageError(f"--precision {precision}: use auto, fp16, bf16 or fp32")
+    if precision == "fp16" and device.type == "cpu":
+        raise UsageError("--precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise UsageError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 arithmetic (it came "
+                         "with Ampere); use fp16 or auto")
+    return PRECISIONS[precision], ""

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..avatar.store import store_root
-from .fused import FusedRenderer
+from ditto_fast.core.home import store_root
+from ditto_fast.render.fused import FusedRenderer
 
 
 def remembered(name: str, key: list[Any], run: Callable[[], dict], valid: Callable[[dict], bool],

@@ -13,7 +13,7 @@ import warnings
 import cv2
 import numpy as np
 
-from ditto_fast.yuv import i420_planes, rgb_to_yuv_matrix
+from ditto_fast.media.yuv import i420_planes, rgb_to_yuv_matrix
 
 try:  # the Cython kernel, built by `python setup.py build_ext --inplace`
     from ditto_fast.render import _blend

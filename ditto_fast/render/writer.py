@@ -13,11 +13,11 @@ from types import TracebackType
 import imageio_ffmpeg
 import numpy as np
 
-from ditto_fast.errors import DittoError, InputError
-from ditto_fast.ffpipe import last_stderr_line, widen_pipe
-from ditto_fast.filemode import give_usual_mode
-from ditto_fast.partfiles import create_locked, remove_stale
-from ditto_fast.rates import rate_text
+from ditto_fast.core.errors import DittoError, InputError
+from ditto_fast.media.ffpipe import last_stderr_line, widen_pipe
+from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.media.partfiles import create_locked, remove_stale
+from ditto_fast.media.rates import rate_text
 from ditto_fast.render.formats import Format, output_format
 
 

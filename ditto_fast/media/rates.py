@@ -1,4 +1,5 @@
-"""Frame rates as exact fractions: the broadcast rates, parsing `--fps`, and the 25 fps motion timeline.
+"""Frame rates as exact fractions: the broadcast rates, parsing `--fps`, the 25 fps motion timeline, and the
+mirror loop that maps an endless timeline onto a source's frames.
 
 The LMDM makes motion at 25 fps (one frame per 640 samples of 16 kHz audio). A clip at another rate
 takes its frame i at time i / rate; `motion_timeline` says which two 25 fps motion frames surround
@@ -87,3 +88,23 @@ def motion_timeline(n_out: int, out_rate: Fraction, n_motion: int) -> tuple[np.n
     j1 = np.minimum(j0 + 1, last)
     w = np.where(j1 == j0, 0.0, w)
     return j0, j1, w.astype(np.float64)
+
+
+def mirror_index(i: int, n: int) -> int:
+    """Plate frame for output frame i when looping n frames forward then backward: 0..n-1, n-1..0, 0.."""
+    if n <= 0:
+        raise ValueError(f"plate frame count must be positive, got {n}")
+    r = i % (2 * n)
+    return r if r < n else 2 * n - 1 - r
+
+
+def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
+    """Source frame [n_out] int64 for each of n_out output frames, by mirror_index over n_src frames (at least 1)."""
+    return mirror_positions(np.arange(n_out, dtype=np.int64), n_src)
+
+
+def mirror_positions(positions: np.ndarray, n_src: int) -> np.ndarray:
+    """mirror_index of each position [K] (frame numbers on an endless forward timeline) -> int64 [K]."""
+    n = max(1, int(n_src))
+    r = np.asarray(positions, dtype=np.int64) % (2 * n)
+    return np.where(r < n, r, 2 * n - 1 - r)

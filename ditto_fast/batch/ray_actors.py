@@ -1,5 +1,6 @@
 """Batch scale-out on Ray: one engine per actor (an actor per GPU, or per CPU node), jobs handed to actors
-as they free up, results streamed back to the driver, which alone writes the report."""
+as they free up, results streamed back to the driver, which alone writes the report. The driver checks every
+job and sends each its decoded audio; an actor opens the avatar from its own view of the store."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import Any, Callable
 
 import torch
 
-from .batch import Job, check_jobs, write_report
-from .errors import DittoError, InputError, Terminated, UsageError
-from .pipeline import Progress, RenderSetup
+from ditto_fast.audio.decode import DecodedAudio
+from ditto_fast.batch.jobs import Job, check_jobs, is_finished, write_report
+from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
+from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.stages import Progress
 
 INSTALL_HINT = 'Ray is not installed; install it with: pip install -e ".[ray]" (or pip install "ray>=2.9,<3")'
 
@@ -49,8 +52,8 @@ class BatchWorker:
             if seen != token:
                 raise InputError(f"{Path(path).parent}: not visible from Ray node {_node()}; put the avatar store "
                                  "(DITTO_FAST_HOME) and the outputs on a path every node mounts")
-        from .memory import reuse_freed_memory
-        from .pipeline import Renderer
+        from ditto_fast.core.memory import reuse_freed_memory
+        from ditto_fast.engine.renderer import Renderer
 
         if share is not None:            # before the CPU precision and batch probes, which time the networks
             torch.set_num_threads(_cpu_threads(share))
@@ -58,20 +61,18 @@ class BatchWorker:
         self.setup = RenderSetup.resolve(**setup_args)
         self.renderer = Renderer(setup=self.setup)
 
-    def run(self, job: Job, force: bool) -> Job:
-        """Render one checked job (or skip it when its output was made from the same inputs)."""
-        from .ffpipe import container_comment
-        from .pipeline import check_clip
+    def run(self, job: Job, audio: DecodedAudio, force: bool) -> Job:
+        """Render one job the driver checked (its audio decoded there, sent along), or skip it when its output was
+        made from the same inputs. The avatar is opened here, from this node's view of the store."""
+        from ditto_fast.engine.clip import check_clip
 
         t0 = time.perf_counter()
         try:
-            clip = check_clip(self.renderer.avatar(job.avatar), job.audio, job.output, config=self.setup.config,
-                              **job.options())
-            if not force and job.output.exists() and \
-                    container_comment(job.output) == self.setup.digest(clip, job.emotion, job.controls):
+            clip = check_clip(job.request, self.renderer.avatar(job.avatar), self.setup.config, audio=audio)
+            if not force and is_finished(job, clip, self.setup):
                 job.status, job.frames = "skipped", clip.frames
             else:
-                result = self.renderer.render(job.avatar, job.audio, job.output, **job.options())
+                result = self.renderer.render(clip)
                 job.status, job.frames = "done", result.profile["frames"]
                 job.extra["stages"] = result.profile["stages"]
         except DittoError as e:
@@ -120,7 +121,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                   progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None
                   ) -> list[Job]:
     """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor."""
-    from .avatar import store_root
+    from ditto_fast.avatar import store_root
 
     ray = start_ray(address)
     # the driver only checks the jobs (checkpoints, avatars, inputs): no device, fp32 and batch 1 so that no
@@ -154,7 +155,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                     job.fail("not run: an earlier job failed (--fail-fast)", 7)
                     free.append(actor)
                     continue
-                running[actor.run.remote(job, force)] = (job, actor)
+                running[actor.run.remote(job, clips[job.index].audio, force)] = (job, actor)
                 if on_dispatch:
                     on_dispatch(job, actor)
             if not running:

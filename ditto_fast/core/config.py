@@ -14,10 +14,11 @@ from typing import Any
 
 import yaml
 
-from .errors import UsageError
+from ditto_fast.core.errors import UsageError
 
-DEFAULT_YAML = Path(__file__).resolve().parent / "configs" / "default.yaml"
+DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
+CODECS = ("h264", "hevc", "prores")
 
 
 def setting(kind: type, low: float | None = None, high: float | None = None,
@@ -50,6 +51,15 @@ class MotionConfig:
 
 
 @dataclass
+class ClipConfig:
+    """Each clip's own settings (a render request's fields); per render they come from options or job lines."""
+
+    seed: int = setting(int, 0, 2**63 - 1)            # the LMDM's noise: the same seed gives the same output
+    emotion: str = setting(str)                       # a label, a mix (happy+surprise), or a schedule file
+    codec: str = setting(str, choices=CODECS)         # video codec; the output's extension picks the container
+
+
+@dataclass
 class RenderConfig:
     batch_size: int | str = setting(int, 1, 64, words=("auto",))  # frames per warp+decode micro-batch
     crf: int = setting(int, 0, 51)                    # H.264 quality
@@ -61,10 +71,11 @@ class RenderConfig:
 class Config:
     register: RegisterConfig
     motion: MotionConfig
+    clip: ClipConfig
     render: RenderConfig
 
 
-_SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "render": RenderConfig}
+_SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "clip": ClipConfig, "render": RenderConfig}
 
 
 def _check(value: Any, meta: dict, where: str) -> Any:
@@ -75,6 +86,10 @@ def _check(value: Any, meta: dict, where: str) -> Any:
     if kind is bool:
         if not isinstance(value, bool):
             raise UsageError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind is str and choices is None:
+        if not isinstance(value, str) or not value.strip():
+            raise UsageError(f"{where} must be a non-empty string, got {value!r}")
         return value
     if choices is not None:
         if value not in choices:
@@ -93,8 +108,13 @@ def _check(value: Any, meta: dict, where: str) -> Any:
 def check_setting(section: str, key: str, value: Any, where: str) -> Any:
     """`value` checked as the setting `section.key` is when a file is read (type, range, words);
     UsageError naming `where` and what is allowed."""
+    return _check(value, declaration(section, key), where)
+
+
+def declaration(section: str, key: str) -> dict:
+    """The declared type and allowed values of one setting: kind, low, high, choices, words."""
     fields = {f.name: f for f in dataclasses.fields(_SECTION_CLASSES[section])}
-    return _check(value, fields[key].metadata, where)
+    return dict(fields[key].metadata)
 
 
 def _read_yaml(path: Path) -> dict:

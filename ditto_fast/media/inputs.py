@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import InputError
+from ditto_fast.core.errors import InputError
 
 
 def check_input_file(path: Path, what: str) -> None:

@@ -1,0 +1,200 @@
+"""Batch jobs: read from JSON lines or a folder of audio, checked all first (each into its Clip), finished ones
+found by their digest, and the report of every job's outcome."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ditto_fast.avatar import Avatar, load_avatar
+from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.engine.clip import Clip, check_clip
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.media.ffpipe import container_comment
+from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.media.partfiles import create_locked
+from ditto_fast.motion.conditions import schedule_file
+from ditto_fast.render.formats import default_suffix
+
+AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
+EXIT_SOME_FAILED = 7
+
+
+@dataclass
+class Job:
+    """One clip to render (its request; None for a job line that is not one) and what became of it
+    (status: pending, done, skipped or failed)."""
+
+    index: int
+    request: RenderRequest | None = None
+    status: str = "pending"
+    error: str | None = None
+    exit_code: int = 0
+    frames: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    named: dict[str, Any] = field(default_factory=dict)    # what a bad line named: its avatar, the files it reads
+
+    @property
+    def avatar(self) -> str:
+        return self.request.avatar if self.request else self.named.get("avatar", "")
+
+    @property
+    def audio(self) -> Path | None:
+        return self.request.audio if self.request else None
+
+    @property
+    def output(self) -> Path | None:
+        return self.request.output if self.request else None
+
+    def fail(self, error: DittoError | str, exit_code: int | None = None) -> None:
+        """Mark the job failed with a one-line error."""
+        self.status, self.error = "failed", str(error).splitlines()[0] if str(error) else type(error).__name__
+        self.exit_code = exit_code if exit_code is not None else getattr(error, "exit_code", 1)
+
+    def row(self) -> dict[str, Any]:
+        """The job's entry in the report."""
+        return {"index": self.index, "avatar": self.avatar, "audio": _str(self.audio), "output": _str(self.output),
+                "status": self.status, "error": self.error, "exit_code": self.exit_code, "frames": self.frames,
+                "seconds": round(self.seconds, 3), **self.extra}
+
+
+def _str(p: Path | None) -> str | None:
+    return None if p is None else str(p)
+
+
+def _job_from_line(index: int, line: str, base: Path, where: str, defaults: dict[str, Any]) -> Job:
+    """A job from one JSON line; paths relative to `base`. A bad line gives a failed job, not an exception."""
+    job = Job(index)
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        job.fail(UsageError(f"{where}: not valid JSON ({e.msg}); write one JSON object per line"))
+        return job
+    try:
+        job.request = RenderRequest.from_json(data, base, where, defaults)
+    except UsageError as e:
+        if isinstance(data, dict):      # its files stay inputs of the batch: no other job may write over them
+            job.named = {"avatar": str(data.get("avatar", "")), "inputs": _named_files(data, base)}
+        job.fail(e)
+    return job
+
+
+def _named_files(data: dict, base: Path) -> list[Path]:
+    """The files a job line that is not a request names as inputs (audio, controls, an emotion schedule)."""
+    named = [base / data[k] for k in ("audio", "controls") if isinstance(data.get(k), str) and data[k]]
+    emotion = data.get("emotion")
+    if isinstance(emotion, str) and emotion:
+        schedule = schedule_file(str(base / emotion) if emotion.endswith(".json") else emotion)
+        named += [schedule] if schedule is not None else []
+    return named
+
+
+def read_jobs(path: str | Path, defaults: dict[str, Any] | None = None) -> list[Job]:
+    """Jobs from a JSON-lines file (blank lines and lines starting with # are passed over); `defaults` give the
+    request fields a line leaves out (a line's own values win)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: jobs file not found; give a JSON-lines file or --audio-dir") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read the jobs file ({getattr(e, 'strerror', None) or e})") from None
+    base = path.resolve().parent
+    jobs: list[Job] = []
+    for no, line in enumerate(lines, 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            jobs.append(_job_from_line(len(jobs), line, base, f"{path}:{no}", defaults or {}))
+    if not jobs:
+        raise UsageError(f"{path}: no jobs in the file; write one JSON object per line")
+    return jobs
+
+
+def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defaults: dict[str, Any] | None = None
+                  ) -> list[Job]:
+    """One job per audio file in `audio_dir` (sorted by name), output `<out_dir>/<stem>.mp4` (.mov for ProRes),
+    the other request fields from `defaults`."""
+    audio_dir, out_dir = Path(audio_dir), Path(out_dir)
+    if not audio_dir.is_dir():
+        raise UsageError(f"{audio_dir}: --audio-dir is not a directory")
+    files = sorted(p for p in audio_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
+    if not files:
+        raise UsageError(f"{audio_dir}: no audio files ({', '.join(AUDIO_SUFFIXES)}) in the directory")
+    defaults = defaults or {}
+    suffix = default_suffix(defaults.get("codec"))
+    return [Job(i, RenderRequest(avatar=avatar, audio=p, output=out_dir / f"{p.stem}{suffix}", **defaults))
+            for i, p in enumerate(files)]
+
+
+def summary(jobs: list[Job]) -> dict[str, int]:
+    """Counts of done, skipped and failed jobs."""
+    return {s: sum(j.status == s for j in jobs) for s in ("done", "skipped", "failed")}
+
+
+def write_report(path: str | Path, jobs: list[Job]) -> None:
+    """The report JSON, replaced atomically (a reader never sees half of it)."""
+    path = Path(path)
+    tmp, lock = create_locked(path, "tmp")         # a killed batch's leftover is removed by the next write
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"jobs": [j.row() for j in jobs], "summary": summary(jobs)}, f, indent=2)
+            f.write("\n")
+        give_usual_mode(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(lock)
+
+
+def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
+    """Check every pending job without loading a network; failed ones are marked, the rest get their Clip."""
+    avatars: dict[str, Avatar | DittoError] = {}
+    emotion = setup.config.clip.emotion
+    inputs = {p.resolve() for j in jobs for p in (_inputs(j.request, emotion) if j.request else
+                                                  j.named.get("inputs", []))}
+    outputs: dict[Path, int] = {}
+    clips: dict[int, Clip] = {}
+    for job in jobs:
+        if job.status != "pending":
+            continue
+        request = job.request
+        try:
+            if request.avatar not in avatars:
+                try:
+                    avatars[request.avatar] = load_avatar(
+                        request.avatar, expected_fingerprints=setup.checkpoints.avatar_fingerprints())
+                except DittoError as e:
+                    avatars[request.avatar] = e
+            avatar = avatars[request.avatar]
+            if isinstance(avatar, DittoError):
+                raise avatar
+            out = request.output.resolve()
+            own = {p.resolve() for p in _inputs(request, emotion)}
+            others = {a.dir.resolve() for a in avatars.values() if isinstance(a, Avatar) and a is not avatar}
+            if out in inputs - own or others & set(out.parents):   # the job's own inputs: check_clip says so
+                raise UsageError(f"{request.output}: is an input of this batch; choose another output path")
+            clip = check_clip(request, avatar, setup.config)
+            if out in outputs:
+                raise UsageError(f"{request.output}: also the output of job {outputs[out]}; give each job its own "
+                                 "output")
+            clips[job.index], outputs[out] = clip, job.index
+        except DittoError as e:
+            job.fail(e)
+    return clips
+
+
+def _inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
+    """The files a request reads: its audio, controls and emotion schedule."""
+    schedule = schedule_file(request.emotion or default_emotion)
+    return [p for p in (request.audio, request.controls, schedule) if p is not None]
+
+
+def is_finished(job: Job, clip: Clip, setup: RenderSetup) -> bool:
+    """Whether the job's output exists and was made from the same inputs and settings (its digest tag)."""
+    return job.output.exists() and container_comment(job.output) == setup.digest(clip)

@@ -1,0 +1,83 @@
+"""Checkpoints: locate the directory and fingerprint its files (here); write random ones in the published layout
+(`random.py`, with HuBERT's in `random_hubert.py`: they serve `checkpoints init-random`, which the demo uses)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from ditto_fast.core.errors import CheckpointError
+from ditto_fast.models import NETWORK_NAMES, SPECS
+
+MODELS_SUBDIR = Path("ditto_pytorch") / "models"
+HUBERT_DIRNAMES = ("hubert-large-ls960-ft", "hubert")
+RANDOM_MARKER = "RANDOM_WEIGHTS.json"
+GET_THEM = ("download the Ditto PyTorch release (ditto_pytorch/models/*.pth) and "
+            "facebook/hubert-large-ls960-ft into it, or run `ditto-fast checkpoints init-random DIR`")
+
+
+@dataclass
+class CheckpointSet:
+    """Paths of the six network files and the HuBERT directory under one checkpoint root."""
+
+    root: Path
+    files: dict[str, Path]
+    hubert_dir: Path
+    random_weights: bool = False
+    _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def fingerprints(self) -> dict[str, str]:
+        """Short content fingerprints of every network file and the HuBERT weights (cached)."""
+        if not self._fingerprints:
+            fp = {name: file_fingerprint(p) for name, p in self.files.items()}
+            weights = sorted(self.hubert_dir.glob("*.safetensors")) + sorted(self.hubert_dir.glob("*.bin"))
+            fp["hubert"] = file_fingerprint(weights[0]) if weights else "missing"
+            self._fingerprints = fp
+        return dict(self._fingerprints)
+
+    def avatar_fingerprints(self) -> dict[str, str]:
+        """Fingerprints of the networks an avatar cache depends on (registration side)."""
+        fp = self.fingerprints()
+        return {k: fp[k] for k in ("appearance_extractor", "motion_extractor")}
+
+
+def file_fingerprint(path: Path, block: int = 1 << 20) -> str:
+    """sha256 over size, first, middle and last MiB of a file: cheap, and changes with any re-export."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        for off in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):
+            f.seek(off)
+            h.update(f.read(block))
+    return h.hexdigest()[:16]
+
+
+def resolve_root(explicit: str | os.PathLike | None = None) -> Path:
+    """--checkpoints DIR, else $DITTO_FAST_CHECKPOINTS, else ./checkpoints."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get("DITTO_FAST_CHECKPOINTS")
+    return Path(env).expanduser() if env else Path("checkpoints")
+
+
+def find_checkpoints(explicit: str | os.PathLike | None = None, need_hubert: bool = True,
+                     networks: tuple[str, ...] = NETWORK_NAMES) -> CheckpointSet:
+    """The checkpoint set under the resolved root (the given networks); CheckpointError naming what is
+    missing and where to get it."""
+    root = resolve_root(explicit)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: checkpoint directory not found; {GET_THEM}")
+    files = {name: root / MODELS_SUBDIR / SPECS[name].filename for name in networks}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{missing[0]}: checkpoint file missing{more}; {GET_THEM}")
+    hubert = next((root / d for d in HUBERT_DIRNAMES if (root / d).is_dir()), root / HUBERT_DIRNAMES[0])
+    if need_hubert and not (hubert / "config.json").is_file():
+        raise CheckpointError(f"{hubert}: HuBERT model directory missing (config.json not found); {GET_THEM}")
+    marker = root / MODELS_SUBDIR / RANDOM_MARKER
+    return CheckpointSet(root=root, files=files, hubert_dir=hubert, random_weights=marker.is_file())

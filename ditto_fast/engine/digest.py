@@ -1,0 +1,31 @@
+"""What an output was made from, as a short string written into its comment tag: the same inputs and settings
+give the same digest, so batch skips a job whose output already carries it. Made from the Clip's own record of
+its inputs (the audio's, schedule's and controls' sha256 taken when they were read), no file read again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+
+from ditto_fast.avatar import Avatar
+from ditto_fast.core.version import __version__
+from ditto_fast.engine.clip import Clip
+from ditto_fast.media.rates import rate_text
+
+
+def _avatar_identity(avatar: Avatar) -> str:
+    """A hash of the loaded avatar's record: its files' checksums, source and creation time."""
+    m = avatar.meta
+    return hashlib.sha256(pickle.dumps((m["checksums"], m["source"], m["created"]), protocol=5)).hexdigest()
+
+
+def clip_digest(clip: Clip, settings: dict) -> str:
+    """The digest of `clip` rendered with the engine `settings` (checkpoints, device, precision, encoder, ...)."""
+    parts = {
+        "version": __version__, "audio": clip.audio.sha256, "seed": clip.seed, "steps": clip.steps,
+        "emotion": clip.emotion_source, "rate": rate_text(clip.rate), "container": clip.format.container,
+        "codec": clip.format.codec, "controls": clip.controls_sha256, "avatar": _avatar_identity(clip.avatar),
+        **settings,
+    }
+    return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

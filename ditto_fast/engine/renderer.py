@@ -1,0 +1,172 @@
+"""The render engine: `Renderer` loads the networks and HuBERT once, then renders clip after clip.
+
+Each clip runs the synchronous loop audio -> features -> motion -> per-frame stitch, warp+decode,
+putback, write: one thread, frames in order, deterministic for a seed (the same bytes whether a clip
+is an engine's first or tenth). Overlap comes only from what is already asynchronous: CUDA kernel
+launches and the ffmpeg reader/writer processes. Nothing here prints or changes process-wide state;
+progress goes to a callback and the stage timings into the result's profile.
+
+Stage keys of the profile and the table (wall seconds each):
+  load_models     finding the checkpoints and loading the networks and HuBERT (in an engine's first render;
+                  0 in the ones after it, which load nothing)
+  load_avatar     opening the avatar cache (0 for a Clip checked before: its avatar is open already)
+  audio_features  HuBERT features of the decoded audio
+  motion          conditions and LMDM sampling (the 25 fps motion of the whole clip)
+  stitch          each output frame's keypoints: motion mixed into the source, controls, stitching network
+  render          fused warp + decode on the device, crops back on the host
+  putback         pasting each crop into its background frame
+  write           the loop's ffmpeg I/O: handing each frame to the encoder and getting each background
+                  frame from the plate decoder (both are ffmpeg pipes, so both waits land here)
+
+`stages_cpu` has the same keys: CPU seconds of the loop's own thread in each stage (not torch's or
+OpenCV's worker threads, nor ffmpeg), so write's wall minus its CPU is the time spent waiting for ffmpeg.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ditto_fast import models
+from ditto_fast.audio.hubert import HubertFeatures
+from ditto_fast.avatar import Avatar, load_avatar
+from ditto_fast.avatar.format import PKL_NAME
+from ditto_fast.avatar.plate import PlateReader
+from ditto_fast.avatar.store import avatars_dir
+from ditto_fast.checkpoints import CheckpointSet
+from ditto_fast.core.config import Config
+from ditto_fast.core.errors import UsageError
+from ditto_fast.core.timing import StageTimer
+from ditto_fast.engine.clip import Clip, check_clip
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
+from ditto_fast.media.rates import rate_text
+from ditto_fast.render.fused import FusedRenderer
+from ditto_fast.render.writer import VideoWriter
+
+STAGES = ("load_models", "load_avatar", "audio_features", "motion", "stitch", "render", "putback", "write")
+
+
+@dataclass
+class RenderResult:
+    output: Path
+    profile: dict
+    mouth: np.ndarray | None = None     # [N] generated lip opening per output frame (for the render preview)
+
+
+def stage_table(profile: dict) -> str:
+    """The human-readable stage table of a render's profile."""
+    n = max(1, profile["frames"])
+    lines = [f"{'stage':<16}{'seconds':>10}{'ms/frame':>11}"]
+    for s in STAGES:
+        sec = profile["stages"][s]
+        lines.append(f"{s:<16}{sec:>10.2f}{1000 * sec / n:>11.1f}")
+    lines.append(f"{'total':<16}{profile['wall_seconds']:>10.2f}{1000 * profile['wall_seconds'] / n:>11.1f}")
+    lines.append(f"{profile['frames']} frames, {profile['audio_seconds']:.2f} s audio, {profile['fps']:.2f} fps, "
+                 f"{profile['device']} {profile['precision']}, {profile['steps']} steps, {profile['rate']} fps "
+                 f"{profile['container']} {profile['encoder']}, batch {profile['batch_size']}"
+                 + (" — RANDOM WEIGHTS: the face region is noise" if profile["random_weights"] else ""))
+    return "\n".join(lines)
+
+
+def _identity(avatar_dir: Path) -> tuple[int, int] | None:
+    """What changes when an avatar directory is replaced: its record file's inode and mtime (None if gone)."""
+    try:
+        st = os.stat(avatar_dir / PKL_NAME)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+class Renderer:
+    """Loads the networks and HuBERT once; `render()` then makes one clip per call, again and again.
+
+    Avatars are opened once per name and reopened only when the store's copy was replaced.
+    """
+
+    def __init__(self, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
+                 precision: str = "auto", config: Config | None = None, batch_size: int | str | None = None,
+                 crf: int | None = None, preset: str | None = None, encoder: str = "auto", *,
+                 setup: RenderSetup | None = None):
+        """Load the networks for `checkpoints` (default: $DITTO_FAST_CHECKPOINTS or ./checkpoints) on `device`,
+        or for an already resolved `setup`."""
+        t0 = time.perf_counter()
+        self.setup = setup or RenderSetup.resolve(checkpoints, device, precision, config, batch_size, crf, preset,
+                                                  encoder)
+        self.config, self.checkpoints = self.setup.config, self.setup.checkpoints
+        self.device, self.dtype = self.setup.device, self.setup.dtype
+        files = self.checkpoints.files
+        self.lmdm = models.load("lmdm", files["lmdm"], self.device)
+        if self.config.motion.overlap >= self.lmdm.seq_len:
+            raise UsageError(f"motion.overlap {self.config.motion.overlap} must be below the LMDM's window of "
+                             f"{self.lmdm.seq_len} frames")
+        self.stitch_net = models.load("stitch_network", files["stitch_network"], "cpu")
+        self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype)
+        self.hubert = HubertFeatures(self.checkpoints.hubert_dir, device=self.device)
+        self.random_weights = bool(self.checkpoints.random_weights or any(
+            getattr(m, "ditto_meta", {}).get("random_weights") for m in (self.lmdm, self.stitch_net)))
+        self._avatars: dict[str, tuple[tuple[int, int] | None, Avatar]] = {}
+        self.load_seconds = time.perf_counter() - t0
+        self._unreported_load = self.load_seconds      # goes into the first render's profile
+
+    def avatar(self, name: str) -> Avatar:
+        """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
+        cached = self._avatars.get(name)
+        if cached is not None and _identity(cached[1].dir) == cached[0]:
+            return cached[1]
+        key = _identity(avatars_dir() / name)
+        avatar = load_avatar(name, expected_fingerprints=self.checkpoints.avatar_fingerprints())
+        self._avatars[name] = (key, avatar)
+        return avatar
+
+    def render(self, clip: RenderRequest | Clip, progress: Progress | None = None) -> RenderResult:
+        """Render one clip into its output (written to a temporary name, renamed when complete): a RenderRequest is
+        checked first (its avatar opened through this engine), a Clip checked before is rendered as it is."""
+        t_start = time.perf_counter()
+        timer = StageTimer(STAGES)
+        if isinstance(clip, RenderRequest):
+            with timer("load_avatar"):
+                avatar = self.avatar(clip.avatar)
+            clip = check_clip(clip, avatar, self.config)
+        timer.seconds["load_models"], self._unreported_load = round(self._unreported_load, 4), 0.0
+        digest = self.setup.digest(clip)
+        mouth = self._render(clip, digest, timer, progress)
+        wall = time.perf_counter() - t_start
+        profile = {
+            "frames": clip.frames, "audio_seconds": clip.audio.seconds, "wall_seconds": wall,
+            "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
+            "precision": str(self.dtype).replace("torch.", ""), "precision_choice": self.setup.precision_choice,
+            "batch_choice": self.setup.batch_choice,
+            "steps": clip.steps, "seed": clip.seed,
+            "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
+            "encoder": self.setup.output_format(clip).encoder, "batch_size": self.setup.batch_size,
+            "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
+            "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
+            "stages_cpu": {k: round(v, 4) for k, v in timer.thread_seconds.items()},
+        }
+        return RenderResult(clip.output, profile, mouth)
+
+    def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None) -> np.ndarray:
+        """The stages of one checked clip; returns the generated lip opening [N] per output frame."""
+        avatar, tl = clip.avatar, timeline(clip)
+        # the plate reader is told every frame it will serve, so ffmpeg decodes its first block beside HuBERT and
+        # the LMDM, and each next block while one is pasted into
+        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="yuv420p",
+                         order=tl.src_idx) as plate:
+            with timer("audio_features"):
+                feats = audio_features(self.hubert, clip)
+            with timer("motion"):
+                motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device)
+            del feats
+            # the plate's own yuv420p goes to the encoder: only the face box is converted and blended
+            with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
+                             crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
+                             fmt=self.setup.output_format(clip), pix_fmt="yuv420p") as writer:
+                render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
+                              self.config.render.lookahead, plate, writer, timer, progress)
+        return mouth

@@ -1,0 +1,126 @@
+"""The render request: every per-clip setting of one render, declared once.
+
+Its fields are what a `render` command line, a JSON line of a batch and a Python caller give; their
+types, defaults and allowed values come from the config's declarations (`clip.*`, `motion.steps`),
+so all three refuse the same values with the same message. The `render` and `batch` options and the
+keys a job line may carry are made from `FIELDS`: a new setting is one field here plus its test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from ditto_fast.avatar.store import validate_name
+from ditto_fast.core.config import check_setting, declaration
+from ditto_fast.core.errors import UsageError
+from ditto_fast.media.rates import parse_rate
+
+EMOTION_HELP = ("angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, or a per-frame "
+                "schedule: a JSON file, or inline JSON like '{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")
+FPS_HELP = ("Output frame rate: 24, 25, 30, 50, 60 or the NTSC rates 23.976, 29.97, 59.94 (also as 24000/1001, "
+            "30000/1001, 60000/1001) [default: the avatar's own rate; 25 for image avatars].")
+CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with PCM audio; .mov only)."
+
+
+def _field(*, setting: tuple[str, str] | None = None, kind: str = "text", flags: tuple[str, ...] = (),
+           help: str = "", required: bool = False) -> Any:
+    """A request field: `setting` names its config declaration (type, range, default); `kind` is text, path or
+    rate; `flags` its command-line spelling (the first long one names it); `required` in every request."""
+    return field(default=None, metadata={"setting": setting, "kind": kind, "flags": flags, "help": help,
+                                         "required": required})
+
+
+@dataclass(frozen=True)
+class RenderRequest:
+    """One clip to render. None means the default: the config's for declared settings, the avatar's own rate
+    for `fps`, `<avatar>_<audio stem>` in the current directory for `output`."""
+
+    avatar: str = _field(flags=("--avatar",), required=True,
+                         help="Registered avatar name (see `ditto-fast avatars`).")
+    audio: Path = _field(kind="path", flags=("--audio",), required=True, help="Speech file.")
+    output: Path | None = _field(kind="path", flags=("-o", "--output"),
+                                 help="Output file; .mp4, .mov or .mkv picks the container (default <avatar>_<audio "
+                                      "stem>.mp4 in the current directory, .mov for ProRes).")
+    steps: int | None = _field(setting=("motion", "steps"), flags=("--steps",), help="DDIM steps.")
+    seed: int | None = _field(setting=("clip", "seed"), flags=("--seed",), help="Seed of the motion's noise.")
+    emotion: str | None = _field(setting=("clip", "emotion"), flags=("--emotion",), help=EMOTION_HELP)
+    controls: Path | None = _field(kind="path", flags=("--controls",), help="Per-frame control file (JSON).")
+    fps: str | None = _field(kind="rate", flags=("--fps",), help=FPS_HELP)
+    codec: str | None = _field(setting=("clip", "codec"), flags=("--codec",), help=CODEC_HELP)
+
+    def __post_init__(self) -> None:
+        for f in FIELDS:
+            object.__setattr__(self, f.name, _checked(f, getattr(self, f.name)))
+
+    @classmethod
+    def from_json(cls, data: Any, base: Path, where: str, defaults: dict[str, Any] | None = None) -> "RenderRequest":
+        """The request of one job line (already parsed JSON): paths relative to `base`, keys not in the line from
+        `defaults`; UsageError naming `where` for a line that is not a request."""
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: expected a JSON object like "
+                             '{"avatar": "ruby", "audio": "a.wav", "output": "a.mp4"}')
+        unknown = sorted(set(data) - set(JOB_KEYS))
+        if unknown:
+            raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(JOB_KEYS)})")
+        for key in ("avatar", "audio", "output"):       # a job line names its output: batch writes no default names
+            if not isinstance(data.get(key), str) or not data.get(key):
+                raise UsageError(f"{where}: {key!r} is missing or not a string")
+        values = {**(defaults or {}), **{k: v for k, v in data.items() if v is not None}}
+        emotion = values.get("emotion")
+        if isinstance(emotion, dict):               # a schedule written inline in the job line
+            values["emotion"] = json.dumps(emotion, sort_keys=True)
+        elif isinstance(emotion, str) and emotion.endswith(".json") and "emotion" in data:
+            values["emotion"] = str(base / emotion)
+        for f in FIELDS:
+            if f.metadata["kind"] == "path" and f.name in data and isinstance(data[f.name], str):
+                values[f.name] = base / data[f.name]
+        try:
+            return cls(**values)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
+
+    def with_defaults(self, config) -> dict[str, Any]:
+        """The declared settings with the config's defaults filled in: {seed, steps, emotion, codec}."""
+        return {f.name: getattr(self, f.name) if getattr(self, f.name) is not None else
+                getattr(getattr(config, f.metadata["setting"][0]), f.metadata["setting"][1])
+                for f in FIELDS if f.metadata["setting"]}
+
+    def replace(self, **changes: Any) -> "RenderRequest":
+        return dataclasses.replace(self, **changes)
+
+
+def _checked(f: dataclasses.Field, value: Any) -> Any:
+    """One field's value checked and normalised (paths as Path, rates as text); UsageError naming the field."""
+    meta = f.metadata
+    if value is None:
+        if meta["required"]:
+            raise UsageError(f"{f.name} is missing")
+        return None
+    if meta["setting"]:
+        if declaration(*meta["setting"])["choices"] and isinstance(value, str):
+            value = value.lower()               # H264 and h264 alike, as ffmpeg's names are
+        return check_setting(*meta["setting"], value, f.name)
+    if meta["kind"] == "path":
+        if not isinstance(value, (str, Path)) or not str(value):
+            raise UsageError(f"{f.name} must be a file path, got {value!r}")
+        return Path(value)
+    if meta["kind"] == "rate":
+        if isinstance(value, bool) or not isinstance(value, (str, int, float, Fraction)):
+            raise UsageError(f'{f.name} must be a rate such as "25" or "30000/1001", got {value!r}')
+        try:
+            parse_rate(value)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return str(value)
+    if f.name == "avatar":
+        return validate_name(value)
+    return value
+
+
+FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(RenderRequest)
+JOB_KEYS = tuple(f.name for f in FIELDS)

@@ -1,0 +1,86 @@
+"""The engine's settings that decide its outputs' bytes (checkpoints, device, precision, batch size, encoder,
+crf, preset), settled once before any network loads."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ditto_fast.checkpoints import CheckpointSet, find_checkpoints
+from ditto_fast.core.config import Config, check_setting, load_config
+from ditto_fast.core.devices import resolve_device
+from ditto_fast.core.errors import UsageError
+from ditto_fast.engine.clip import Clip
+from ditto_fast.engine.digest import clip_digest
+from ditto_fast.render.batch_size import auto_batch_size
+from ditto_fast.render.formats import Format, nvenc_works
+from ditto_fast.render.precision import choose_precision
+
+ENCODERS = ("auto", "software", "nvenc")
+
+
+@dataclass
+class RenderSetup:
+    """Everything about an engine that decides its outputs' bytes, settled before any network loads."""
+
+    config: Config
+    checkpoints: CheckpointSet
+    device: torch.device
+    dtype: torch.dtype
+    batch_size: int
+    crf: int
+    preset: str
+    nvenc: bool = False              # H.264/HEVC through the GPU's encoder
+    precision_choice: str = ""       # why `auto` gave this precision
+    batch_choice: str = ""           # why `auto` gave this batch size
+
+    @classmethod
+    def resolve(cls, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
+                precision: str = "auto", config: Config | None = None, batch_size: int | str | None = None,
+                crf: int | None = None, preset: str | None = None, encoder: str = "auto") -> "RenderSetup":
+        """Find the checkpoints, pick device, precision and encoder, fill what is not given from the config.
+
+        encoder: "software" (x264/x265), "nvenc" (the GPU's encoder; refused if it does not work here) or
+        "auto" (NVENC when rendering on CUDA and it works, else software)."""
+        config = config or load_config()
+        cs = checkpoints if isinstance(checkpoints, CheckpointSet) else find_checkpoints(checkpoints)
+        dev = resolve_device(device)
+        r = config.render
+        dtype, why = choose_precision(precision, dev, cs)
+        batch = check_setting("render", "batch_size", batch_size or r.batch_size, "batch size")
+        if batch == "auto":                     # 1 on a CPU; on CUDA the probe's verdict (measured once per GPU)
+            batch, batch_why = auto_batch_size(cs, dev, dtype)
+        else:
+            batch_why = f"{batch}: set by --batch-size or render.batch_size"
+        crf = r.crf if crf is None else check_setting("render", "crf", crf, "crf")
+        preset = r.preset if preset is None else check_setting("render", "preset", preset, "preset")
+        return cls(config, cs, dev, dtype, batch, crf, preset, _use_nvenc(encoder, dev), why, batch_why)
+
+    def output_format(self, clip: Clip) -> Format:
+        """The clip's format with this setup's encoder (the software one for a codec whose NVENC does not work
+        here: the setup probed H.264's)."""
+        nvenc = self.nvenc and clip.format.codec in ("h264", "hevc") and nvenc_works(clip.format.codec)[0]
+        return dataclasses.replace(clip.format, nvenc=nvenc)
+
+    def digest(self, clip: Clip) -> str:
+        """What a render of `clip` with this setup writes into its output's comment tag (see clip_digest)."""
+        settings = {"checkpoints": self.checkpoints.fingerprints(), "device": self.device.type,
+                    "precision": str(self.dtype), "batch_size": self.batch_size, "crf": self.crf,
+                    "preset": self.preset, "encoder": self.output_format(clip).encoder,
+                    "motion": dataclasses.asdict(self.config.motion)}
+        return clip_digest(clip, settings)
+
+
+def _use_nvenc(encoder: str, device: torch.device) -> bool:
+    """Whether to encode with NVENC: asked for (and working), or `auto` on a CUDA device where it works."""
+    if encoder not in ENCODERS:
+        raise UsageError(f"unknown encoder {encoder!r}; use auto, software or nvenc")
+    if encoder == "software" or (encoder == "auto" and device.type != "cuda"):
+        return False
+    works, why = nvenc_works("h264")
+    if encoder == "nvenc" and not works:
+        raise UsageError(f"NVENC does not work on this machine ({why}); use --encoder software or auto")
+    return works

@@ -1,0 +1,114 @@
+"""The stages of one clip's render, in the profile's order: the timeline, audio features, motion, then the frame
+loop (stitch, warp + decode, putback, write). Each is a function of the checked Clip and what came before;
+the Renderer wires them, owns the timer and hands progress on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ditto_fast.audio.decode import frame_count
+from ditto_fast.audio.hubert import HubertFeatures
+from ditto_fast.avatar.plate import PlateReader
+from ditto_fast.core.config import MotionConfig
+from ditto_fast.core.timing import StageTimer
+from ditto_fast.engine.clip import Clip
+from ditto_fast.media.rates import MOTION_FPS, mirror_positions, motion_timeline, source_indices
+from ditto_fast.motion.conditions import build_conditions, condition_parts
+from ditto_fast.motion.ddim import DDIMSampler
+from ditto_fast.motion.keypoints import info_to_motion, motion_to_info
+from ditto_fast.motion.lips import lip_opening
+from ditto_fast.motion.sampling import MotionSampler
+from ditto_fast.motion.stitch import MotionStitch
+from ditto_fast.render.fused import FusedRenderer
+from ditto_fast.render.putback import YuvPutback
+from ditto_fast.render.writer import VideoWriter
+
+Progress = Callable[[int, int], None]      # (frames done, frames in the clip)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Where each frame of the clip stands: motion is made at 25 fps, output frame i (time i / rate) blends the two
+    motion frames around its time and shows the source frame at that time (mirror-looped), so nothing drifts."""
+
+    src_idx: np.ndarray                 # [N] the source frame shown at each output frame
+    motion_src: np.ndarray              # [M] the source frame at each motion frame (for the eye conditions)
+    emo_rows: np.ndarray                # [M] the output frame at each motion frame's time (emotion schedules)
+    j0: np.ndarray                      # [N] the motion frames around each output frame's time ...
+    j1: np.ndarray
+    w: np.ndarray                       # [N] ... and how far between them it lies
+
+
+def timeline(clip: Clip) -> Timeline:
+    """The clip's frames on the 25 fps motion timeline and on its avatar's source frames."""
+    avatar, n = clip.avatar, clip.frames
+    n_motion = frame_count(len(clip.audio.samples))
+    src_idx = mirror_positions(source_indices(n, clip.rate, avatar.rate), avatar.n_frames)
+    motion_src = mirror_positions(source_indices(n_motion, Fraction(MOTION_FPS), avatar.rate), avatar.n_frames)
+    emo_rows = np.minimum(source_indices(n_motion, Fraction(MOTION_FPS), clip.rate), n - 1)
+    return Timeline(src_idx, motion_src, emo_rows, *motion_timeline(n, clip.rate, n_motion))
+
+
+def audio_features(hubert: HubertFeatures, clip: Clip) -> np.ndarray:
+    """HuBERT features of the clip's audio: [M, 1024] at 25 fps."""
+    return hubert(clip.audio.samples)
+
+
+def sample_motion(lmdm: torch.nn.Module, settings: MotionConfig, clip: Clip, feats: np.ndarray, tl: Timeline,
+                  device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """The clip's motion [M, 265] at 25 fps from its conditions, and the generated lip opening [N] per output frame."""
+    avatar = clip.avatar
+    parts = condition_parts(lmdm.cond_dim, feats.shape[1])
+    cond = build_conditions(feats, parts, clip.emotion[tl.emo_rows], avatar.eye_open, avatar.eye_ball, avatar.sc,
+                            src_idx=tl.motion_src)
+    gen = torch.Generator(device=device).manual_seed(clip.seed)
+    sampler = MotionSampler(DDIMSampler(lmdm, clip.steps, settings.guidance), window=lmdm.seq_len,
+                            overlap=settings.overlap, smooth_window=settings.smooth_window, device=device)
+    motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)           # [M, 265]
+    lips = lip_opening(motion, avatar.sc)                                        # [M] at 25 fps
+    mouth = lips[tl.j0] + tl.w.astype(np.float32) * (lips[tl.j1] - lips[tl.j0])  # [N] at the output rate
+    return motion, mouth
+
+
+def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torch.nn.Module, fused: FusedRenderer,
+                  batch_size: int, lookahead: bool, plate: PlateReader, writer: VideoWriter, timer: StageTimer,
+                  progress: Progress | None) -> None:
+    """The frame loop: each micro-batch stitched and launched, then collected, pasted into its background frames
+    and written, in order. With `lookahead` batch k+1 is launched before batch k is pasted and written, so a GPU
+    computes while this thread works; the output is the same either way."""
+    avatar, n = clip.avatar, clip.frames
+    stitch = MotionStitch(stitch_net, is_image=avatar.is_image, controls=clip.controls)
+    putback = YuvPutback()
+    batches = [range(b0, min(n, b0 + batch_size)) for b0 in range(0, n, batch_size)]
+
+    def launch(idx: range):
+        """Stitch a batch's keypoints (all its frames at once) and start its warp + decode."""
+        rows = slice(idx.start, idx.stop)
+        src = tl.src_idx[rows]                               # the source frame of each output frame
+        with timer("stitch"):
+            x_s, x_d = stitch.batch(avatar.frame_infos(src), motion_to_info(motion[tl.j0[rows]]),
+                                    motion_to_info(motion[tl.j1[rows]]), tl.w[rows])
+        with timer("render"):
+            return fused.launch(avatar.f_s[src], x_s, x_d)
+
+    pending = launch(batches[0]) if batches else None
+    for k, idx in enumerate(batches):
+        following = batches[k + 1] if k + 1 < len(batches) else None
+        after = launch(following) if lookahead and following else None
+        with timer("render"):
+            crops = fused.collect(pending)                   # uint8 [b,512,512,3]
+        for j, i in enumerate(idx):
+            with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
+                background = plate.frame(int(tl.src_idx[i]))
+            with timer("putback"):
+                frame = putback(background, crops[j], avatar.M_c2o[tl.src_idx[i]])
+            with timer("write"):
+                writer.write(frame)
+        if progress is not None:
+            progress(idx.stop, n)
+        pending = after if lookahead else (launch(following) if following else None)
