@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 CACHE = Path(os.environ.get("DITTO_FAST_BENCH_CACHE", REPO / "bench_out" / "cache"))
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import bench_common  # noqa: F401  (puts tests/ on sys.path: the reference paths are shared with the tests)
 from ditto_fast.audio.decode import frame_count, load_audio
 from ditto_fast.audio.hubert import WINDOW, HubertFeatures, pad_signal, window_starts
 from ditto_fast.checkpoints.random_hubert import write_random_hubert

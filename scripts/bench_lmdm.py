@@ -14,7 +14,6 @@ from typing import Callable
 
 import torch
 
-import bench_common  # noqa: F401  (puts tests/ on sys.path: the reference paths are shared with the tests)
 from ditto_fast import models
 from ditto_fast.motion.ddim import DDIMSampler
 from reference import lmdm_two_pass

@@ -18,7 +18,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-import bench_common  # noqa: F401  (puts tests/ on sys.path: write_plate is shared with the tests)
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.media.rates import mirror_index
 from ditto_fast.render import putback as pb_mod

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 OK_CODES = (0, 3, 4)
 MUTATIONS = ("flip", "truncate", "header", "zero", "splice")
 EXTREMES = (0, 1, 2, 3, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF)

@@ -10,9 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from synthetic import Motion, write_anchor_video  # noqa: E402
+from synthetic import Motion, write_anchor_video
 
 
 def main(argv: list[str] | None = None) -> int:

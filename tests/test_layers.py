@@ -54,3 +54,20 @@ def test_models_are_a_leaf():
         module, imported = _imports(path)
         outside = {m for m in imported if not m.startswith("ditto_fast.models")}
         assert outside <= {"ditto_fast.core.errors"}, module
+
+
+def test_the_package_root_holds_only_the_top_floor():
+    """The root has the commands (cli, doctor) and folders; the ground-floor helpers live in core/ and media/."""
+    root_modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert root_modules == {"cli", "doctor"}, root_modules
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set().union(*LAYERS) - root_modules, folders
+
+
+def test_nothing_below_the_root_imports_from_it():
+    """`from ditto_fast import X` names a subpackage, never an attribute of the root (no __init__ loop)."""
+    modules = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "ditto_fast" and not node.level:
+                assert {a.name for a in node.names} <= modules, (path, [a.name for a in node.names])
