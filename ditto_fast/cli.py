@@ -45,7 +45,8 @@ class DeclaredSetting(click.ParamType):
 
 
 class BatchSize(click.ParamType):
-    """--batch-size: a whole number of frames in 1..64, or auto (1 on a CPU, the probe's batch on a GPU)."""
+    """--batch-size: a whole number of frames in render.batch_size's range, or auto (1 on a CPU, the probe's batch
+    on a GPU)."""
 
     name = "N|auto"
 
@@ -67,6 +68,12 @@ CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path)
 def _default(section: str, key: str) -> str:
     """' [default: VALUE]' for a help text, read from the packaged settings."""
     return f" [default: {default(section, key)}; config {section}.{key}]"
+
+
+def _range(section: str, key: str) -> str:
+    """'LOW..HIGH' of a declared setting, for a help text."""
+    decl = declaration(section, key)
+    return f"{decl['low']}..{decl['high']}"
 
 
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised via subprocess tests
@@ -160,7 +167,8 @@ def engine_options(command):
         click.option("--precision", type=click.Choice(["auto", "fp16", "bf16", "fp32"]), default="auto",
                      show_default=True),
         click.option("--batch-size", type=BatchSize(), default=None,
-                     help="Frames per warp+decode micro-batch: 1..64, or auto (1 on a CPU; on a GPU the fastest "
+                     help=f"Frames per warp+decode micro-batch: {_range('render', 'batch_size')}, or auto (1 on a "
+                          "CPU; on a GPU the fastest "
                           "per frame, measured once and kept in the store)." + _default("render", "batch_size")),
         click.option("--crf", type=DeclaredSetting("render", "crf"), default=None,
                      help="H.264 quality." + _default("render", "crf")),

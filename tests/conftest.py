@@ -109,6 +109,17 @@ def store_env(home: Path, ckpt: Path) -> dict[str, str]:
     return {"DITTO_FAST_HOME": str(home), "DITTO_FAST_CHECKPOINTS": str(ckpt)}
 
 
+def cli_exit_code(args: list) -> int:
+    """`ditto-fast ARGS` through `ditto_fast.cli.main` in this process; the exit code main() ends with."""
+    from ditto_fast import cli as cli_module
+
+    try:
+        cli_module.main([str(a) for a in args])
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
 @pytest.fixture()
 def run_cli(capfd, monkeypatch):
     """run_cli(args, env=None) -> CompletedProcess: `ditto-fast ARGS` run in this process.
@@ -132,10 +143,7 @@ def run_cli(capfd, monkeypatch):
 
             mp.setattr(cli_module, "_exit_now", interrupted)
             try:
-                cli_module.main([str(a) for a in args])
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                code = cli_exit_code(args)
             finally:
                 signal.signal(signal.SIGTERM, sigterm)
         out = capfd.readouterr()

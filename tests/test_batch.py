@@ -160,6 +160,14 @@ def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(en
     gen = imageio_ffmpeg.read_frames(str(new))
     assert tuple(next(gen)["size"]) == (1280, 720)
     gen.close()
+    # a Clip checked before the store's avatar was replaced (a batch's later job) renders the new one too
+    from ditto_fast.engine.clip import check_clip
+
+    checked = check_clip(RenderRequest("race", clips[0], tmp_path / "later.mp4"), engine.avatar("race"), engine.config)
+    reg.register(anchor_video, "race", force=True)
+    gen = imageio_ffmpeg.read_frames(str(engine.render(checked).output))
+    assert tuple(next(gen)["size"]) == (1920, 1080)
+    gen.close()
 
 
 @pytest.mark.slow

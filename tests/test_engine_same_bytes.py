@@ -13,12 +13,13 @@ import json
 import os
 import platform
 import re
+import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, cli_exit_code
 from ditto_fast.render.precision import cpu_kind
 
 GOLDEN = REPO / "tests" / "data" / "golden_render.json"
@@ -83,26 +84,15 @@ def _render_api(renderer, audio: Path, output: Path, controls: Path) -> None:
 
 @pytest.fixture(scope="module")
 def run_cli_module():
-    """The CLI in this process (as conftest's run_cli, module-scoped and without output capture)."""
-    from ditto_fast import cli as cli_module
-
+    """The CLI in this process with `env` set for the call (as conftest's run_cli, module-scoped, no capture)."""
     def run(args, env):
-        import subprocess
-
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        mp = pytest.MonkeyPatch()
+        for key, value in env.items():
+            mp.setenv(key, value)
         try:
-            cli_module.main([str(a) for a in args])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            return subprocess.CompletedProcess(args, cli_exit_code(args), "", "")
         finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        return subprocess.CompletedProcess(args, code, "", "")
+            mp.undo()
 
     return run
 

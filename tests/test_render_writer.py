@@ -252,5 +252,7 @@ def test_dead_renders_partial_files_are_removed_by_the_next_writer_live_ones_kep
             p.wait()
     for name in parts(tmp_path):
         _wait_writer_gone(tmp_path / name)
-    writer_mod.remove_stale_parts(tmp_path)
+    from ditto_fast.media.partfiles import remove_stale
+
+    remove_stale(tmp_path, "part")
     assert parts(tmp_path) == [".notes.part.txt"] and not (tmp_path / "live.mp4").exists()

@@ -14,6 +14,7 @@ import numpy as np
 
 from ditto_fast.audio.decode import DecodedAudio, decode_audio
 from ditto_fast.avatar import Avatar
+from ditto_fast.avatar.format import PKL_NAME
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.request import RenderRequest
@@ -41,6 +42,16 @@ class Clip:
     emotion_source: str                 # the emotion as given, or the sha256 of its schedule file
     controls: Controls | None
     controls_sha256: str | None
+    avatar_key: tuple[int, int] | None = None   # the avatar record's identity when the clip was checked
+
+
+def avatar_identity(avatar_dir: Path) -> tuple[int, int] | None:
+    """What changes when an avatar directory is replaced: its record file's inode and mtime (None if gone)."""
+    try:
+        st = os.stat(avatar_dir / PKL_NAME)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 def default_output(avatar: str, audio: Path, codec: str | None = None) -> Path:
@@ -60,6 +71,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     """Check one request against its opened avatar without any network: the output can be written and is none of
     the inputs, its container and codec pair, the audio decodes (unless `audio` is its decoding already), emotion
     and controls parse for its length. Raises the DittoError a user caused."""
+    key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)
     output = request.output or default_output(request.avatar, request.audio, settings["codec"])
     check_output_path(output)
@@ -79,4 +91,4 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     return Clip(request, avatar, output, audio, n, rate, fmt, settings["steps"], settings["seed"], per_frame,
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
-                hashlib.sha256(controls).hexdigest() if controls is not None else None)
+                hashlib.sha256(controls).hexdigest() if controls is not None else None, key)

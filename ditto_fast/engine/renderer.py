@@ -24,7 +24,6 @@ OpenCV's worker threads, nor ffmpeg), so write's wall minus its CPU is the time 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +33,13 @@ import numpy as np
 from ditto_fast import models
 from ditto_fast.audio.hubert import HubertFeatures
 from ditto_fast.avatar import Avatar, load_avatar
-from ditto_fast.avatar.format import PKL_NAME
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.avatar.store import avatars_dir
 from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.timing import StageTimer
-from ditto_fast.engine.clip import Clip, check_clip
+from ditto_fast.engine.clip import Clip, avatar_identity, check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
@@ -72,15 +70,6 @@ def stage_table(profile: dict) -> str:
                  f"{profile['container']} {profile['encoder']}, batch {profile['batch_size']}"
                  + (" — RANDOM WEIGHTS: the face region is noise" if profile["random_weights"] else ""))
     return "\n".join(lines)
-
-
-def _identity(avatar_dir: Path) -> tuple[int, int] | None:
-    """What changes when an avatar directory is replaced: its record file's inode and mtime (None if gone)."""
-    try:
-        st = os.stat(avatar_dir / PKL_NAME)
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
 
 
 class Renderer:
@@ -117,22 +106,27 @@ class Renderer:
     def avatar(self, name: str) -> Avatar:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
         cached = self._avatars.get(name)
-        if cached is not None and _identity(cached[1].dir) == cached[0]:
+        if cached is not None and avatar_identity(cached[1].dir) == cached[0]:
             return cached[1]
-        key = _identity(avatars_dir() / name)
+        key = avatar_identity(avatars_dir() / name)
         avatar = load_avatar(name, expected_fingerprints=self.checkpoints.avatar_fingerprints())
         self._avatars[name] = (key, avatar)
         return avatar
 
     def render(self, clip: RenderRequest | Clip, progress: Progress | None = None) -> RenderResult:
         """Render one clip into its output (written to a temporary name, renamed when complete): a RenderRequest is
-        checked first (its avatar opened through this engine), a Clip checked before is rendered as it is."""
+        checked first (its avatar opened through this engine), a Clip checked before is rendered as it is (checked
+        again, with its decoded audio, against the store's avatar if that was replaced since)."""
         t_start = time.perf_counter()
         timer = StageTimer(STAGES)
         if isinstance(clip, RenderRequest):
             with timer("load_avatar"):
                 avatar = self.avatar(clip.avatar)
             clip = check_clip(clip, avatar, self.config)
+        elif avatar_identity(clip.avatar.dir) != clip.avatar_key:     # replaced in the store since it was checked
+            with timer("load_avatar"):
+                avatar = self.avatar(clip.request.avatar)
+            clip = check_clip(clip.request, avatar, self.config, audio=clip.audio)
         timer.seconds["load_models"], self._unreported_load = round(self._unreported_load, 4), 0.0
         digest = self.setup.digest(clip)
         mouth = self._render(clip, digest, timer, progress)

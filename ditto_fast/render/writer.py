@@ -16,7 +16,7 @@ import numpy as np
 from ditto_fast.core.errors import DittoError, InputError
 from ditto_fast.media.ffpipe import last_stderr_line, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
-from ditto_fast.media.partfiles import create_locked, remove_stale
+from ditto_fast.media.partfiles import create_locked
 from ditto_fast.media.rates import rate_text
 from ditto_fast.render.formats import Format, output_format
 
@@ -38,11 +38,6 @@ def check_output_path(path: str | os.PathLike) -> Path:
     except OSError as exc:
         raise InputError(f"{out}: cannot write in {parent} ({exc.strerror}); choose another output path") from None
     return out
-
-
-def remove_stale_parts(folder: str | os.PathLike) -> list[Path]:
-    """Delete the hidden partial files (`.NAME.part*`) in `folder` whose writer is gone (see partfiles.py)."""
-    return remove_stale(folder, "part")
 
 
 def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
