@@ -246,9 +246,12 @@ def _write_json(path: Path, data: dict) -> None:
               help="Crops per batch." + _default("register", "batch_size"))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--strict", is_flag=True, help="Refuse (exit 4) a source whose mouth is open, instead of a warning.")
+@click.option("--source-colour", type=DeclaredSetting("register", "source_colour"), default=None,
+              help="The colour matrix of the video's pixels: auto (its tag; untagged BT.709 from 1280x720 up, BT.601 "
+                   "below), bt601 or bt709 (whatever its tag says)." + _default("register", "source_colour"))
 @CONFIG
 def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet, strict,
-             config_path):
+             source_colour, config_path):
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
     from ditto_fast.avatar.register import Registrar
     from ditto_fast.core.config import load_config
@@ -269,7 +272,8 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
     registrar = Registrar(checkpoints_dir, device, config)
     try:
         avatar_dir = registrar.register(source, name, max_size=max_size, max_frames=max_frames, force=force,
-                                        batch_size=batch_size, progress=None if quiet else progress, strict=strict)
+                                        batch_size=batch_size, progress=None if quiet else progress, strict=strict,
+                                        source_colour=source_colour)
     finally:
         for b in bars:
             b.close()

@@ -169,11 +169,11 @@ def speech_wav() -> Path:
 
 @pytest.fixture(scope="session")
 def anchor_video(tmp_path_factory) -> Path:
-    """A 1 s 1920x1080 H.264 anchor video: the astronaut (face ~150 px) drifting by a known motion."""
+    """A 1 s 1920x1080 H.264 anchor video tagged BT.709: the astronaut (face ~150 px) drifting by a known motion."""
     from synthetic import write_anchor_video
 
     path = tmp_path_factory.mktemp("anchor") / "anchor.mp4"
-    write_anchor_video(path, 25, face_px=150, motion=ANCHOR_MOTION)
+    write_anchor_video(path, 25, face_px=150, motion=ANCHOR_MOTION, bt709=True)   # HD, tagged as HD is
     return path
 
 

@@ -1,5 +1,6 @@
 """One fixed clip rendered through the CLI, a batch and the Python API gives the same bytes, and the bytes
-recorded before the render request was introduced (on a machine of the recorded kind).
+recorded before the render request was introduced (on a machine of the recorded kind). The avatar is made
+from a BT.709-tagged HD anchor, which the picture rules (avatar/picture.py) read as before.
 
 The recorded digests are keyed by what decides the arithmetic (CPU flags, torch, numpy, mediapipe,
 ffmpeg); on another kind of machine the three paths must still agree with one another. To record this
@@ -47,18 +48,29 @@ def _sha(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def three_ways(video_avatar, session_home, tiny_checkpoints, clips, tmp_path_factory, run_cli_module):
+def golden_avatar(session_home, tiny_checkpoints, tmp_path_factory):
+    """A 1 s 1920x1080 anchor tagged BT.709, registered as 'golden'."""
+    from ditto_fast.avatar.register import register_avatar
+    from synthetic import Motion, write_anchor_video
+
+    video = write_anchor_video(tmp_path_factory.mktemp("golden") / "golden.mp4", 25, face_px=150, bt709=True,
+                               motion=Motion(center=(900.0, 520.0), velocity=(1.5, 0.5), spin_deg=0.1))
+    return register_avatar(video, name="golden", checkpoints=tiny_checkpoints, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def three_ways(golden_avatar, session_home, tiny_checkpoints, clips, tmp_path_factory, run_cli_module):
     out = tmp_path_factory.mktemp("same_bytes")
     controls = out / "controls.json"
     controls.write_text(json.dumps(CONTROLS))
     env = {"DITTO_FAST_CHECKPOINTS": str(tiny_checkpoints)}
     cli_out = out / "cli.mp4"
-    r = run_cli_module(["render", "--avatar", "anchor", "--audio", clips[0], "-o", cli_out, "--seed", CLIP["seed"],
+    r = run_cli_module(["render", "--avatar", "golden", "--audio", clips[0], "-o", cli_out, "--seed", CLIP["seed"],
                         "--steps", CLIP["steps"], "--emotion", CLIP["emotion"], "--fps", CLIP["fps"],
                         "--controls", controls, *ENGINE, "--quiet"], env)
     assert r.returncode == 0, r.stderr
     jobs = out / "jobs.jsonl"
-    jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(clips[0]), "output": "batch.mp4",
+    jobs.write_text(json.dumps({"avatar": "golden", "audio": str(clips[0]), "output": "batch.mp4",
                                 "controls": "controls.json", **CLIP}) + "\n")
     r = run_cli_module(["batch", jobs, *ENGINE, "--quiet"], env)
     assert r.returncode == 0, r.stderr
@@ -77,9 +89,9 @@ def _render_api(renderer, audio: Path, output: Path, controls: Path) -> None:
     try:
         from ditto_fast import RenderRequest
     except ImportError:                       # the engine before the render request existed
-        renderer.render("anchor", audio, output, controls=controls, **CLIP)
+        renderer.render("golden", audio, output, controls=controls, **CLIP)
         return
-    renderer.render(RenderRequest(avatar="anchor", audio=audio, output=output, controls=controls, **CLIP))
+    renderer.render(RenderRequest(avatar="golden", audio=audio, output=output, controls=controls, **CLIP))
 
 
 @pytest.fixture(scope="module")

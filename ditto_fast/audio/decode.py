@@ -9,7 +9,6 @@ call), so memory stays at the 16 kHz output plus one chunk, even for hours of au
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import subprocess
@@ -22,7 +21,7 @@ import numpy as np
 import soxr
 
 from ditto_fast.core.errors import InputError
-from ditto_fast.media.inputs import check_input_file
+from ditto_fast.media.inputs import check_input_file, file_sha256
 
 SAMPLE_RATE = 16000
 SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
@@ -97,15 +96,6 @@ class DecodedAudio:
     @property
     def seconds(self) -> float:
         return len(self.samples) / SAMPLE_RATE
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_READ_BYTES), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def decode_audio(path: str | os.PathLike) -> DecodedAudio:

@@ -12,7 +12,6 @@ named by frame; the plate is cut into 1 MiB blocks. Any other format version is 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import zlib
@@ -48,7 +47,6 @@ FRAME_ARRAYS: dict[str, tuple[tuple[int, ...], np.dtype]] = {
     "eye_ball": ((6,), np.dtype(np.float32)),
 }
 SC_SHAPE = (63,)
-_HASH_CHUNK = 1 << 22
 
 
 # ----------------------------------------------------------------------------- record contents
@@ -200,15 +198,6 @@ def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
 
 
 # ----------------------------------------------------------------------------- checksums
-def file_sha256(path: Path) -> str:
-    """sha256 of a whole file, read in 4 MiB chunks (the source video's identity in the record)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def block_crc32(path: Path, offset: int, block_bytes: int, blocks: list[int] | range) -> np.ndarray:
     """CRC-32s [len(blocks)] uint32 of blocks of a file; block k is block_bytes bytes at offset + k * block_bytes."""
     out = np.zeros(len(blocks), np.uint32)

@@ -35,7 +35,8 @@ from ditto_fast.media.rates import rate_text
 from ditto_fast.core.smoothing import centred_mean
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.media.yuv import YuvFrame
-from ditto_fast.avatar.format import F_S_DTYPE, file_sha256
+from ditto_fast.avatar.format import F_S_DTYPE
+from ditto_fast.media.inputs import file_sha256
 from ditto_fast.avatar.mouth_check import MouthCheck
 from ditto_fast.avatar.plate import write_plate_image
 from ditto_fast.avatar.source import SourceFrames, SourceInfo, open_source
@@ -166,7 +167,7 @@ class Registrar:
     def register(self, source: str | Path, name: str | None = None, *, max_size: int | None = None,
                  max_frames: int | None = None, force: bool = False, batch_size: int | None = None,
                  progress: ProgressFactory | None = None, timer: StageTimer | None = None,
-                 strict: bool = False) -> Path:
+                 strict: bool = False, source_colour: str | None = None) -> Path:
         """Register an anchor video or image; returns the avatar directory (appears only when complete).
 
         A source whose mouth is open (frame 0, or more than config.mouth_open_share of the frames) adds a
@@ -182,8 +183,10 @@ class Registrar:
         batch_size = batch_size or cfg.batch_size
         source = Path(source)
         name = validate_name(name if name is not None else source.stem)
-        info, image = open_source(source, max_size)
+        info, image = open_source(source, max_size, source_colour or cfg.source_colour)
         self.notes = [f"{source}: {info.rate_note}"] if info.rate_note else []
+        if not info.is_image:
+            self.notes += info.picture.notes(source, info.src_size, info.size, max_size)
         self.warnings = []
         try:
             return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer, strict)
@@ -274,7 +277,8 @@ class Registrar:
                                      "closed (--strict refuses such sources)")
             meta = {
                 "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
-                           "size": list(info.size), "source_size": list(info.src_size), "frames": n},
+                           "size": list(info.size), "source_size": list(info.src_size), "frames": n,
+                           **({} if info.is_image else {"picture": info.picture.record()})},
                 "fps": float(info.rate), "rate": rate_text(info.rate), "size": list(info.size),
                 "fingerprints": cs.avatar_fingerprints(),
                 "crop": {"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
@@ -302,8 +306,8 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
                     device: str = "auto", batch_size: int | None = None, progress: ProgressFactory | None = None,
                     timer: StageTimer | None = None, config: RegisterConfig | None = None,
-                    strict: bool = False) -> Path:
+                    strict: bool = False, source_colour: str | None = None) -> Path:
     """Register one source with a fresh Registrar (see Registrar.register)."""
     return Registrar(checkpoints, device, config).register(source, name, max_size=max_size, max_frames=max_frames,
                                                            force=force, batch_size=batch_size, progress=progress,
-                                                           timer=timer, strict=strict)
+                                                           timer=timer, strict=strict, source_colour=source_colour)

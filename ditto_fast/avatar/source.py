@@ -18,7 +18,8 @@ from ditto_fast.core.errors import InputError
 from ditto_fast.media.inputs import check_input_file
 from ditto_fast.media.ffpipe import RawVideoPipe, TruncatedFrame, colorspace_tag, stream_lines
 from ditto_fast.media.rates import MOTION_FPS, from_stream, nearest_standard, rate_text
-from ditto_fast.media.yuv import COLORSPACE_TAG, YuvFrame, matrix_for_tag
+from ditto_fast.media.yuv import YuvFrame
+from ditto_fast.avatar.picture import Picture, read_picture
 from ditto_fast.avatar.plate import plate_encoder_args
 
 logging.getLogger("imageio_ffmpeg").setLevel(logging.ERROR)
@@ -38,6 +39,7 @@ class SourceInfo:
     rate: Fraction = Fraction(MOTION_FPS)   # the rate frames are kept at: the source's own (images: 25)
     rate_note: str | None = None  # why the rate is not the source's exact one (variable-rate sources)
     duration: float = 0.0         # seconds the container declares (0 if it declares none)
+    picture: Picture = Picture("bt601")   # pixel aspect, colour matrix and transfer of a video (see picture.py)
 
 
 def target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
@@ -82,8 +84,9 @@ def _read_image(path: Path) -> np.ndarray | None:
     return np.ascontiguousarray(turn(img)) if turn else img
 
 
-def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray | None]:
-    """Probe `path` by content; returns its info and, for an image, the resized RGB image."""
+def open_source(path: str | Path, max_size: int, source_colour: str = "auto") -> tuple[SourceInfo, np.ndarray | None]:
+    """Probe `path` by content; returns its info and, for an image, the resized RGB image. A video is kept with
+    square pixels at its display size (at most `max_size`), in the colour matrix its tags or `source_colour` say."""
     path = Path(path)
     check_input_file(path, "the anchor video or image file")
     img = _read_image(path)
@@ -114,11 +117,12 @@ def open_source(path: str | Path, max_size: int) -> tuple[SourceInfo, np.ndarray
     if w <= 0 or h <= 0:
         raise InputError(f"{path}: video has no picture size; re-export it")
     duration = float(meta.get("duration") or 0.0)
-    tw, th = target_size(w, h, max_size)
     line = line or ""
+    picture = read_picture(line, (w, h), source_colour)
+    tw, th = target_size(*picture.display_size((w, h)), max_size)
     rate, note = stream_rate(line)
     return SourceInfo(path, False, (w, h), (tw, th), float(meta.get("fps") or rate), max(1, int(round(duration * rate))),
-                      colorspace_tag(line), rate, note, duration), None
+                      colorspace_tag(line), rate, note, duration, picture), None
 
 
 def stream_rate(line: str) -> tuple[Fraction, str | None]:
@@ -159,11 +163,10 @@ class SourceFrames:
         if info.is_image:
             raise ValueError("SourceFrames reads videos; an image source is a single frame")
         w, h = info.size
-        matrix = matrix_for_tag(info.colorspace)
-        # the matrix ffmpeg would use anyway, stated, and tagged so the plate decodes with it too; full
-        # range (yuvj) sources are brought to limited range, as broadcast video is
-        chain = (f"[0:v:0]fps={rate_text(info.rate)},scale={w}:{h}:flags=area:out_color_matrix={matrix}:out_range=tv,"
-                 f"setparams=colorspace={COLORSPACE_TAG[matrix]}:range=tv,format=yuv420p")
+        matrix = info.picture.kept_matrix
+        # the source's matrix (as tagged, or assumed), stated and tagged so the plate decodes with it too; full
+        # range (yuvj) sources are brought to limited range, as broadcast video is; HDR is tone-mapped to SDR
+        chain = "[0:v:0]" + info.picture.filter_chain((w, h), info.rate)
         limit = ["-frames:v", str(int(max_frames))] if max_frames is not None else []
         if plate is None:
             args = ["-i", str(info.path), "-filter_complex", f"{chain}[raw]"]

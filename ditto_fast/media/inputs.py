@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -21,3 +22,12 @@ def check_input_file(path: Path, what: str) -> None:
         raise InputError(f"{path}: file is empty (0 bytes); give {what}")
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: file is not readable; check its permissions")
+
+
+def file_sha256(path: Path, chunk: int = 4 << 20) -> str:
+    """sha256 of a whole file, read in 4 MiB chunks (an input's identity in a record or a digest)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
