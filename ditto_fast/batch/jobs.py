@@ -167,8 +167,7 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
         try:
             if request.avatar not in avatars:
                 try:
-                    avatars[request.avatar] = load_avatar(
-                        request.avatar, expected_fingerprints=setup.checkpoints.avatar_fingerprints())
+                    avatars[request.avatar] = load_avatar(request.avatar, checkpoints=setup.checkpoints)
                 except DittoError as e:
                     avatars[request.avatar] = e
             avatar = avatars[request.avatar]
