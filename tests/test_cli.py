@@ -239,3 +239,29 @@ def test_complete_flac_still_renders(video_avatar, session_home, tiny_checkpoint
     r = run_cli(["render", "--avatar", "anchor", "--audio", flac, "-o", out, "--device", "cpu", "--quiet"],
                 store_env(session_home, tiny_checkpoints))
     assert r.returncode == 0 and out.is_file(), r.stderr
+
+
+def test_output_names_that_are_only_an_extension_or_hidden_are_refused(video_avatar, session_home, tiny_checkpoints,
+                                                                       clips, tmp_path, run_cli, monkeypatch):
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    env = store_env(session_home, tiny_checkpoints)
+    for out in ("out/..mp4", "out/.mp4", ".hidden.mp4"):
+        r = run_cli(["render", "--avatar", "anchor", "--audio", clips[0], "-o", out, "--device", "cpu", "--quiet"],
+                    env)
+        line, = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and line.startswith(f"ditto-fast: error: {out}: the output name starts with a dot"), \
+            r.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["out"]
+
+
+def test_an_out_dir_in_the_way_of_a_file_is_refused(video_avatar, session_home, tiny_checkpoints, clips, tmp_path,
+                                                    run_cli):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.wav").write_bytes(clips[0].read_bytes())
+    (tmp_path / "taken").write_text("x")
+    r = run_cli(["batch", "--avatar", "anchor", "--audio-dir", tmp_path / "in", "--out-dir", tmp_path / "taken",
+                 "--device", "cpu", "--quiet"], store_env(session_home, tiny_checkpoints))
+    assert r.returncode == 3 and r.stderr.strip() == (f"ditto-fast: error: {tmp_path / 'taken'}: cannot create the "
+                                                      "--out-dir folder (a file of that name is in the way); choose "
+                                                      "another folder"), r.stderr
