@@ -309,7 +309,7 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
     config = load_config(config_path)
     cs = find_checkpoints(checkpoints_dir)
     # every input checked (the audio decoded, the avatar opened) before the networks load
-    clip = check_clip(request, load_avatar(request.avatar, expected_fingerprints=cs.avatar_fingerprints()), config)
+    clip = check_clip(request, load_avatar(request.avatar, checkpoints=cs), config)
     if preview is not None:
         from ditto_fast.preview.paths import check_png_path
 

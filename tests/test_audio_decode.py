@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from ditto_fast.audio.declared import declared_seconds
 from ditto_fast.audio.decode import frame_count, load_audio
 from ditto_fast.core.errors import InputError
 
@@ -224,3 +225,89 @@ def test_a_header_stating_an_absurd_sample_rate_is_refused(tmp_path, rate):
     with pytest.raises(InputError, match=rf"states a sample rate of {rate} Hz") as e:
         load_audio(path)
     assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+# ---------------------------------------------------------------- files cut short
+
+
+def cut_short(path: Path, keep: float) -> Path:
+    """`path` with only the first `keep` of its bytes (a copy that stopped part way), written beside it."""
+    data = path.read_bytes()
+    cut = path.with_name(f"cut_{path.name}")
+    cut.write_bytes(data[:int(len(data) * keep)])
+    return cut
+
+
+def ten_seconds(tmp_path: Path, ext: str, **kw) -> Path:
+    """10 s of a 440 Hz sine at 16 kHz, written by libsndfile as `ext`."""
+    path = tmp_path / f"ten.{ext}"
+    sf.write(path, sine(440, 16000, 10.0), 16000, **kw)
+    return path
+
+
+@pytest.mark.parametrize("ext,kw", [("wav", {"subtype": "PCM_16"}), ("wav", {"subtype": "FLOAT"}),
+                                    ("aiff", {"subtype": "PCM_16"}), ("flac", {})])
+def test_a_file_cut_short_is_refused_with_both_lengths(tmp_path, ext, kw):
+    path = cut_short(ten_seconds(tmp_path, ext, **kw), 0.03)
+    with pytest.raises(InputError, match=r"declares 10\.00 s of audio but holds 0\.[23]\d s \(cut short") as e:
+        load_audio(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("ext,kw", [("wav", {"subtype": "PCM_24"}), ("aiff", {"subtype": "PCM_16"}), ("flac", {})])
+def test_a_complete_file_declares_what_it_holds(tmp_path, ext, kw):
+    path = ten_seconds(tmp_path, ext, **kw)
+    assert declared_seconds(path) == 10.0
+    assert len(load_audio(path)) == 160000
+
+
+@pytest.mark.parametrize("name,codec", [
+    ("rf64.wav", ["-rf64", "always"]),                       # the length in the ds64 chunk
+    ("ext.wav", ["-ac", "6", "-c:a", "pcm_s24le"]),          # WAVE_FORMAT_EXTENSIBLE
+    ("float.aifc", ["-c:a", "pcm_f32be", "-f", "aiff"]),
+    ("mulaw.wav", ["-c:a", "pcm_mulaw"]),
+])
+def test_declared_lengths_of_other_layouts(tmp_path, name, codec):
+    path = ffmpeg_sine(tmp_path / name, 22050, 2, 1.5, *codec)
+    assert abs(declared_seconds(path) - 1.5) < 1e-6
+    load_audio(path)
+    with pytest.raises(InputError, match=r"declares 1\.50 s"):
+        load_audio(cut_short(path, 0.5))
+
+
+def test_headers_without_a_length_are_not_judged(tmp_path):
+    """A streaming writer's 0xFFFFFFFF data size, compressed WAV data, MP3: no declared length, decoded as before."""
+    src = ffmpeg_sine(tmp_path / "s.wav", 16000, 1, 2.0, "-c:a", "pcm_s16le")
+    piped = tmp_path / "piped.wav"
+    piped.write_bytes(subprocess.run([FFMPEG, "-v", "error", "-i", str(src), "-f", "wav", "-"],
+                                     capture_output=True, check=True).stdout)
+    adpcm = ffmpeg_sine(tmp_path / "adpcm.wav", 16000, 1, 2.0, "-c:a", "adpcm_ima_wav")
+    mp3 = ffmpeg_sine(tmp_path / "m.mp3", 16000, 1, 2.0)
+    for path in (piped, adpcm, mp3):
+        assert declared_seconds(path) is None, path
+        assert len(load_audio(path)) >= 31000
+    assert len(load_audio(cut_short(piped, 0.5))) < 17000      # nothing declared: what is there is the clip
+
+
+def test_up_to_one_frame_missing_is_accepted(tmp_path):
+    """A header that declares at most 40 ms more than the data holds (an exporter rounding its last block) passes;
+    more is refused."""
+    path = tmp_path / "round.wav"
+    sf.write(path, sine(440, 16000, 1.0), 16000, subtype="PCM_16")
+    data = path.read_bytes()
+    for missing_ms, ok in ((39, True), (41, False)):
+        short = tmp_path / f"short{missing_ms}.wav"
+        short.write_bytes(data[:len(data) - missing_ms * 32])     # 16 samples x 2 bytes a ms
+        if ok:
+            assert len(load_audio(short)) == 16000 - missing_ms * 16
+        else:
+            with pytest.raises(InputError, match="declares 1.00 s of audio but holds 0.96 s"):
+                load_audio(short)
+
+
+def test_an_id3_tag_before_a_flac_stream_is_passed_over(tmp_path):
+    path = ten_seconds(tmp_path, "flac")
+    tagged = tmp_path / "tagged.flac"
+    tagged.write_bytes(b"ID3\x04\x00\x00\x00\x00\x00\x0a" + b"\x00" * 10 + path.read_bytes())
+    assert declared_seconds(tagged) == 10.0
+    assert declared_seconds(cut_short(tagged, 0.1)) == 10.0

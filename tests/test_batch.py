@@ -85,6 +85,17 @@ def test_batch_renders_good_jobs_reports_the_broken_one_and_resumes(engine, clip
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["two.mp4", "zero.mp4"]
 
 
+def test_batch_creates_a_missing_out_dir(clips, tmp_path, video_avatar, tiny_checkpoints, capsys):
+    """`--out-dir` that does not exist yet is made (as mkdir -p): every job renders into it."""
+    (tmp_path / "in").mkdir()
+    for c in clips[:2]:
+        (tmp_path / "in" / c.name).write_bytes(c.read_bytes())
+    out = tmp_path / "night" / "mp4"
+    code, _ = _batch(["--avatar", "anchor", "--audio-dir", str(tmp_path / "in"), "--out-dir", str(out),
+                      "--checkpoints", str(tiny_checkpoints), "--device", "cpu", "--quiet"], capsys)
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["clip0.mp4", "clip1.mp4"]
+
 def test_batch_refuses_outputs_that_are_inputs_or_shared(clips, tmp_path, video_avatar, tiny_checkpoints):
     import shutil
 

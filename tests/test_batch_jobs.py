@@ -9,7 +9,7 @@ import pytest
 
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.batch.jobs import Job, jobs_from_dir, read_jobs, summary, write_report
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 
 
 def test_jobs_file_paths_are_relative_to_it_and_bad_lines_fail_alone(tmp_path):
@@ -65,6 +65,27 @@ def test_audio_dir_gives_one_job_per_audio_file(tmp_path):
     with pytest.raises(UsageError, match="not a directory"):
         jobs_from_dir("ruby", tmp_path / "missing", tmp_path)
 
+
+def test_audio_dir_creates_a_missing_out_dir_like_mkdir_p(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.wav").write_bytes(b"x")
+    out = tmp_path / "night" / "2024" / "mp4"
+    old = os.umask(0o027)
+    try:
+        jobs = jobs_from_dir("ruby", tmp_path / "in", out)
+    finally:
+        os.umask(old)
+    assert out.is_dir() and [j.output for j in jobs] == [out / "a.mp4"]
+    assert [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "night", tmp_path / "night" / "2024", out)] == \
+        [oct(0o750)] * 3                                   # the process's umask, as mkdir -p
+    assert list(out.iterdir()) == []
+    jobs_from_dir("ruby", tmp_path / "in", out)           # there already: fine
+    (tmp_path / "afile").write_text("x")
+    for bad, why in ((tmp_path / "afile", "a file of that name is in the way"),
+                     (tmp_path / "afile" / "mp4", "Not a directory")):
+        with pytest.raises(InputError) as e:
+            jobs_from_dir("ruby", tmp_path / "in", bad)
+        assert str(e.value) == f"{bad}: cannot create the --out-dir folder ({why}); choose another folder"
 
 def test_report_is_written_whole_with_a_summary(tmp_path):
     jobs = [Job(0, RenderRequest("ruby", tmp_path / "a.wav", tmp_path / "a.mp4"), status="done", frames=50, seconds=1.234),

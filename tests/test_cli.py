@@ -189,3 +189,79 @@ def test_the_command_exits_with_mains_code_and_all_its_output(video_avatar, sess
                        stderr=subprocess.PIPE, text=True, env=env, timeout=120, close_fds=True,
                        preexec_fn=lambda: os.close(1))
     assert r.returncode == 0, r.stderr
+
+
+
+def _cut_short(tmp_path, speech_wav, ext: str):
+    """The test speech (10 s) as `ext`, with only its first 3 % of bytes: a copy cut short (about 0.3 s left)."""
+    import soundfile as sf
+
+    audio, rate = sf.read(speech_wav, dtype="float32")
+    full = tmp_path / f"full.{ext}"
+    sf.write(full, audio, rate)
+    cut = tmp_path / f"news.{ext}"
+    cut.write_bytes(full.read_bytes()[:full.stat().st_size * 3 // 100])
+    return len(audio) / rate, cut
+
+
+@pytest.mark.parametrize("ext", ["wav", "flac"])
+def test_audio_cut_short_is_refused_by_render_and_batch(video_avatar, session_home, tiny_checkpoints, speech_wav,
+                                                        tmp_path, run_cli, ext):
+    import re
+
+    seconds, cut = _cut_short(tmp_path, speech_wav, ext)
+    env = store_env(session_home, tiny_checkpoints)
+    out = tmp_path / "out" / "news.mp4"
+    out.parent.mkdir()
+    r = run_cli(["render", "--avatar", "anchor", "--audio", cut, "-o", out, "--device", "cpu", "--quiet"], env)
+    assert r.returncode == 3, r.stderr
+    line, = r.stderr.strip().splitlines()
+    held = re.fullmatch(rf"ditto-fast: error: {re.escape(str(cut))}: declares {seconds:.2f} s of audio but holds "
+                        r"(\d\.\d\d) s \(cut short in transfer\?\); re-export or copy it again", line)
+    assert held and float(held[1]) < 0.5, line
+    report = tmp_path / "report.json"
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(cut), "output": str(out)}) + "\n")
+    r = run_cli(["batch", jobs, "--device", "cpu", "--quiet", "--report", report], env)
+    row, = json.loads(report.read_text())["jobs"]
+    assert r.returncode == 7 and row["exit_code"] == 3 and row["error"] == line.split("error: ", 1)[1], r.stderr
+    assert list(out.parent.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_complete_flac_still_renders(video_avatar, session_home, tiny_checkpoints, speech_wav, tmp_path, run_cli):
+    import soundfile as sf
+
+    audio, rate = sf.read(speech_wav, dtype="float32", frames=8000)       # 0.5 s
+    flac = tmp_path / "short.flac"
+    sf.write(flac, audio, rate)
+    out = tmp_path / "short.mp4"
+    r = run_cli(["render", "--avatar", "anchor", "--audio", flac, "-o", out, "--device", "cpu", "--quiet"],
+                store_env(session_home, tiny_checkpoints))
+    assert r.returncode == 0 and out.is_file(), r.stderr
+
+
+def test_output_names_that_are_only_an_extension_or_hidden_are_refused(video_avatar, session_home, tiny_checkpoints,
+                                                                       clips, tmp_path, run_cli, monkeypatch):
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    env = store_env(session_home, tiny_checkpoints)
+    for out in ("out/..mp4", "out/.mp4", ".hidden.mp4"):
+        r = run_cli(["render", "--avatar", "anchor", "--audio", clips[0], "-o", out, "--device", "cpu", "--quiet"],
+                    env)
+        line, = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and line.startswith(f"ditto-fast: error: {out}: the output name starts with a dot"), \
+            r.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["out"]
+
+
+def test_an_out_dir_in_the_way_of_a_file_is_refused(video_avatar, session_home, tiny_checkpoints, clips, tmp_path,
+                                                    run_cli):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.wav").write_bytes(clips[0].read_bytes())
+    (tmp_path / "taken").write_text("x")
+    r = run_cli(["batch", "--avatar", "anchor", "--audio-dir", tmp_path / "in", "--out-dir", tmp_path / "taken",
+                 "--device", "cpu", "--quiet"], store_env(session_home, tiny_checkpoints))
+    assert r.returncode == 3 and r.stderr.strip() == (f"ditto-fast: error: {tmp_path / 'taken'}: cannot create the "
+                                                      "--out-dir folder (a file of that name is in the way); choose "
+                                                      "another folder"), r.stderr

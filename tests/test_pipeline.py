@@ -155,6 +155,58 @@ def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tm
     assert not (tmp_path / "x.mp4").exists()
 
 
+
+def _broken_copy(tiny_checkpoints: Path, dest: Path, name: str, damage: str) -> Path:
+    """A copy of the tiny checkpoints whose `name`.pth is cut in half or has its middle overwritten; its path."""
+    import shutil
+
+    shutil.copytree(tiny_checkpoints, dest)
+    path = dest / "ditto_pytorch" / "models" / f"{name}.pth"
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        middle = len(data) // 2
+        data[middle:middle + 4096] = b"\xff" * 4096
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("name,damage", [("appearance_extractor", "truncated"), ("motion_extractor", "truncated"),
+                                         ("motion_extractor", "overwritten")])
+def test_a_broken_extractor_file_is_a_checkpoint_error_not_a_stale_avatar(video_avatar, session_home,
+                                                                          tiny_checkpoints, tmp_path, run_cli, name,
+                                                                          damage):
+    """The avatar was made with the good files; a damaged copy of one differs in fingerprint, but it is the file
+    that is wrong (exit 6, naming it), not the avatar (exit 5, "re-register")."""
+    broken = _broken_copy(tiny_checkpoints, tmp_path / "ckpt", name, damage)
+    out = tmp_path / "x.mp4"
+    env = store_env(session_home, tmp_path / "ckpt")
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(out), "--quiet"], env)
+    line = _one_error_line(r)
+    assert r.returncode == 6 and f"error: {broken}: " in line and "re-register" not in line, line
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(SPEECH_2S), "output": str(out)}) + "\n")
+    r = run_cli(["batch", str(jobs), "--quiet", "--report", str(tmp_path / "r.json")], env)
+    row, = json.loads((tmp_path / "r.json").read_text())["jobs"]
+    assert r.returncode == 7 and row["exit_code"] == 6 and row["error"] == line.split("error: ", 1)[1], row
+    assert not out.exists()
+
+
+def test_a_checkpoint_file_that_cannot_be_read_is_a_checkpoint_error(video_avatar, session_home, tiny_checkpoints,
+                                                                     tmp_path, run_cli):
+    """Reading the files for their fingerprints fails (here HuBERT's weights are a folder): exit 6 naming the
+    file, not an internal error."""
+    import shutil
+
+    shutil.copytree(tiny_checkpoints, tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "hubert-large-ls960-ft" / "model.safetensors"
+    weights.unlink()
+    weights.mkdir()
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(tmp_path / "x.mp4")],
+                store_env(session_home, tmp_path / "ckpt"))
+    assert r.returncode == 6 and f"error: {weights}: cannot read the checkpoint file" in _one_error_line(r), r.stderr
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_leaves_nothing(sig, code, video_avatar, session_home, tiny_checkpoints, tmp_path, speech_wav):

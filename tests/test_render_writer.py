@@ -15,7 +15,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from ditto_fast.core.errors import DittoError, InputError
+from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.render import writer as writer_mod
 from ditto_fast.render.writer import VideoWriter, check_output_path
 
@@ -176,6 +176,18 @@ def test_bad_output_paths(tmp_path):
     assert check_output_path(tmp_path / "ok.mp4") == tmp_path / "ok.mp4"
     assert sorted(os.listdir(tmp_path)) == ["afile"]
 
+
+@pytest.mark.parametrize("name,better", [(".mp4", "news.mp4"), ("..mp4", "news.mp4"), (".hidden.mp4", "hidden.mp4"),
+                                         ("...", "news.mp4")])
+def test_output_names_starting_with_a_dot_are_refused(tmp_path, name, better):
+    """Only an extension, or a hidden file: it would not show in a listing and looks like our temporaries."""
+    with pytest.raises(UsageError) as e:
+        check_output_path(tmp_path / name)
+    assert str(e.value) == (f"{tmp_path / name}: the output name starts with a dot (a hidden file, or only an "
+                            f"extension); give a name such as {tmp_path / better}")
+    with pytest.raises(UsageError):
+        VideoWriter(tmp_path / name, (W, H))
+    assert list(tmp_path.iterdir()) == []
 
 def test_bad_arguments(tmp_path):
     with pytest.raises(InputError, match="audio file not found"):

@@ -20,12 +20,14 @@ import imageio_ffmpeg
 import numpy as np
 import soxr
 
+from ditto_fast.audio.declared import declared_seconds
 from ditto_fast.core.errors import InputError
 from ditto_fast.media.inputs import check_input_file, file_sha256
 
 SAMPLE_RATE = 16000
 SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
 RATE_RANGE = (4000, 1_000_000)   # source sample rates taken as audio (a header saying 1 Hz would mean hours)
+MISSING_TOLERANCE_S = 0.040      # one video frame: a header may declare this much more than decodes
 _READ_BYTES = 1 << 20
 
 
@@ -84,6 +86,14 @@ def _read_wav_header(stream) -> tuple[int, int]:
     if rate <= 0 or channels <= 0:
         raise ValueError("WAV header without a format chunk")
     return rate, channels
+
+
+def _check_complete(path: Path, held: float) -> None:
+    """InputError when the file's header declares more audio than decoded (a copy cut short)."""
+    declared = declared_seconds(path)
+    if declared is not None and declared - held > MISSING_TOLERANCE_S:
+        raise InputError(f"{path}: declares {declared:.2f} s of audio but holds {held:.2f} s (cut short in "
+                         "transfer?); re-export or copy it again")
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,7 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
         errlog.close()
     if rc != 0 or not rate:
         raise _ffmpeg_failure(path, stderr)
+    _check_complete(path, n_in / rate)
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [n] float32 at 16 kHz
     if rate != SAMPLE_RATE:
         # librosa.resample fixes the length to ceil(n_in * 16000 / rate): trim or zero-pad the tail

@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from ditto_fast.avatar.store import (
 )
 from ditto_fast.core.errors import AvatarError
 from ditto_fast.media.rates import from_stream
+
+if TYPE_CHECKING:       # the checkpoints import torch: a listing of the store does without it
+    from ditto_fast.checkpoints import CheckpointSet
 
 VERIFY_LEVELS = ("light", "sampled", "full")
 
@@ -142,11 +145,14 @@ def load_avatar(
     expected_fingerprints: dict[str, str] | None = None,
     verify: str | bool = "sampled",
     root: str | os.PathLike | None = None,
+    checkpoints: CheckpointSet | None = None,
     _retry: bool = False,
 ) -> Avatar:
     """Open an avatar for rendering: check and safe-unpickle avatar.pkl, check the files, memory-map f_s.npy.
 
-    expected_fingerprints: every key given must match the fingerprint stored at registration.
+    expected_fingerprints: every key given must match the fingerprint stored at registration. checkpoints: the
+    set to render with; its avatar fingerprints are expected, and a differing file that does not load raises its
+    CheckpointError (the file is broken) rather than calling the avatar stale.
     """
     level = _check_level(verify)
     name, d, adir = _resolve(name_or_dir, root)
@@ -154,9 +160,13 @@ def load_avatar(
         raise missing_error(name, adir)
     pkl_inode = _pkl_inode(d)
     body = read_pkl(name, d)
+    if expected_fingerprints is None and checkpoints is not None:
+        expected_fingerprints = checkpoints.avatar_fingerprints()
     if expected_fingerprints is not None:
         stored = body["fingerprints"]
         diff = sorted(k for k, v in expected_fingerprints.items() if stored.get(k) != v)
+        if diff and checkpoints is not None:
+            checkpoints.check_loads(diff)
         if diff:
             raise AvatarError(
                 f"avatar '{name}' at {d} was made with other checkpoints ({', '.join(diff)}); "
@@ -175,7 +185,7 @@ def load_avatar(
         if _retry:
             raise AvatarError(f"avatar '{name}' at {d} keeps changing while it is opened; try again when "
                               "its registration has finished")
-        return load_avatar(name_or_dir, expected_fingerprints, verify, root, _retry=True)
+        return load_avatar(name_or_dir, expected_fingerprints, verify, root, checkpoints, _retry=True)
     avatar = Avatar(
         name=name, dir=d, n_frames=int(body["n_frames"]), is_image=bool(body["is_image"]),
         fps=float(body["fps"]), size=tuple(body["size"]), x_s_info=body["x_s_info"],

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ditto_fast.avatar import Avatar, load_avatar
-from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.setup import RenderSetup
@@ -117,13 +117,18 @@ def read_jobs(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
 def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defaults: dict[str, Any] | None = None
                   ) -> list[Job]:
     """One job per audio file in `audio_dir` (sorted by name), output `<out_dir>/<stem>.mp4` (.mov for ProRes),
-    the other request fields from `defaults`."""
+    the other request fields from `defaults`; `out_dir` is created if missing."""
     audio_dir, out_dir = Path(audio_dir), Path(out_dir)
     if not audio_dir.is_dir():
         raise UsageError(f"{audio_dir}: --audio-dir is not a directory")
     files = sorted(p for p in audio_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
     if not files:
         raise UsageError(f"{audio_dir}: no audio files ({', '.join(AUDIO_SUFFIXES)}) in the directory")
+    try:                                        # like mkdir -p, with the process's umask
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file of that name is in the way" if isinstance(e, FileExistsError) else e.strerror or str(e)
+        raise InputError(f"{out_dir}: cannot create the --out-dir folder ({why}); choose another folder") from None
     defaults = defaults or {}
     suffix = default_suffix(defaults.get("codec"))
     return [Job(i, RenderRequest(avatar=avatar, audio=p, output=out_dir / f"{p.stem}{suffix}", **defaults))
@@ -167,8 +172,7 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
         try:
             if request.avatar not in avatars:
                 try:
-                    avatars[request.avatar] = load_avatar(
-                        request.avatar, expected_fingerprints=setup.checkpoints.avatar_fingerprints())
+                    avatars[request.avatar] = load_avatar(request.avatar, checkpoints=setup.checkpoints)
                 except DittoError as e:
                     avatars[request.avatar] = e
             avatar = avatars[request.avatar]

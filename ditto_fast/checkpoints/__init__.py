@@ -7,10 +7,10 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
+from typing import Iterable
 
 from ditto_fast.core.errors import CheckpointError
-from ditto_fast.models import NETWORK_NAMES, SPECS
+from ditto_fast.models import NETWORK_NAMES, SPECS, load
 
 MODELS_SUBDIR = Path("ditto_pytorch") / "models"
 HUBERT_DIRNAMES = ("hubert-large-ls960-ft", "hubert")
@@ -28,6 +28,7 @@ class CheckpointSet:
     hubert_dir: Path
     random_weights: bool = False
     _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
+    _loaded: set[str] = field(default_factory=set, repr=False)
 
     def fingerprints(self) -> dict[str, str]:
         """Short content fingerprints of every network file and the HuBERT weights (cached)."""
@@ -43,16 +44,29 @@ class CheckpointSet:
         fp = self.fingerprints()
         return {k: fp[k] for k in ("appearance_extractor", "motion_extractor")}
 
+    def check_loads(self, names: Iterable[str]) -> None:
+        """Load each named network's file once (cached): CheckpointError naming the first that is unreadable or not
+        that network, so a broken file is not mistaken for other checkpoints."""
+        for name in names:
+            if name in self.files and name not in self._loaded:
+                load(name, self.files[name], fuse=False)
+                self._loaded.add(name)
+
 
 def file_fingerprint(path: Path, block: int = 1 << 20) -> str:
-    """sha256 over size, first, middle and last MiB of a file: cheap, and changes with any re-export."""
+    """sha256 over size, first, middle and last MiB of a file: cheap, and changes with any re-export.
+    CheckpointError naming the file if it cannot be read."""
     h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(str(size).encode())
-    with open(path, "rb") as f:
-        for off in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):
-            f.seek(off)
-            h.update(f.read(block))
+    try:
+        size = path.stat().st_size
+        h.update(str(size).encode())
+        with open(path, "rb") as f:
+            for off in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):
+                f.seek(off)
+                h.update(f.read(block))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read the checkpoint file ({e.strerror or e}); check its permissions "
+                              "or copy it again") from None
     return h.hexdigest()[:16]
 
 

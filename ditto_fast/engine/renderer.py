@@ -109,7 +109,7 @@ class Renderer:
         if cached is not None and avatar_identity(cached[1].dir) == cached[0]:
             return cached[1]
         key = avatar_identity(avatars_dir() / name)
-        avatar = load_avatar(name, expected_fingerprints=self.checkpoints.avatar_fingerprints())
+        avatar = load_avatar(name, checkpoints=self.checkpoints)
         self._avatars[name] = (key, avatar)
         return avatar
 

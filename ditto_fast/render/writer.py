@@ -13,7 +13,7 @@ from types import TracebackType
 import imageio_ffmpeg
 import numpy as np
 
-from ditto_fast.core.errors import DittoError, InputError
+from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.media.ffpipe import last_stderr_line, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
@@ -22,10 +22,16 @@ from ditto_fast.render.formats import Format, output_format
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
-    """Raise InputError unless a file can be created at `path`; call it before any heavy work."""
+    """Raise InputError unless a file can be created at `path` (UsageError for a name that starts with a dot);
+    call it before any heavy work."""
     out = Path(path)
     if out.is_dir():
         raise InputError(f"{out}: is a directory; give a file name such as {out / 'out.mp4'}")
+    if out.name.startswith("."):        # only an extension (.mp4, ..mp4) or hidden: looks like our temporaries
+        rest = out.name.lstrip(".")
+        better = out.with_name(rest if "." in rest else f"news.{rest}" if rest else "news.mp4")
+        raise UsageError(f"{out}: the output name starts with a dot (a hidden file, or only an extension); "
+                         f"give a name such as {better}")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.exists():
         raise InputError(f"{out}: directory {parent} does not exist; create it or choose another output path")
