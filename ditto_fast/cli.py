@@ -304,6 +304,7 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
     from ditto_fast.engine.renderer import Renderer, stage_table
     from ditto_fast.engine.request import RenderRequest
     from ditto_fast.engine.setup import RenderSetup
+    from ditto_fast.media.claims import claimed
 
     request = RenderRequest(**fields)
     config = load_config(config_path)
@@ -314,10 +315,12 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
         from ditto_fast.preview.paths import check_png_path
 
         check_png_path(preview)
-    reuse_freed_memory()
-    renderer = Renderer(setup=RenderSetup.resolve(cs, device, precision, config, batch_size, crf, preset, encoder))
-    with _bar("render", quiet) as bar:
-        result = renderer.render(clip, progress=bar)
+    with claimed(clip.output):      # taken before the networks load: a second writer of this output fails fast
+        reuse_freed_memory()
+        renderer = Renderer(setup=RenderSetup.resolve(cs, device, precision, config, batch_size, crf, preset,
+                                                      encoder))
+        with _bar("render", quiet) as bar:
+            result = renderer.render(clip, progress=bar)
     if profile:
         _write_json(profile, result.profile)
     if not quiet:

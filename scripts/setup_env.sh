@@ -31,7 +31,7 @@ if [ ! -f "$stamp" ]; then
             "$VPY" -m pip install -q "torch==2.13.0" >&2
         fi
     fi
-    "$VPY" -m pip install -q "setuptools>=68" wheel "cython>=3.0,<4" "numpy>=1.24,<2" >&2
+    "$VPY" -m pip install -q "setuptools>=77" wheel "cython>=3.0,<4" "numpy>=1.24,<2" >&2
     "$VPY" -m pip install -q --no-build-isolation -e ".[test,demo]" >&2
     rm -f .venv/.ditto-fast-installed-*
     touch "$stamp"

@@ -265,3 +265,26 @@ def test_an_out_dir_in_the_way_of_a_file_is_refused(video_avatar, session_home, 
     assert r.returncode == 3 and r.stderr.strip() == (f"ditto-fast: error: {tmp_path / 'taken'}: cannot create the "
                                                       "--out-dir folder (a file of that name is in the way); choose "
                                                       "another folder"), r.stderr
+
+
+def test_an_output_another_process_writes_is_refused_naming_it(video_avatar, session_home, tiny_checkpoints, clips,
+                                                               tmp_path, run_cli):
+    """Another process holds the output's claim: render exits 3 at check time, a batch fails that job alone."""
+    from test_claims import busy_message, hold
+
+    out = tmp_path / "news.mp4"
+    other = hold(out)
+    try:
+        env = store_env(session_home, tiny_checkpoints)
+        r = run_cli(["render", "--avatar", "anchor", "--audio", clips[0], "-o", out, "--device", "cpu", "--quiet"],
+                    env)
+        assert r.returncode == 3 and r.stderr.strip() == f"ditto-fast: error: {busy_message(out, other.pid)}"
+        jobs = tmp_path / "jobs.jsonl"
+        jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(clips[0]), "output": str(out)}) + "\n")
+        r = run_cli(["batch", jobs, "--device", "cpu", "--quiet", "--report", tmp_path / "r.json"], env)
+        row, = json.loads((tmp_path / "r.json").read_text())["jobs"]
+        assert r.returncode == 7 and row["exit_code"] == 3 and row["error"] == busy_message(out, other.pid)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".news.mp4.claim", "jobs.jsonl", "r.json"]
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)

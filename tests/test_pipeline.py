@@ -207,6 +207,60 @@ def test_a_checkpoint_file_that_cannot_be_read_is_a_checkpoint_error(video_avata
                 store_env(session_home, tmp_path / "ckpt"))
     assert r.returncode == 6 and f"error: {weights}: cannot read the checkpoint file" in _one_error_line(r), r.stderr
 
+
+def _render_process(out: Path, home: Path, ckpt: Path) -> subprocess.Popen:
+    env = dict(os.environ, **store_env(home, ckpt))
+    return subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
+                             str(SPEECH_2S), "-o", str(out), "--device", "cpu", "--quiet"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_two_renders_of_one_output_one_writes_the_other_fails_fast(video_avatar, session_home, tiny_checkpoints,
+                                                                   tmp_path):
+    """Two `ditto-fast render -o same.mp4` at once: the first claims the output before its networks load; the
+    second, started while the first is held stopped, fails at once naming the first's pid; the first completes."""
+    out = tmp_path / "same.mp4"
+    first = _render_process(out, session_home, tiny_checkpoints)
+    try:
+        _wait_for(tmp_path / ".same.mp4.claim", first)
+        first.send_signal(signal.SIGSTOP)                   # it holds the claim and makes no progress
+        t0 = time.time()
+        second = _render_process(out, session_home, tiny_checkpoints)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 3, err
+        assert err.strip() == (f"ditto-fast: error: {out}: is being written by another process (pid {first.pid}); "
+                               "wait for it to finish or choose another output path")
+        assert time.time() - t0 < 60 and not out.exists()
+    finally:
+        first.send_signal(signal.SIGCONT)
+    stdout, err = first.communicate(timeout=600)
+    assert first.returncode == 0 and stdout.strip() == str(out), err
+    assert decode(out).shape[0] == 50
+    assert [p.name for p in tmp_path.iterdir()] == ["same.mp4"]      # the claim went with its render
+
+
+@pytest.mark.slow
+def test_a_killed_renders_claim_blocks_nobody(video_avatar, session_home, tiny_checkpoints, tmp_path):
+    out = tmp_path / "same.mp4"
+    first = _render_process(out, session_home, tiny_checkpoints)
+    _wait_for(tmp_path / ".same.mp4.claim", first)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    assert (tmp_path / ".same.mp4.claim").read_text() == f"{first.pid}\n"     # left behind, unlocked
+    second = _render_process(out, session_home, tiny_checkpoints)
+    _, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err
+    assert decode(out).shape[0] == 50 and not list(tmp_path.glob(".*.claim"))
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_leaves_nothing(sig, code, video_avatar, session_home, tiny_checkpoints, tmp_path, speech_wav):

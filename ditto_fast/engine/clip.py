@@ -18,6 +18,7 @@ from ditto_fast.avatar.format import PKL_NAME
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.request import RenderRequest
+from ditto_fast.media.claims import check_unclaimed
 from ditto_fast.media.rates import frames_for, parse_rate
 from ditto_fast.motion.conditions import emotion_schedule, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
@@ -68,13 +69,14 @@ def overwrites(output: Path, source: Path) -> bool:
 
 
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
-    """Check one request against its opened avatar without any network: the output can be written and is none of
-    the inputs, its container and codec pair, the audio decodes (unless `audio` is its decoding already), emotion
+    """Check one request against its opened avatar without any network: the output can be written, no other process
+    claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless `audio` is its decoding already), emotion
     and controls parse for its length. Raises the DittoError a user caused."""
     key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)
     output = request.output or default_output(request.avatar, request.audio, settings["codec"])
     check_output_path(output)
+    check_unclaimed(output)                     # not being written by another process now
     emotion = settings["emotion"]
     emotion_file = schedule_file(emotion)
     for p in (request.audio, *([request.controls] if request.controls else []),

@@ -43,6 +43,7 @@ from ditto_fast.engine.clip import Clip, avatar_identity, check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
+from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
 from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.render.writer import VideoWriter
@@ -129,7 +130,8 @@ class Renderer:
             clip = check_clip(clip.request, avatar, self.config, audio=clip.audio)
         timer.seconds["load_models"], self._unreported_load = round(self._unreported_load, 4), 0.0
         digest = self.setup.digest(clip)
-        mouth = self._render(clip, digest, timer, progress)
+        with claimed(clip.output):              # one writer per output path, for the whole render
+            mouth = self._render(clip, digest, timer, progress)
         wall = time.perf_counter() - t_start
         profile = {
             "frames": clip.frames, "audio_seconds": clip.audio.seconds, "wall_seconds": wall,

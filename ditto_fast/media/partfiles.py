@@ -16,7 +16,7 @@ def _pattern(tag: str) -> re.Pattern[str]:
     return re.compile(rf"^\..+\.{re.escape(tag)}[a-z0-9_]{{8}}(\.[^./]+)?$")
 
 
-def _lock_if_free(fd: int) -> bool:
+def lock_if_free(fd: int) -> bool:
     """Take an exclusive flock on `fd` without waiting; False if another process holds one."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -39,7 +39,7 @@ def remove_stale(folder: str | os.PathLike, tag: str) -> list[Path]:
             continue
         try:
             ino = os.fstat(fd).st_ino
-            if _lock_if_free(fd) and os.stat(entry.path, follow_symlinks=False).st_ino == ino:
+            if lock_if_free(fd) and os.stat(entry.path, follow_symlinks=False).st_ino == ino:
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
         except OSError:
