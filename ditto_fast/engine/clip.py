@@ -69,9 +69,10 @@ def overwrites(output: Path, source: Path) -> bool:
 
 
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
-    """Check one request against its opened avatar without any network: the output can be written, no other process
-    claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless `audio` is its decoding already), emotion
-    and controls parse for its length. Raises the DittoError a user caused."""
+    """Check one request against its opened avatar without any network: the output can be written, no other
+    process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
+    `audio` is its decoding already), emotion and controls parse for its length. Raises the DittoError a user
+    caused."""
     key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)
     output = request.output or default_output(request.avatar, request.audio, settings["codec"])

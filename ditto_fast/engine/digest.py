@@ -14,7 +14,7 @@ from ditto_fast.engine.clip import Clip
 from ditto_fast.media.rates import rate_text
 
 
-def _avatar_identity(avatar: Avatar) -> str:
+def _avatar_record_hash(avatar: Avatar) -> str:
     """A hash of the loaded avatar's record: its files' checksums, source and creation time."""
     m = avatar.meta
     return hashlib.sha256(pickle.dumps((m["checksums"], m["source"], m["created"]), protocol=5)).hexdigest()
@@ -25,7 +25,7 @@ def clip_digest(clip: Clip, settings: dict) -> str:
     parts = {
         "version": __version__, "audio": clip.audio.sha256, "seed": clip.seed, "steps": clip.steps,
         "emotion": clip.emotion_source, "rate": rate_text(clip.rate), "container": clip.format.container,
-        "codec": clip.format.codec, "controls": clip.controls_sha256, "avatar": _avatar_identity(clip.avatar),
+        "codec": clip.format.codec, "controls": clip.controls_sha256, "avatar": _avatar_record_hash(clip.avatar),
         **settings,
     }
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

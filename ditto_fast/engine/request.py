@@ -90,9 +90,6 @@ class RenderRequest:
                 getattr(getattr(config, f.metadata["setting"][0]), f.metadata["setting"][1])
                 for f in FIELDS if f.metadata["setting"]}
 
-    def replace(self, **changes: Any) -> "RenderRequest":
-        return dataclasses.replace(self, **changes)
-
 
 def _checked(f: dataclasses.Field, value: Any) -> Any:
     """One field's value checked and normalised (paths as Path, rates as text); UsageError naming the field."""
