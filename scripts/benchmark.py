@@ -6,6 +6,7 @@
     python scripts/benchmark.py motion   [--quick]
     python scripts/benchmark.py render   [--quick] [--tiny]
     python scripts/benchmark.py batch    [--quick] [--tiny]
+    python scripts/benchmark.py picture  [--quick]          per kind of source: plate, times, colour patches
     python scripts/benchmark.py cpu      [--quick]          full-size warp+decode: default render vs plain fp32
     python scripts/benchmark.py all      [--quick]
 
@@ -33,6 +34,7 @@ SUITES = {
     "register": ["bench_register", "bench_avatar_load"],
     "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
     "render": ["bench_putback", "bench_render", "bench_cli_render"],
+    "picture": ["bench_picture"],
     "batch": ["bench_batch"],
     "cpu": ["bench_cpu_speed"],
 }

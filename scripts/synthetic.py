@@ -204,3 +204,39 @@ def write_plate(frames: Iterable[np.ndarray], path: str | Path, fps: float | str
         path.unlink(missing_ok=True)
         raise
     return n
+
+
+# six saturated 75 % patches (R, G, B, C, M, Y), left and right of the anchor: colour checks of a picture path
+PATCHES = [(191, 0, 0), (0, 191, 0), (0, 0, 191), (0, 191, 191), (191, 0, 191), (191, 191, 0)]
+
+
+def patch_boxes(size: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+    """(x0, y0, x1, y1) of the six patches in a picture of `size` (w, h)."""
+    w, h = size
+    s = h // 6
+    return [(x, y, x + s, y + s) for x in (w // 32, w - w // 32 - s) for y in (h // 12, h // 2 - s // 2, h - h // 12 - s)]
+
+
+def patched_frames(size: tuple[int, int], n: int) -> list[np.ndarray]:
+    """The astronaut on the set with the six patches, n RGB frames of a gentle drift."""
+    w, h = size
+    motion = Motion(center=(w * 0.5, h * 0.47), velocity=(0.4, 0.0), spin_deg=0.0, scale=h / 1080 * 2.4)
+    out = []
+    for i in range(n):
+        f = astronaut_canvas(i, motion, size)
+        for (x0, y0, x1, y1), c in zip(patch_boxes(size), PATCHES):
+            f[y0:y1, x0:x1] = c
+        out.append(f)
+    return out
+
+
+def patch_error(frame: np.ndarray) -> tuple[float, float]:
+    """Mean and max over the six patches of |measured - fed| (levels, patch interiors) in an RGB frame."""
+    h, w = frame.shape[:2]
+    errs = []
+    for (x0, y0, x1, y1), c in zip(patch_boxes((w, h)), PATCHES):
+        m = 8
+        got = frame[y0 + m:y1 - m, x0 + m:x1 - m].reshape(-1, 3).mean(0)
+        errs.append(np.abs(got - np.array(c, float)))
+    e = np.stack(errs)
+    return float(e.mean()), float(e.max())

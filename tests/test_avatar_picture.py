@@ -17,32 +17,10 @@ import pytest
 from ditto_fast.avatar.picture import read_picture
 from ditto_fast.avatar.source import SourceFrames, open_source
 from ditto_fast.media.ffpipe import video_stream_line
-from synthetic import Motion, astronaut_canvas
+from synthetic import patch_error as _patch_error
+from synthetic import patched_frames as _frames
 
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
-# six saturated 75 % patches (R, G, B, C, M, Y), left and right of the anchor
-PATCHES = [(191, 0, 0), (0, 191, 0), (0, 0, 191), (0, 191, 191), (191, 0, 191), (191, 191, 0)]
-
-
-def _patch_boxes(size: tuple[int, int]) -> list[tuple[int, int, int, int]]:
-    w, h = size
-    s = h // 6
-    return [(x, y, x + s, y + s) for x in (w // 32, w - w // 32 - s) for y in (h // 12, h // 2 - s // 2, h - h // 12 - s)]
-
-
-def _frames(size: tuple[int, int], n: int) -> list[np.ndarray]:
-    """The astronaut on the set with the six patches, n frames of a gentle drift."""
-    w, h = size
-    motion = Motion(center=(w * 0.5, h * 0.47), velocity=(0.4, 0.0), spin_deg=0.0, scale=h / 1080 * 2.4)
-    out = []
-    for i in range(n):
-        f = astronaut_canvas(i, motion, size)
-        for (x0, y0, x1, y1), c in zip(_patch_boxes(size), PATCHES):
-            f[y0:y1, x0:x1] = c
-        out.append(f)
-    return out
-
-
 def _encode(frames: list[np.ndarray], path: Path, args: list[str], fps: int = 25) -> Path:
     """Raw RGB frames through ffmpeg with output `args` (scaling, matrix, tags, codec)."""
     h, w = frames[0].shape[:2]
@@ -56,18 +34,6 @@ def _decode(path: Path) -> np.ndarray:
     gen = imageio_ffmpeg.read_frames(str(path))
     w, h = next(gen)["size"]
     return np.stack([np.frombuffer(f, np.uint8).reshape(h, w, 3) for f in gen])
-
-
-def _patch_error(frame: np.ndarray) -> tuple[float, float]:
-    """Mean and max over the six patches of |measured - fed| (levels, patch interiors)."""
-    h, w = frame.shape[:2]
-    errs = []
-    for (x0, y0, x1, y1), c in zip(_patch_boxes((w, h)), PATCHES):
-        m = 8
-        got = frame[y0 + m:y1 - m, x0 + m:x1 - m].reshape(-1, 3).mean(0)
-        errs.append(np.abs(got - np.array(c, float)))
-    e = np.stack(errs)
-    return float(e.mean()), float(e.max())
 
 
 def test_the_stream_line_gives_matrix_aspect_and_transfer():

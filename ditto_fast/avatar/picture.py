@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ditto_fast.media.ffpipe import colorspace_tag
+from ditto_fast.media.ffpipe import colorspace_tag, pixel_format
 from ditto_fast.media.rates import rate_text
-from ditto_fast.media.yuv import COLORSPACE_TAG, matrix_for_tag
+from ditto_fast.media.yuv import COLORSPACE_TAG, Layout, layout_for, matrix_for_tag
 
 HD = (1280, 720)                    # from this size up an untagged picture is taken as BT.709
 HDR_TRANSFERS = {"smpte2084": "PQ", "arib-std-b67": "HLG"}
@@ -39,6 +39,12 @@ class Picture:
     transfer: str | None = None     # the transfer tag (smpte2084, arib-std-b67, bt709, ...), None if untagged
     primaries: str | None = None
     sar: Fraction = Fraction(1)
+    pix_fmt: str | None = None      # the stream's pixel format (yuv422p10le, ...)
+
+    @property
+    def plate_layout(self) -> Layout:
+        """The planes the plate keeps: the source's chroma up to 4:2:2 and its depth up to 10 bits."""
+        return layout_for(self.pix_fmt)
 
     @property
     def hdr(self) -> str | None:
@@ -56,9 +62,10 @@ class Picture:
         return max(2, round(w * self.sar)), h
 
     def filter_chain(self, size: tuple[int, int], rate: Fraction) -> str:
-        """ffmpeg's filters from the stream to limited-range yuv420p at `size` (square pixels), `rate`, in
-        kept_matrix and tagged so."""
+        """ffmpeg's filters from the stream to limited-range YUV in the plate's layout at `size` (square pixels),
+        `rate`, in kept_matrix and tagged so."""
         w, h = size
+        out = self.plate_layout.pix_fmt
         steps = [f"fps={rate_text(rate)}"]
         if self.hdr:        # to linear light, BT.709 primaries, tone-mapped, then BT.709 SDR
             tin = self.transfer
@@ -66,7 +73,7 @@ class Picture:
             steps += [f"zscale=tin={tin}:min={COLORSPACE_TAG[self.matrix]}:pin={pin}:t=linear:"
                       f"npl={REFERENCE_WHITE_NITS}",
                       "format=gbrpf32le", "zscale=p=bt709", f"tonemap=tonemap={TONE_MAP}:desat=0",
-                      "zscale=t=bt709:m=bt709:r=tv", "format=yuv420p"]
+                      "zscale=t=bt709:m=bt709:r=tv", f"format={out}"]
         given = f"in_color_matrix={self.kept_matrix}:" if self.assumed or self.hdr else ""
         steps.append(f"scale={w}:{h}:flags=area:{given}out_color_matrix={self.kept_matrix}:out_range=tv")
         if self.sar != 1:
@@ -74,7 +81,7 @@ class Picture:
         tags = f"colorspace={COLORSPACE_TAG[self.kept_matrix]}"
         if self.hdr:
             tags += ":color_primaries=bt709:color_trc=bt709"
-        steps += [f"setparams={tags}:range=tv", "format=yuv420p"]
+        steps += [f"setparams={tags}:range=tv", f"format={out}"]
         return ",".join(steps)
 
     def notes(self, path: object, stored: tuple[int, int], size: tuple[int, int], max_size: int) -> list[str]:
@@ -104,6 +111,7 @@ class Picture:
         """The picture as the avatar records it (plain values)."""
         return {"matrix": self.matrix, "assumed": self.assumed, "transfer": self.transfer,
                 "primaries": self.primaries, "sar": f"{self.sar.numerator}:{self.sar.denominator}",
+                "pix_fmt": self.pix_fmt, "plate": self.plate_layout.pix_fmt,
                 "tone_mapped": self.hdr, "kept_matrix": self.kept_matrix}
 
 
@@ -112,13 +120,13 @@ def read_picture(line: str, stored: tuple[int, int], source_colour: str = "auto"
     smpte2084), 3840x2160 [SAR 1:1 DAR 16:9], ..."); `source_colour` bt601/bt709 overrides the matrix."""
     tag = colorspace_tag(line)
     primaries, transfer = _primaries_transfer(line)
-    sar = _sar(line)
+    sar, fmt = _sar(line), pixel_format(line)
     if source_colour in ("bt601", "bt709"):
-        return Picture(source_colour, "asked", transfer, primaries, sar)
+        return Picture(source_colour, "asked", transfer, primaries, sar, fmt)
     if tag is None:
         hd = stored[0] >= HD[0] or stored[1] >= HD[1]
-        return Picture("bt709" if hd else "bt601", "size", transfer, primaries, sar)
-    return Picture(matrix_for_tag(tag), None, transfer, primaries, sar)
+        return Picture("bt709" if hd else "bt601", "size", transfer, primaries, sar, fmt)
+    return Picture(matrix_for_tag(tag), None, transfer, primaries, sar, fmt)
 
 
 def _primaries_transfer(line: str) -> tuple[str | None, str | None]:

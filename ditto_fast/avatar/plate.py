@@ -8,7 +8,12 @@ Memory: a video plate is decoded in aligned blocks of `block_frames` frames (def
 each by one ffmpeg process seeking (-ss) to the block's first frame and writing the block into an
 anonymous memory file. At most two blocks are held: the one being served and, when the caller gave the
 order it will read in, the next block of that order, which ffmpeg decodes while the current one is
-served ([K, H, W, 3] uint8 each, ~155 MB for 1080p at K=25; half that as yuv420p). Plates encoded with
+served ([K, H, W, 3] uint8 each, ~155 MB for 1080p at K=25; half that as yuv420p, 207 MB as 10-bit 4:2:2 planes).
+
+Layout: a source in 8-bit 4:2:0 gets today's plate (H.264 yuv420p crf 16). One with 4:2:2 (or 4:4:4/RGB) chroma
+or more than 8 bits keeps them up to 4:2:2 and 10 bits (yuv.layout_for): H.264 High 4:2:2 at crf 10, visually
+lossless (see PLATE_CRF_FINE), so a ProRes or XDCAM HD422 deliverable gets the source's own chroma rows and
+10-bit codes outside the face. Plates encoded with
 `plate_encoder_args` have a keyframe exactly every `PLATE_KEYINT` frames, so each seek lands on a
 keyframe and decodes nothing twice.
 """
@@ -29,22 +34,28 @@ import cv2
 import numpy as np
 
 from ditto_fast.core.errors import AvatarError, InputError
-from ditto_fast.media.ffpipe import RawVideoPipe, colorspace_tag, video_stream_line
+from ditto_fast.media.ffpipe import RawVideoPipe, colorspace_tag, pixel_format, video_stream_line
 from ditto_fast.media.rates import from_stream, mirror_index
-from ditto_fast.media.yuv import COLORSPACE_TAG, matrix_for_tag, rgb_to_i420
+from ditto_fast.media.yuv import COLORSPACE_TAG, I420, Layout, layout_for, matrix_for_tag, rgb_to_i420
 
 PLATE_KEYINT = 25          # keyframe interval of written plates == default read block
 PLATE_CRF = 16
 # ultrafast crf 16: the same PSNR against the source as veryfast crf 13 (51.9 dB on the benchmark
 # anchor) for under half the encode CPU; the larger file hardly matters beside f_s (4 MiB a frame)
 PLATE_PRESET = "ultrafast"
+# a 4:2:2 / 10-bit plate (ProRes, XDCAM HD422, HDR sources) keeps what the 4:2:2 deliverables carry: crf 10 gave
+# 52.0 dB (Y) against a 10-bit 4:2:2 ProRes HQ 1080p source with camera grain, 9.3 MB a second, 17 ms a frame to
+# decode on one core; lossless (qp 0) was 56 MB a second (more than the ProRes source) and 49 ms a frame
+PLATE_CRF_FINE = 10
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
 
 
-def plate_encoder_args() -> list[str]:
-    """ffmpeg output options of a video plate: H.264 yuv420p, crf 16 ultrafast, keyframe every PLATE_KEYINT frames."""
+def plate_encoder_args(layout: Layout = I420) -> list[str]:
+    """ffmpeg output options of a video plate: H.264 in `layout` (8-bit 4:2:0 at crf 16; 4:2:2 or 10-bit, High
+    4:2:2 at crf 10: visually lossless), ultrafast, a keyframe every PLATE_KEYINT frames."""
     k = str(PLATE_KEYINT)
-    return ["-c:v", "libx264", "-preset", PLATE_PRESET, "-crf", str(PLATE_CRF), "-pix_fmt", "yuv420p",
+    crf = PLATE_CRF if layout == I420 else PLATE_CRF_FINE
+    return ["-c:v", "libx264", "-preset", PLATE_PRESET, "-crf", str(crf), "-pix_fmt", layout.pix_fmt,
             "-g", k, "-keyint_min", k, "-sc_threshold", "0", "-an", "-movflags", "+faststart", "-f", "mp4"]
 
 
@@ -56,24 +67,24 @@ def write_plate_image(frame_rgb: np.ndarray, path: str | os.PathLike) -> None:
                          "and is writable")
 
 
-def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], Fraction, str]:
-    """((width, height), exact frame rate, colour matrix) of the first video stream, from ffmpeg's description;
-    the matrix is the one ffmpeg decodes it with (see yuv.matrix_for_tag)."""
+def probe_video(path: str | os.PathLike) -> tuple[tuple[int, int], Fraction, str, str | None]:
+    """((width, height), exact frame rate, colour matrix, pixel format) of the first video stream, from ffmpeg's
+    description; the matrix is the one ffmpeg decodes it with (see yuv.matrix_for_tag)."""
     line = video_stream_line(path)
     size = re.search(r", (\d{2,5})x(\d{2,5})", line) if line else None
     if size is None:
         raise AvatarError(f"{path}: not a readable video plate; re-register the avatar")
     fps = re.search(r", ([\d.]+) fps", line)
     return ((int(size.group(1)), int(size.group(2))), from_stream(float(fps.group(1))) if fps else Fraction(25),
-            matrix_for_tag(colorspace_tag(line)))
+            matrix_for_tag(colorspace_tag(line)), pixel_format(line))
 
 
-def _convert_to_bt709(matrix: str) -> list[str]:
-    """ffmpeg filter options that re-matrix limited-range yuv420p from `matrix` to BT.709 (none when it is)."""
+def _convert_to_bt709(matrix: str, layout: Layout) -> list[str]:
+    """ffmpeg filter options that re-matrix limited-range YUV in `layout` from `matrix` to BT.709 (none when it is)."""
     if matrix == "bt709":
         return []
     return ["-vf", f"colorspace=ispace={COLORSPACE_TAG[matrix]}:iprimaries=bt709:itrc=bt709:irange=tv:"
-                   "space=bt709:primaries=bt709:trc=bt709:range=tv:format=yuv420p"]
+                   f"space=bt709:primaries=bt709:trc=bt709:range=tv:format={layout.pix_fmt}"]
 
 
 def seek_time(start: int, fps: Fraction) -> str:
@@ -145,8 +156,9 @@ class PlateReader:
 
     `path` may be a descriptor's path (/proc/PID/fd/N; then say `is_image`): the plate read is then the
     file that descriptor holds, even after the avatar was replaced or removed.
-    `pix_fmt`: "rgb24" gives [H, W, 3] RGB frames; "yuv420p" gives the plate's own limited-range BT.709
-    yuv420p bytes as [H * 3 / 2, W] (a plate in another matrix is re-matrixed by ffmpeg; an image is converted).
+    `pix_fmt`: "rgb24" gives [H, W, 3] RGB frames; "yuv420p" gives limited-range BT.709 yuv420p [H * 3 / 2, W];
+    "planes" gives the plate's own planes in its own layout (`layout`: 4:2:0 or 4:2:2, 8 or 10 bits, see
+    yuv.Layout), as stored (a plate in another matrix is re-matrixed by ffmpeg; an image is converted to yuv420p).
     `order`: the plate frames the caller will ask for, in that order (a render knows them all): while one
     block is served, ffmpeg decodes the next block of the order in the background. Frames asked for
     out of that order are still served, their block decoded on the spot.
@@ -154,8 +166,9 @@ class PlateReader:
 
     def __init__(self, path: str | os.PathLike, n_plate_frames: int, block_frames: int = PLATE_KEYINT,
                  is_image: bool | None = None, pix_fmt: str = "rgb24", order: Sequence[int] | None = None):
-        if pix_fmt not in ("rgb24", "yuv420p"):
-            raise ValueError(f"pix_fmt must be rgb24 or yuv420p, got {pix_fmt}")
+        if pix_fmt not in ("rgb24", "yuv420p", "planes"):
+            raise ValueError(f"pix_fmt must be rgb24, yuv420p or planes, got {pix_fmt}")
+        self.layout = I420
         self.pix_fmt = pix_fmt
         self.path = Path(path)
         if not self.path.is_file():
@@ -171,16 +184,19 @@ class PlateReader:
             self._image = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)    # [H, W, 3] uint8
             self.n = 1
             self.size = (self._image.shape[1], self._image.shape[0])
-            if pix_fmt == "yuv420p":
+            if pix_fmt != "rgb24":
                 self._image = rgb_to_i420(self._image)           # [H * 3 / 2, W] uint8
             return
         if n_plate_frames <= 0:
             raise ValueError(f"n_plate_frames must be positive, got {n_plate_frames}")
         self.n = int(n_plate_frames)
-        self.size, self.fps, self.matrix = probe_video(self.path)
+        self.size, self.fps, self.matrix, stored = probe_video(self.path)
+        if pix_fmt == "planes":
+            self.layout = layout_for(stored)
         self.block_frames = max(1, int(block_frames))
         w, h = self.size
-        self._shape = (h, w, 3) if pix_fmt == "rgb24" else (h * 3 // 2, w)
+        self._shape = (h, w, 3) if pix_fmt == "rgb24" else self.layout.shape(w, h)
+        self._dtype = np.uint8 if pix_fmt == "rgb24" else self.layout.dtype
         # a decoding thread per 1080p of picture: a block has a block's worth of frames' time to be ready,
         # and more threads would only take cores from the networks and the encoder
         self._threads = str(max(1, round(w * h / (1920 * 1080))))
@@ -221,7 +237,8 @@ class PlateReader:
             yield self[i]
 
     def frame(self, k: int) -> np.ndarray:
-        """Plate frame k (0 <= k < n): uint8 (see pix_fmt), a copy the caller may modify."""
+        """Plate frame k (0 <= k < n): uint8, or uint16 for 10-bit planes (see pix_fmt), a copy the caller may
+        modify."""
         if self.is_image:
             return self._image.copy()
         if not 0 <= k < self.n:
@@ -229,7 +246,7 @@ class PlateReader:
         start = k - k % self.block_frames
         if self._current is None or self._current.start != start:
             self._serve_block(start)
-        out = np.empty(self._shape, np.uint8)
+        out = np.empty(self._shape, self._dtype)
         self._current.read_into(k - start, out)
         return out
 
@@ -243,9 +260,11 @@ class PlateReader:
         args = ["-threads", self._threads, "-filter_threads", self._threads]
         args += ["-ss", seek_time(start, self.fps)] if start > 0 else []
         args += ["-i", str(self.path), "-map", "0:v:0", "-fps_mode", "passthrough",
-                 *(_convert_to_bt709(self.matrix) if self.pix_fmt == "yuv420p" else []),
-                 "-frames:v", str(count), "-f", "rawvideo", "-pix_fmt", self.pix_fmt, "pipe:1"]
-        return _BlockDecode(self.path, start, count, int(np.prod(self._shape)), args, free)
+                 *(_convert_to_bt709(self.matrix, self.layout) if self.pix_fmt != "rgb24" else []),
+                 "-frames:v", str(count), "-f", "rawvideo",
+                 "-pix_fmt", self.pix_fmt if self.pix_fmt == "rgb24" else self.layout.pix_fmt, "pipe:1"]
+        frame_bytes = int(np.prod(self._shape)) * np.dtype(self._dtype).itemsize
+        return _BlockDecode(self.path, start, count, frame_bytes, args, free)
 
     def _serve_block(self, start: int) -> None:
         """Make the block at `start` the current one (the one decoded ahead, if it is that block), then start

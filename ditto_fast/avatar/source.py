@@ -18,7 +18,7 @@ from ditto_fast.core.errors import InputError
 from ditto_fast.media.inputs import check_input_file
 from ditto_fast.media.ffpipe import RawVideoPipe, TruncatedFrame, colorspace_tag, stream_lines
 from ditto_fast.media.rates import MOTION_FPS, from_stream, nearest_standard, rate_text
-from ditto_fast.media.yuv import YuvFrame
+from ditto_fast.media.yuv import I420, YuvFrame
 from ditto_fast.avatar.picture import Picture, read_picture
 from ditto_fast.avatar.plate import plate_encoder_args
 
@@ -168,11 +168,15 @@ class SourceFrames:
         # range (yuvj) sources are brought to limited range, as broadcast video is; HDR is tone-mapped to SDR
         chain = "[0:v:0]" + info.picture.filter_chain((w, h), info.rate)
         limit = ["-frames:v", str(int(max_frames))] if max_frames is not None else []
+        layout = info.picture.plate_layout
+        # the face is looked at in 8-bit 4:2:0; the plate keeps the source's 4:2:2 and 10 bits (see plate.py)
+        to_raw = "" if layout == I420 else ",format=yuv420p"
         if plate is None:
-            args = ["-i", str(info.path), "-filter_complex", f"{chain}[raw]"]
+            args = ["-i", str(info.path), "-filter_complex", f"{chain}{to_raw}[raw]"]
         else:
-            args = ["-i", str(info.path), "-filter_complex", f"{chain},split=2[raw][enc]",
-                    "-map", "[enc]", *limit, *plate_encoder_args(), str(plate)]
+            split = "split=2[raw][enc]" if not to_raw else f"split=2[full][enc];[full]{to_raw[1:]}[raw]"
+            args = ["-i", str(info.path), "-filter_complex", f"{chain},{split}",
+                    "-map", "[enc]", *limit, *plate_encoder_args(layout), str(plate)]
         # the raw output's queue lets ffmpeg run `ahead` frames (1.5 bytes a pixel each) in front of the reader
         args += ["-map", "[raw]", *limit, "-thread_queue_size", str(max(1, int(ahead))),
                  "-f", "rawvideo", "pipe:1"]

@@ -152,17 +152,18 @@ class Renderer:
         avatar, tl = clip.avatar, timeline(clip)
         # the plate reader is told every frame it will serve, so ffmpeg decodes its first block beside HuBERT and
         # the LMDM, and each next block while one is pasted into
-        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="yuv420p",
+        with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes",
                          order=tl.src_idx) as plate:
             with timer("audio_features"):
                 feats = audio_features(self.hubert, clip)
             with timer("motion"):
                 motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device)
             del feats
-            # the plate's own yuv420p goes to the encoder: only the face box is converted and blended
+            # the plate's own planes (4:2:0 or 4:2:2, 8 or 10 bits) go to the encoder: only the face box is
+            # converted and blended
             with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
                              crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
-                             fmt=self.setup.output_format(clip), pix_fmt="yuv420p") as writer:
+                             fmt=self.setup.output_format(clip), pix_fmt=plate.layout.pix_fmt) as writer:
                 render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
                               self.config.render.lookahead, plate, writer, timer, progress)
         return mouth

@@ -83,7 +83,7 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
     computes while this thread works; the output is the same either way."""
     avatar, n = clip.avatar, clip.frames
     stitch = MotionStitch(stitch_net, is_image=avatar.is_image, controls=clip.controls)
-    putback = YuvPutback()
+    putback = YuvPutback(layout=plate.layout)
     batches = [range(b0, min(n, b0 + batch_size)) for b0 in range(0, n, batch_size)]
 
     def launch(idx: range):

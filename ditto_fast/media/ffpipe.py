@@ -47,6 +47,12 @@ _COLORSPACES = frozenset({"bt709", "bt470bg", "smpte170m", "bt2020nc", "bt2020c"
                           "ipt-c2"})
 
 
+def pixel_format(line: str) -> str | None:
+    """The pixel format in ffmpeg's description of a video stream ("yuv422p10le", "yuv420p", ...), or None."""
+    m = re.search(r"Video: [^,]+(?:\([^)]*\))*, ([\w-]+)", line)
+    return m.group(1) if m else None
+
+
 def colorspace_tag(line: str) -> str | None:
     """The colorspace tag in ffmpeg's description of a video stream ("bt709", "bt470bg", ...), or None."""
     # e.g. "Stream #0:0[0x1](und): Video: h264 (High) (avc1 / 0x31637661), yuv420p(tv, bt709/unknown/unknown,

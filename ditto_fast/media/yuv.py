@@ -9,6 +9,9 @@ covering 2x2 pixels), to within 3 levels, so these pixels match what the plate d
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import cv2
 import numpy as np
 
@@ -55,10 +58,63 @@ def rgb_to_yuv_matrix(matrix: str = "bt709") -> np.ndarray:
     return np.hstack([m, np.array([[16.0], [128.0], [128.0]])]).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A planar limited-range YUV frame format as ffmpeg names it: 4:2:0 or 4:2:2, 8 or 10 bits. A frame is one
+    array [H + 2 * H/cv * 1/2, W] (cv: the chroma's vertical subsampling): Y, then U and V, uint8 or uint16."""
+
+    pix_fmt: str
+
+    def __post_init__(self) -> None:
+        if self.pix_fmt not in LAYOUTS:
+            raise ValueError(f"unsupported plane layout {self.pix_fmt!r}; one of {', '.join(LAYOUTS)}")
+
+    @property
+    def bits(self) -> int:
+        return 10 if self.pix_fmt.endswith("10le") else 8
+
+    @property
+    def chroma_rows(self) -> int:
+        """Luma rows per chroma row: 2 for 4:2:0, 1 for 4:2:2 (chroma columns are always half)."""
+        return 2 if self.pix_fmt.startswith("yuv420") else 1
+
+    @property
+    def dtype(self) -> type:
+        return np.uint16 if self.bits > 8 else np.uint8
+
+    @property
+    def scale(self) -> int:
+        """Code values per 8-bit level (limited range: 64..940 is 16..235 times 4)."""
+        return 1 << (self.bits - 8)
+
+    def shape(self, width: int, height: int) -> tuple[int, int]:
+        """The frame array's shape for a picture of width x height."""
+        return height + height // self.chroma_rows, width
+
+    def planes(self, frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Views of a frame: luma [1, H, W] and chroma [2, H/cv, W/2] (U, V)."""
+        cv = self.chroma_rows
+        h, w = frame.shape[0] * cv // (cv + 1), frame.shape[1]
+        return frame[:h].reshape(1, h, w), frame[h:].reshape(2, h // cv, w // 2)
+
+
+LAYOUTS = ("yuv420p", "yuv422p", "yuv420p10le", "yuv422p10le")
+I420 = Layout("yuv420p")
+
+
+def layout_for(pix_fmt: str | None) -> Layout:
+    """The plate layout that keeps a source's pixel format: its chroma up to 4:2:2 (4:4:4 and RGB become 4:2:2)
+    and its bit depth up to 10 (more becomes 10); 8-bit 4:2:0 and anything unknown stay yuv420p."""
+    fmt = (pix_fmt or "").lower()
+    depth = re.search(r"(?:p|gray|rgb|bgr|gbrp?|rgba|bgra|x2rgb10|x2bgr10)(\d{1,2})(?:le|be)$", fmt)
+    deep = bool(depth) and int(depth.group(1)) > 8 or fmt in ("rgb48le", "rgb48be", "p010le", "p210le")
+    full_chroma = any(k in fmt for k in ("422", "444", "rgb", "bgr", "gbr", "p210", "nv16", "nv20", "y210"))
+    return Layout(("yuv422p" if full_chroma else "yuv420p") + ("10le" if deep else ""))
+
+
 def i420_planes(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Views of a yuv420p frame [H * 3 / 2, W] uint8: luma [1, H, W] and chroma [2, H/2, W/2] (U, V)."""
-    h, w = frame.shape[0] * 2 // 3, frame.shape[1]
-    return frame[:h].reshape(1, h, w), frame[h:].reshape(2, h // 2, w // 2)
+    return I420.planes(frame)
 
 
 def rgb_to_i420(rgb: np.ndarray, matrix: str = "bt709") -> np.ndarray:

@@ -42,7 +42,7 @@ def video_frames(path: str | os.PathLike, indices: np.ndarray,
     """Frames [H, W, 3] uint8 RGB of `path` at the increasing frame numbers `indices` (rate: the video's,
     probed if not given); a number past the end gives the last frame read."""
     try:
-        size, probed, _ = probe_video(path)
+        size, probed, _, _ = probe_video(path)
     except AvatarError:
         raise InputError(f"{path}: not a readable video") from None
     rate = Fraction(rate) if rate is not None else probed

@@ -1,20 +1,22 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Blend a warped face crop into a region of a planar frame in place: plane = mask*crop + (1-mask)*plane, rounded."""
+"""Blend a warped face crop into a region of a planar frame in place: plane = mask*crop + (1-mask)*plane, rounded.
+Planes of 8 bits (uint8) or of 10 in 16 (uint16)."""
 
 from libc.math cimport ceil, floor
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, uint16_t
 from libc.string cimport memcpy
 
+ctypedef fused pixel_t:
+    uint8_t
+    uint16_t
 
-cdef inline uint8_t _mix(uint8_t f, uint8_t c, float m) noexcept nogil:
-    """round(f + m * (c - f)) clamped to 0..255."""
+
+cdef inline pixel_t _mix(pixel_t f, pixel_t c, float m) noexcept nogil:
+    """round(f + m * (c - f)) for 0 <= m <= 1 (between f and c, so inside the type's range)."""
     cdef float v = f + m * (<float>c - <float>f) + 0.5
-    if v >= 255.0:
-        return 255
     if v <= 0.0:
         return 0
-    return <uint8_t>v
-
+    return <pixel_t>v
 
 
 
@@ -56,8 +58,8 @@ cdef inline void _span(double a0, double rx, double b0, double ry, double lo, do
     last[0] = <Py_ssize_t>floor(xb)
 
 
-cdef inline void _blend_band_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mask,
-                                    uint8_t[:, :, ::1] planes, Py_ssize_t y, Py_ssize_t x,
+cdef inline void _blend_band_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask,
+                                    pixel_t[:, :, ::1] planes, Py_ssize_t y, Py_ssize_t x,
                                     Py_ssize_t py0, Py_ssize_t px0, double sx, double sy) noexcept nogil:
     """Bilinear mask value at (sx, sy) (zero outside), then blend one pixel of every plane."""
     cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1], ix, iy, c
@@ -82,12 +84,12 @@ cdef inline void _blend_band_planes(const uint8_t[:, :, ::1] src, const float[:,
         planes[c, py0 + y, px0 + x] = _mix(planes[c, py0 + y, px0 + x], src[y, x, c], m)
 
 
-def blend_feathered_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
-                           Py_ssize_t inner_lo, Py_ssize_t inner_hi, uint8_t[:, :, ::1] planes,
+def blend_feathered_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
+                           Py_ssize_t inner_lo, Py_ssize_t inner_hi, pixel_t[:, :, ::1] planes,
                            Py_ssize_t y0, Py_ssize_t x0) -> None:
     """Blend a warped src [h,w,C] (C samples per pixel, interleaved) into C planes [C,H,W] at (y0, x0), e.g.
-    Y alone (C=1) or U and V together (C=2, a yuv420p frame's chroma), sampling the unwarped mask [S,S]
-    bilinearly.
+    Y alone (C=1) or U and V together (C=2, a frame's chroma), sampling the unwarped mask [S,S] bilinearly;
+    src and planes both uint8 or both uint16.
 
     inv (2x3, row-major) maps a region pixel (x, y) to mask coordinates; outside the mask counts as 0,
     and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1. Per row, the run of pixels whose
@@ -128,7 +130,8 @@ def blend_feathered_planes(const uint8_t[:, :, ::1] src, const float[:, ::1] mas
             for x in range(o_first, i_first):
                 _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
             if nc == 1 and i_last >= i_first:
-                memcpy(&planes[0, y0 + y, x0 + i_first], &src[y, i_first, 0], i_last - i_first + 1)
+                memcpy(&planes[0, y0 + y, x0 + i_first], &src[y, i_first, 0],
+                       (i_last - i_first + 1) * sizeof(pixel_t))
             else:
                 for x in range(i_first, i_last + 1):
                     for c in range(nc):

@@ -1,7 +1,8 @@
-"""Paste the generated face crop into a yuv420p plate frame, plane by plane, inside the face box only.
+"""Paste the generated face crop into a plate frame's YUV planes, plane by plane, inside the face box only.
 
-The 512 RGB crop is the only thing converted (to the output's limited-range YUV); its chroma is
-averaged over 2x2 pixels and warped at half size. Everything outside the (even-aligned) box the crop
+The planes are the plate's own (yuv.Layout: 4:2:0 or 4:2:2, 8 or 10 bits). The 512 RGB crop is the only thing
+converted (to the output's limited-range YUV at the planes' depth); its chroma is averaged over the pixels
+each chroma sample covers (2x2, or 2x1 for 4:2:2) and warped at that size. Everything outside the (even-aligned) box the crop
 can touch is the plate's own bytes, untouched. A feathered mask blends the crop's border into the plate.
 """
 
@@ -13,7 +14,7 @@ import warnings
 import cv2
 import numpy as np
 
-from ditto_fast.media.yuv import i420_planes, rgb_to_yuv_matrix
+from ditto_fast.media.yuv import I420, Layout, rgb_to_yuv_matrix
 
 try:  # the Cython kernel, built by `python setup.py build_ext --inplace`
     from ditto_fast.render import _blend
@@ -59,9 +60,11 @@ def crop_bbox(M_c2o: np.ndarray, dsize: int, frame_hw: tuple[int, int]) -> tuple
     return x0, y0, x1, y1
 
 
-# chroma sample c of a 4:2:0 plane sits at luma position 2c + 0.5 (each covers 2x2 pixels)
-_CHROMA_TO_LUMA = np.array([[2.0, 0.0, 0.5], [0.0, 2.0, 0.5], [0.0, 0.0, 1.0]])
-_LUMA_TO_CHROMA = np.linalg.inv(_CHROMA_TO_LUMA)
+def chroma_to_luma(layout: Layout) -> np.ndarray:
+    """3x3 map from a chroma sample's (x, y) to the luma position it stands for: chroma sample c of a 4:2:0
+    plane sits at 2c + 0.5 (it covers 2x2 pixels); 4:2:2 rows are full height (2x1 pixels)."""
+    rows = layout.chroma_rows
+    return np.array([[2.0, 0.0, 0.5], [0.0, rows, 0.5 * (rows - 1)], [0.0, 0.0, 1.0]])
 
 
 def _affine3(m: np.ndarray) -> np.ndarray:
@@ -75,18 +78,18 @@ def _blend_planes_numpy(src: np.ndarray, mask: np.ndarray, planes: np.ndarray, y
     bg = planes[:, y0:y0 + h, x0:x0 + w].astype(np.float32)
     fg = np.moveaxis(src, -1, 0).astype(np.float32)
     out = bg + mask[None] * (fg - bg) + np.float32(0.5)
-    np.clip(out, 0.0, 255.0, out=out)
-    planes[:, y0:y0 + h, x0:x0 + w] = out.astype(np.uint8)
+    np.clip(out, 0.0, float(np.iinfo(planes.dtype).max), out=out)
+    planes[:, y0:y0 + h, x0:x0 + w] = out.astype(planes.dtype)
 
 
 class YuvPutback:
-    """Blend a [dsize, dsize, 3] RGB crop into a yuv420p frame [H * 3 / 2, W] uint8 in place, via M_c2o.
+    """Blend a [dsize, dsize, 3] RGB crop into a planar frame in `layout` (yuv.Layout.shape) in place, via M_c2o.
 
     The Cython kernel samples the feathered mask per pixel (luma at each pixel, chroma at each 2x2 block's
     centre); the numpy fallback (used, with a warning, when the kernel is not built) warps it with OpenCV.
     """
 
-    def __init__(self, dsize: int = 512, matrix: str = "bt709", use_kernel: bool = True):
+    def __init__(self, dsize: int = 512, matrix: str = "bt709", use_kernel: bool = True, layout: Layout = I420):
         global _warned_fallback
         if dsize % 2:
             raise ValueError(f"the crop size must be even, got {dsize}")
@@ -100,7 +103,10 @@ class YuvPutback:
         self.mask = feathered_mask(dsize)                              # [dsize, dsize] float32
         ones = np.flatnonzero(self.mask[dsize // 2] == 1.0)
         self._inner = (int(ones[0]), int(ones[-1]))
-        self.to_yuv = rgb_to_yuv_matrix(matrix)
+        self.layout = layout
+        self.to_yuv = rgb_to_yuv_matrix(matrix) * np.float32(layout.scale)       # [3, 4], the planes' code values
+        self._c2l = chroma_to_luma(layout)
+        self._l2c = np.linalg.inv(self._c2l)
 
     def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
         """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change; None if off-frame."""
@@ -111,13 +117,15 @@ class YuvPutback:
         return x0 & ~1, y0 & ~1, x1 + (x1 & 1), y1 + (y1 & 1)
 
     def __call__(self, frame: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
-        """Paste `crop` (RGB uint8) into `frame` (yuv420p, writable) and return the frame."""
-        if frame.dtype != np.uint8 or frame.ndim != 2 or frame.shape[0] % 3 or not frame.flags.c_contiguous:
-            raise ValueError(f"frame must be a C-contiguous yuv420p uint8 [H*3/2, W], got {frame.dtype} "
-                             f"{frame.shape}")
+        """Paste `crop` (RGB uint8) into `frame` (planes in the putback's layout, writable) and return the frame."""
+        layout = self.layout
+        rows = layout.chroma_rows + 1
+        if frame.dtype != layout.dtype or frame.ndim != 2 or frame.shape[0] % rows or not frame.flags.c_contiguous:
+            raise ValueError(f"frame must be a C-contiguous {layout.pix_fmt} {np.dtype(layout.dtype)} "
+                             f"[H*{rows}/{rows - 1}, W], got {frame.dtype} {frame.shape}")
         if crop.dtype != np.uint8 or crop.shape != (self.dsize, self.dsize, 3):
             raise ValueError(f"crop must be uint8 [{self.dsize},{self.dsize},3], got {crop.dtype} {crop.shape}")
-        luma, chroma = i420_planes(frame)
+        luma, chroma = layout.planes(frame)
         box = self.box(M_c2o, luma.shape[1:])
         if box is None:
             return frame
@@ -126,29 +134,39 @@ class YuvPutback:
         roi = _affine3(np.asarray(M_c2o, np.float64))       # crop -> region (luma pixels)
         roi[0, 2] -= x0
         roi[1, 2] -= y0
-        roi_c = _LUMA_TO_CHROMA @ roi @ _CHROMA_TO_LUMA      # crop chroma -> region chroma
-        crop = np.ascontiguousarray(crop)
-        half = self.dsize // 2
-        luma_crop = cv2.transform(crop, self.to_yuv[:1])                                # [d, d]
-        # chroma of the 2x2-averaged crop (the conversion is linear: the same as averaging converted chroma)
-        uv = cv2.transform(cv2.resize(crop, (half, half), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
+        roi_c = self._l2c @ roi @ self._c2l                 # crop chroma -> region chroma
+        luma_crop, uv = self._crop_planes(np.ascontiguousarray(crop))
         flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        ch = h // layout.chroma_rows
         y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
-        uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, h // 2), **flags)
+        uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, ch), **flags)
         # region luma pixel -> mask coordinates (OpenCV's closed form: numpy's LAPACK inverse woke an
         # OpenBLAS thread that then spun beside every frame's render, 15 ms of CPU a frame)
         mask_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
-        mask_of_chroma = mask_of_luma @ _CHROMA_TO_LUMA     # region chroma sample -> mask coordinates
+        mask_of_chroma = mask_of_luma @ self._c2l           # region chroma sample -> mask coordinates
         if self.use_kernel:
             lo, hi = self._inner
             _blend.blend_feathered_planes(y_roi, self.mask, np.ascontiguousarray(mask_of_luma[:2]).ravel(),
                                           lo, hi, luma, y0, x0)
             _blend.blend_feathered_planes(np.ascontiguousarray(uv_roi), self.mask,
                                           np.ascontiguousarray(mask_of_chroma[:2]).ravel(), lo, hi,
-                                          chroma, y0 // 2, x0 // 2)
+                                          chroma, y0 // layout.chroma_rows, x0 // 2)
             return frame
         m_y = cv2.warpAffine(self.mask, roi[:2], (w, h), **flags)
-        m_c = cv2.warpAffine(self.mask, cv2.invertAffineTransform(mask_of_chroma[:2]), (w // 2, h // 2), **flags)
+        m_c = cv2.warpAffine(self.mask, cv2.invertAffineTransform(mask_of_chroma[:2]), (w // 2, ch), **flags)
         _blend_planes_numpy(y_roi, m_y, luma, y0, x0)
-        _blend_planes_numpy(uv_roi, m_c, chroma, y0 // 2, x0 // 2)
+        _blend_planes_numpy(uv_roi, m_c, chroma, y0 // layout.chroma_rows, x0 // 2)
         return frame
+
+    def _crop_planes(self, crop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The crop's luma [d, d] and chroma [d/cv, d/2, 2], averaged over the pixels a chroma sample covers
+        (the conversion is linear: the same as averaging converted chroma), at the planes' depth."""
+        d, rows = self.dsize, self.layout.chroma_rows
+        if self.layout.bits == 8:
+            return (cv2.transform(crop, self.to_yuv[:1]),
+                    cv2.transform(cv2.resize(crop, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:]))
+        top = float(np.iinfo(self.layout.dtype).max)
+        rgb = crop.astype(np.float32)
+        luma = cv2.transform(rgb, self.to_yuv[:1])
+        uv = cv2.transform(cv2.resize(rgb, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
+        return tuple(np.clip(np.rint(p), 0, top).astype(self.layout.dtype) for p in (luma, uv))

@@ -1,4 +1,4 @@
-"""Stream RGB or yuv420p frames into a video file (MP4, QuickTime or Matroska, with the speech muxed in) that
+"""Stream RGB or planar YUV frames into a video file (MP4, QuickTime or Matroska, with the speech muxed in) that
 appears at its path only when complete, with the process's usual file mode."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ditto_fast.media.ffpipe import last_stderr_line, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 from ditto_fast.media.rates import rate_text
+from ditto_fast.media.yuv import LAYOUTS, Layout
 from ditto_fast.render.formats import Format, output_format
 
 
@@ -56,8 +57,8 @@ def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subpr
 
 
 class VideoWriter:
-    """Video writer fed one frame at a time (RGB, or yuv420p already in BT.709 TV range: `pix_fmt`), audio
-    muxed by the same ffmpeg process.
+    """Video writer fed one frame at a time (RGB, or planar YUV already in BT.709 TV range in one of yuv.LAYOUTS:
+    `pix_fmt`), audio muxed by the same ffmpeg process.
 
     The container comes from the output's extension and the codec from `fmt` (see render/formats.py;
     default: H.264 in the container the name says). Output duration: the video has exactly the frames
@@ -74,9 +75,10 @@ class VideoWriter:
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
                  *, audio_bitrate: str = "160k", comment: str | None = None, frames: int | None = None,
                  fmt: Format | None = None, pix_fmt: str = "rgb24"):
-        if pix_fmt not in ("rgb24", "yuv420p"):
-            raise ValueError(f"pix_fmt must be rgb24 or yuv420p, got {pix_fmt}")
+        if pix_fmt != "rgb24" and pix_fmt not in LAYOUTS:
+            raise ValueError(f"pix_fmt must be rgb24 or one of {', '.join(LAYOUTS)}, got {pix_fmt}")
         self.pix_fmt = pix_fmt
+        self._layout = None if pix_fmt == "rgb24" else Layout(pix_fmt)
         self.out_path = check_output_path(out_path)
         self.format = fmt or output_format(self.out_path)
         width, height = int(size[0]), int(size[1])
@@ -118,7 +120,8 @@ class VideoWriter:
         if audio_path is not None:
             cmd += ["-map", "1:a:0"]
         tags = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
-        if self.pix_fmt == "yuv420p":       # already limited-range BT.709: passed on as is (ProRes: chroma resampled)
+        if self._layout is not None:        # already limited-range BT.709: passed on as is where the codec's format is
+            # the frames' own (a 10-bit 4:2:2 plate into ProRes); else chroma and depth resampled
             vf = f"{tags},format={fmt.pix_fmt}"
         else:
             vf = f"scale=out_color_matrix=bt709:out_range=tv,format={fmt.pix_fmt},{tags}"
@@ -151,13 +154,15 @@ class VideoWriter:
             self.abort()
 
     def write(self, frame: np.ndarray) -> None:
-        """Append one frame at the writer's size: uint8 [H, W, 3] RGB, or [H * 3 / 2, W] for yuv420p."""
+        """Append one frame at the writer's size: uint8 [H, W, 3] RGB, or planes as yuv.Layout.shape says (uint16
+        for 10 bits)."""
         if self._done:
             raise ValueError("write() on a closed VideoWriter")
         w, h = self.size
-        shape = (h, w, 3) if self.pix_fmt == "rgb24" else (h * 3 // 2, w)
-        if frame.dtype != np.uint8 or frame.shape != shape:
-            raise ValueError(f"frame must be uint8 {list(shape)}, got {frame.dtype} {frame.shape}")
+        shape = (h, w, 3) if self._layout is None else self._layout.shape(w, h)
+        dtype = np.uint8 if self._layout is None else self._layout.dtype
+        if frame.dtype != dtype or frame.shape != shape:
+            raise ValueError(f"frame must be {np.dtype(dtype)} {list(shape)}, got {frame.dtype} {frame.shape}")
         try:
             self._proc.stdin.write(memoryview(np.ascontiguousarray(frame)).cast("B"))
         except (BrokenPipeError, OSError, ValueError):
