@@ -26,7 +26,7 @@ from ditto_fast.render.precision import cpu_kind
 GOLDEN = REPO / "tests" / "data" / "golden_render.json"
 # a clip that leaves the defaults: another seed, fewer steps, a mix of emotions, an output rate that is not
 # the avatar's, controls, and the fixed engine settings a digest records
-CLIP = {"seed": 7, "steps": 4, "emotion": "happy+surprise", "fps": "30"}
+CLIP = {"seed": 7, "steps": 4, "emotion": "happy+surprise", "fps": "30", "blend": "feather"}
 ENGINE = ["--device", "cpu", "--precision", "fp32", "--batch-size", "1", "--encoder", "software"]
 CONTROLS = {"frames": {"0-5": {"yaw": 8.0}}}
 
@@ -67,7 +67,7 @@ def three_ways(golden_avatar, session_home, tiny_checkpoints, clips, tmp_path_fa
     cli_out = out / "cli.mp4"
     r = run_cli_module(["render", "--avatar", "golden", "--audio", clips[0], "-o", cli_out, "--seed", CLIP["seed"],
                         "--steps", CLIP["steps"], "--emotion", CLIP["emotion"], "--fps", CLIP["fps"],
-                        "--controls", controls, *ENGINE, "--quiet"], env)
+                        "--blend", CLIP["blend"], "--controls", controls, *ENGINE, "--quiet"], env)
     assert r.returncode == 0, r.stderr
     jobs = out / "jobs.jsonl"
     jobs.write_text(json.dumps({"avatar": "golden", "audio": str(clips[0]), "output": "batch.mp4",
@@ -89,7 +89,7 @@ def _render_api(renderer, audio: Path, output: Path, controls: Path) -> None:
     try:
         from ditto_fast import RenderRequest
     except ImportError:                       # the engine before the render request existed
-        renderer.render("golden", audio, output, controls=controls, **CLIP)
+        renderer.render("golden", audio, output, controls=controls, **{k: v for k, v in CLIP.items() if k != "blend"})
         return
     renderer.render(RenderRequest(avatar="golden", audio=audio, output=output, controls=controls, **CLIP))
 

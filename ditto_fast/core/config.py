@@ -19,6 +19,7 @@ from ditto_fast.core.errors import UsageError
 DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
 CODECS = ("h264", "hevc", "prores")
+BLENDS = ("seamless", "feather")
 
 
 def setting(kind: type, low: float | None = None, high: float | None = None,
@@ -66,6 +67,7 @@ class RenderConfig:
     crf: int = setting(int, 0, 51)                    # H.264 quality
     preset: str = setting(str, choices=X264_PRESETS)  # x264 preset
     lookahead: bool = setting(bool)                   # next batch's warp+decode launched before this one is written
+    blend: str = setting(str, choices=BLENDS)         # putback: seamless (face mask, seam colour-matched) or feather
 
 
 @dataclass

@@ -44,6 +44,7 @@ class Clip:
     controls: Controls | None
     controls_sha256: str | None
     avatar_key: tuple[int, int] | None = None   # the avatar record's identity when the clip was checked
+    blend: str = "feather"              # the putback: seamless or feather
 
 
 def avatar_identity(avatar_dir: Path) -> tuple[int, int] | None:
@@ -94,4 +95,4 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     return Clip(request, avatar, output, audio, n, rate, fmt, settings["steps"], settings["seed"], per_frame,
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
-                hashlib.sha256(controls).hexdigest() if controls is not None else None, key)
+                hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"])

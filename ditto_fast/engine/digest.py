@@ -28,4 +28,6 @@ def clip_digest(clip: Clip, settings: dict) -> str:
         "codec": clip.format.codec, "controls": clip.controls_sha256, "avatar": _avatar_record_hash(clip.avatar),
         **settings,
     }
+    if clip.blend != "feather":        # outputs made before the blend was a setting keep their digests
+        parts["blend"] = clip.blend
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

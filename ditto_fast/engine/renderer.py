@@ -139,7 +139,7 @@ class Renderer:
             "precision": str(self.dtype).replace("torch.", ""), "precision_choice": self.setup.precision_choice,
             "batch_choice": self.setup.batch_choice,
             "steps": clip.steps, "seed": clip.seed,
-            "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec,
+            "rate": rate_text(clip.rate), "container": clip.format.container, "codec": clip.format.codec, "blend": clip.blend,
             "encoder": self.setup.output_format(clip).encoder, "batch_size": self.setup.batch_size,
             "random_weights": bool(self.random_weights or clip.avatar.random_weights), "output": str(clip.output),
             "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},

@@ -25,6 +25,9 @@ EMOTION_HELP = ("angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix l
 FPS_HELP = ("Output frame rate: 24, 25, 30, 50, 60 or the NTSC rates 23.976, 29.97, 59.94 (also as 24000/1001, "
             "30000/1001, 60000/1001) [default: the avatar's own rate; 25 for image avatars].")
 CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with PCM audio; .mov only)."
+BLEND_HELP = ("Putback: seamless (only the face the motion changes, its colour matched to the plate at the edge; "
+              "the plate's own pixels elsewhere) or feather (the whole crop square through a feathered edge, as "
+              "Ditto does).")
 
 
 def _field(*, setting: tuple[str, str] | None = None, kind: str = "text", flags: tuple[str, ...] = (),
@@ -52,6 +55,7 @@ class RenderRequest:
     controls: Path | None = _field(kind="path", flags=("--controls",), help="Per-frame control file (JSON).")
     fps: str | None = _field(kind="rate", flags=("--fps",), help=FPS_HELP)
     codec: str | None = _field(setting=("clip", "codec"), flags=("--codec",), help=CODEC_HELP)
+    blend: str | None = _field(setting=("render", "blend"), flags=("--blend",), help=BLEND_HELP)
 
     def __post_init__(self) -> None:
         for f in FIELDS:
@@ -85,7 +89,7 @@ class RenderRequest:
             raise UsageError(f"{where}: {e}") from None
 
     def with_defaults(self, config) -> dict[str, Any]:
-        """The declared settings with the config's defaults filled in: {seed, steps, emotion, codec}."""
+        """The declared settings with the config's defaults filled in: {seed, steps, emotion, codec, blend}."""
         return {f.name: getattr(self, f.name) if getattr(self, f.name) is not None else
                 getattr(getattr(config, f.metadata["setting"][0]), f.metadata["setting"][1])
                 for f in FIELDS if f.metadata["setting"]}

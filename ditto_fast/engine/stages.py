@@ -75,6 +75,18 @@ def sample_motion(lmdm: torch.nn.Module, settings: MotionConfig, clip: Clip, fea
     return motion, mouth
 
 
+def plate_jumps(src_idx: np.ndarray) -> np.ndarray:
+    """[N] bool: where the plate does not simply go on (a jump, or the mirror loop turning back): running means
+    over frames (the seam's) start afresh there. An image avatar's one frame never jumps."""
+    src = np.asarray(src_idx, np.int64)
+    step = np.diff(src, prepend=src[:1])
+    sign = np.sign(step)
+    last = np.maximum.accumulate(np.where(sign != 0, np.arange(len(src)), -1))    # last move up to each frame
+    before = np.r_[-1, last[:-1]]
+    heading = np.where(before >= 0, sign[np.maximum(before, 0)], 0)               # the way it went before
+    return (np.abs(step) > 1) | (sign * heading < 0)
+
+
 def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torch.nn.Module, fused: FusedRenderer,
                   batch_size: int, lookahead: bool, plate: PlateReader, writer: VideoWriter, timer: StageTimer,
                   progress: Progress | None) -> None:
@@ -83,8 +95,9 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
     computes while this thread works; the output is the same either way."""
     avatar, n = clip.avatar, clip.frames
     stitch = MotionStitch(stitch_net, is_image=avatar.is_image, controls=clip.controls)
-    putback = YuvPutback(layout=plate.layout)
+    putback = YuvPutback(layout=plate.layout, blend=clip.blend)
     batches = [range(b0, min(n, b0 + batch_size)) for b0 in range(0, n, batch_size)]
+    cuts = plate_jumps(tl.src_idx[:n])
 
     def launch(idx: range):
         """Stitch a batch's keypoints (all its frames at once) and start its warp + decode."""
@@ -94,19 +107,20 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
             x_s, x_d = stitch.batch(avatar.frame_infos(src), motion_to_info(motion[tl.j0[rows]]),
                                     motion_to_info(motion[tl.j1[rows]]), tl.w[rows])
         with timer("render"):
-            return fused.launch(avatar.f_s[src], x_s, x_d)
+            return fused.launch(avatar.f_s[src], x_s, x_d), np.asarray(x_s), np.asarray(x_d)
 
     pending = launch(batches[0]) if batches else None
     for k, idx in enumerate(batches):
         following = batches[k + 1] if k + 1 < len(batches) else None
         after = launch(following) if lookahead and following else None
+        handle, x_s, x_d = pending
         with timer("render"):
-            crops = fused.collect(pending)                   # uint8 [b,512,512,3]
+            crops = fused.collect(handle)                    # uint8 [b,512,512,3]
         for j, i in enumerate(idx):
             with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
                 background = plate.frame(int(tl.src_idx[i]))
             with timer("putback"):
-                frame = putback(background, crops[j], avatar.M_c2o[tl.src_idx[i]])
+                frame = putback(background, crops[j], avatar.M_c2o[tl.src_idx[i]], x_s[j], x_d[j], bool(cuts[i]))
             with timer("write"):
                 writer.write(frame)
         if progress is not None:

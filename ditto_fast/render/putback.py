@@ -14,7 +14,10 @@ import warnings
 import cv2
 import numpy as np
 
+from ditto_fast.core.config import BLENDS
 from ditto_fast.media.yuv import I420, Layout, rgb_to_yuv_matrix
+from ditto_fast.render.face_mask import FaceMask
+from ditto_fast.render.seam import SeamMatch
 
 try:  # the Cython kernel, built by `python setup.py build_ext --inplace`
     from ditto_fast.render import _blend
@@ -89,12 +92,13 @@ class YuvPutback:
     centre); the numpy fallback (used, with a warning, when the kernel is not built) warps it with OpenCV.
     """
 
-    def __init__(self, dsize: int = 512, matrix: str = "bt709", use_kernel: bool = True, layout: Layout = I420):
+    def __init__(self, dsize: int = 512, matrix: str = "bt709", use_kernel: bool = True, layout: Layout = I420,
+                 blend: str = "feather"):
         global _warned_fallback
         if dsize % 2:
             raise ValueError(f"the crop size must be even, got {dsize}")
         self.dsize = dsize
-        built = hasattr(_blend, "blend_feathered_planes")        # False for no build or a stale one
+        built = hasattr(_blend, "blend_corrected_planes")        # False for no build or a stale one
         self.use_kernel = use_kernel and built
         if use_kernel and not built and not _warned_fallback:
             _warned_fallback = True
@@ -107,6 +111,13 @@ class YuvPutback:
         self.to_yuv = rgb_to_yuv_matrix(matrix) * np.float32(layout.scale)       # [3, 4], the planes' code values
         self._c2l = chroma_to_luma(layout)
         self._l2c = np.linalg.inv(self._c2l)
+        self.top = float((1 << layout.bits) - 1)
+        if blend not in BLENDS:
+            raise ValueError(f"blend must be one of {', '.join(BLENDS)}, got {blend!r}")
+        self.blend = blend
+        if blend == "seamless":
+            self.face_mask = FaceMask(dsize, square=self.mask)
+            self.seam = SeamMatch(layout, dsize)
 
     def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
         """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change; None if off-frame."""
@@ -116,8 +127,11 @@ class YuvPutback:
         x0, y0, x1, y1 = bbox
         return x0 & ~1, y0 & ~1, x1 + (x1 & 1), y1 + (y1 & 1)
 
-    def __call__(self, frame: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
-        """Paste `crop` (RGB uint8) into `frame` (planes in the putback's layout, writable) and return the frame."""
+    def __call__(self, frame: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray, x_s: np.ndarray | None = None,
+                 x_d: np.ndarray | None = None, cut: bool = False) -> np.ndarray:
+        """Paste `crop` (RGB uint8) into `frame` (planes in the putback's layout, writable) and return the frame.
+        Seamless: `x_s`, `x_d` are the frame's source and driven keypoints [21, 3] (the mask follows the face they
+        move; None: the face where the crop rule puts it), `cut` a plate jump (the running means restart)."""
         layout = self.layout
         rows = layout.chroma_rows + 1
         if frame.dtype != layout.dtype or frame.ndim != 2 or frame.shape[0] % rows or not frame.flags.c_contiguous:
@@ -144,6 +158,10 @@ class YuvPutback:
         # OpenBLAS thread that then spun beside every frame's render, 15 ms of CPU a frame)
         mask_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
         mask_of_chroma = mask_of_luma @ self._c2l           # region chroma sample -> mask coordinates
+        if self.blend == "seamless":
+            self._seamless(crop, M_c2o, (luma, chroma), (y_roi, uv_roi), (mask_of_luma, mask_of_chroma), (x0, y0),
+                           x_s, x_d, cut)
+            return frame
         if self.use_kernel:
             lo, hi = self._inner
             _blend.blend_feathered_planes(y_roi, self.mask, np.ascontiguousarray(mask_of_luma[:2]).ravel(),
@@ -165,8 +183,47 @@ class YuvPutback:
         if self.layout.bits == 8:
             return (cv2.transform(crop, self.to_yuv[:1]),
                     cv2.transform(cv2.resize(crop, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:]))
-        top = float(np.iinfo(self.layout.dtype).max)
+        top = self.top
         rgb = crop.astype(np.float32)
         luma = cv2.transform(rgb, self.to_yuv[:1])
         uv = cv2.transform(cv2.resize(rgb, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
         return tuple(np.clip(np.rint(p), 0, top).astype(self.layout.dtype) for p in (luma, uv))
+
+    def _seamless(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, rois: tuple, to_crop: tuple,
+                  origin: tuple[int, int], x_s: np.ndarray | None, x_d: np.ndarray | None, cut: bool) -> None:
+        """Blend through the face mask with the seam's colour correction added to the crop (see seam.py)."""
+        if cut:
+            self.face_mask.reset()
+            self.seam.reset()
+        if x_s is None or x_d is None:
+            x_s = x_d = np.zeros((1, 3))            # degenerate: the face where the crop rule puts it
+        grid = self.face_mask(x_s, x_d)                                              # [G, G]
+        g = grid.shape[0]
+        small = cv2.resize(np.ascontiguousarray(crop), (g, g), interpolation=cv2.INTER_AREA).astype(np.float32)
+        corr = self.seam(grid, cv2.transform(small, self.to_yuv), planes, M_c2o)    # [K, K, 3]
+        (luma, chroma), (y_roi, uv_roi), (of_luma, of_chroma) = planes, rois, to_crop
+        x0, y0 = origin
+        cy0, cx0 = y0 // self.layout.chroma_rows, x0 // 2
+        mask_luma, mask_chroma = self.face_mask.to_grid @ of_luma, self.face_mask.to_grid @ of_chroma
+        corr_luma, corr_chroma = self.seam.to_grid @ of_luma, self.seam.to_grid @ of_chroma
+        uv_roi = np.ascontiguousarray(uv_roi)
+        if self.use_kernel:
+            flat = lambda m: np.ascontiguousarray(m[:2]).ravel()      # noqa: E731
+            _blend.blend_corrected_planes(y_roi, grid, flat(mask_luma), corr, flat(corr_luma), 0, self.top,
+                                          luma, y0, x0)
+            _blend.blend_corrected_planes(uv_roi, grid, flat(mask_chroma), corr, flat(corr_chroma), 1, self.top,
+                                          chroma, cy0, cx0)
+            return
+        for src, mask_of, corr_of, pl, (py, px), ch in ((y_roi, mask_luma, corr_luma, luma, (y0, x0), slice(0, 1)),
+                                                        (uv_roi, mask_chroma, corr_chroma, chroma, (cy0, cx0),
+                                                         slice(1, 3))):
+            h, w = src.shape[:2]
+            m = cv2.warpAffine(grid, cv2.invertAffineTransform(mask_of[:2]), (w, h), flags=cv2.INTER_LINEAR,
+                               borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+            c = cv2.warpAffine(np.ascontiguousarray(corr[..., ch]), cv2.invertAffineTransform(corr_of[:2]), (w, h),
+                               flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE).reshape(h, w, -1)
+            region = pl[:, py:py + h, px:px + w]
+            bg = region.astype(np.float32)
+            fg = np.moveaxis(src.reshape(h, w, -1).astype(np.float32) + c, -1, 0)
+            out = np.clip(bg + m[None] * (fg - bg) + np.float32(0.5), 0.0, self.top)
+            region[...] = np.where(m[None] > 0, out.astype(pl.dtype), region)

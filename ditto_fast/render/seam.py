@@ -1,0 +1,109 @@
+"""Colour matched at the seam: the difference plate - crop, taken along the face mask's feathered edge in the
+plate's own planes, filled smoothly across the inside (a multi-scale push-pull, the membrane's cheap
+equivalent) on a coarse grid over the crop, and smoothed over frames. The putback adds it to the crop inside the
+mask, so the face keeps its own detail and meets the plate at the plate's own values.
+
+Bounded against smear: edge samples further than BOUND levels from the edge's median (a hand, a microphone or
+dark hair across the edge) are left out, and the correction itself is held within BOUND of that median.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from ditto_fast.media.yuv import Layout
+
+CELLS = 32                  # correction cells across the crop (16 px each at 512)
+BOUND = 24.0                # 8-bit levels (see the module docstring; measured in tests/test_render_seam.py)
+SMOOTH = 0.35               # weight of the new frame's correction in the running mean (1: no smoothing)
+EDGE = (0.02, 0.98)         # mask values that count as its edge
+
+
+def push_pull(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Fill a grid [K, K, C] where weights [K, K] are 0 from where they are not: sums pushed down to 1x1, then
+    pulled back up level by level, each level keeping its own values where it has weight and taking the coarser
+    level's (bilinearly upsampled) elsewhere. K a power of two."""
+    k = values.shape[0]
+    levels = [(values * weights[..., None], weights.astype(np.float64))]
+    while k > 1:
+        v, w = levels[-1]
+        k //= 2
+        levels.append((v.reshape(k, 2, k, 2, -1).sum((1, 3)), w.reshape(k, 2, k, 2).sum((1, 3))))
+    v, w = levels[-1]
+    filled = v / np.maximum(w, 1e-12)[..., None]
+    for v, w in reversed(levels[:-1]):
+        size = w.shape[0]
+        up = cv2.resize(filled.astype(np.float32), (size, size), interpolation=cv2.INTER_LINEAR).reshape(size, size, -1)
+        own = v / np.maximum(w, 1e-12)[..., None]
+        keep = np.minimum(w, 1.0)[..., None]
+        filled = keep * own + (1.0 - keep) * up
+    return filled
+
+
+class SeamMatch:
+    """Per output frame, the colour correction grid [CELLS, CELLS, 3] (Y, U, V code values) to add to the crop
+    inside the mask; `reset()` at a plate jump. Cell i sits at crop pixel (i + 0.5) * dsize / CELLS."""
+
+    def __init__(self, layout: Layout, dsize: int = 512, bound: float = BOUND, smooth: float = SMOOTH):
+        self.layout, self.dsize = layout, dsize
+        self.bound = bound * layout.scale
+        self.smooth = smooth
+        self._last: np.ndarray | None = None
+        cell = dsize / CELLS
+        self.to_grid = np.array([[1 / cell, 0.0, -0.5], [0.0, 1 / cell, -0.5], [0.0, 0.0, 1.0]])
+
+    def reset(self) -> None:
+        """Forget the running mean (a cut, or the plate's mirror loop turning)."""
+        self._last = None
+
+    def __call__(self, mask: np.ndarray, crop_yuv: np.ndarray, planes: tuple[np.ndarray, np.ndarray],
+                 M_c2o: np.ndarray) -> np.ndarray:
+        """The correction for a frame: `mask` the face mask grid [G, G], `crop_yuv` the crop's Y, U, V per mask cell
+        [G, G, 3] float32 (code values), `planes` the plate's luma [1, H, W] and chroma [2, H/cv, W/2]."""
+        g = mask.shape[0]
+        rows, cols = np.nonzero((mask > EDGE[0]) & (mask < EDGE[1]))
+        if len(rows) < 8:
+            raw = np.zeros((CELLS, CELLS, 3), np.float32)
+            return self._running(raw)
+        cell = self.dsize / g
+        xs, ys = (cols + 0.5) * cell, (rows + 0.5) * cell                          # crop pixels
+        m = np.asarray(M_c2o, np.float64)
+        fx, fy = m[0, 0] * xs + m[0, 1] * ys + m[0, 2], m[1, 0] * xs + m[1, 1] * ys + m[1, 2]
+        plate = _sample_planes(planes, fx, fy, self.layout)                         # [K, 3]
+        inside = np.isfinite(plate[:, 0])
+        diff = plate - crop_yuv[rows, cols]                                         # [K, 3]
+        centre = np.median(diff[inside], axis=0) if inside.any() else np.zeros(3)
+        ok = inside & (np.abs(diff - centre) <= self.bound).all(axis=1)
+        weight_grid = np.zeros((CELLS, CELLS))
+        value_grid = np.zeros((CELLS, CELLS, 3))
+        if ok.any():
+            cr, cc = (rows[ok] * CELLS) // g, (cols[ok] * CELLS) // g
+            flat = cr * CELLS + cc
+            weight_grid.flat[:] = np.bincount(flat, minlength=CELLS * CELLS)
+            for c in range(3):
+                value_grid[..., c].flat[:] = np.bincount(flat, diff[ok, c], minlength=CELLS * CELLS)
+            value_grid /= np.maximum(weight_grid, 1)[..., None]
+            weight_grid = np.minimum(weight_grid, 1.0)
+        raw = push_pull(value_grid, weight_grid) if ok.any() else np.zeros((CELLS, CELLS, 3))
+        raw = np.clip(raw, centre - self.bound, centre + self.bound).astype(np.float32)
+        return self._running(raw)
+
+    def _running(self, raw: np.ndarray) -> np.ndarray:
+        self._last = raw if self._last is None else self._last + np.float32(self.smooth) * (raw - self._last)
+        return np.ascontiguousarray(self._last, np.float32)
+
+
+def _sample_planes(planes: tuple[np.ndarray, np.ndarray], fx: np.ndarray, fy: np.ndarray, layout: Layout) -> np.ndarray:
+    """The plate's Y, U, V at frame positions (fx, fy) [K] (nearest sample; NaN off the frame): [K, 3] float."""
+    luma, chroma = planes
+    h, w = luma.shape[1:]
+    ix, iy = np.rint(fx).astype(np.int64), np.rint(fy).astype(np.int64)
+    on = (ix >= 0) & (iy >= 0) & (ix < w) & (iy < h)
+    out = np.full((len(fx), 3), np.nan)
+    ix, iy = ix[on], iy[on]
+    out[on, 0] = luma[0, iy, ix]
+    cx, cy = np.minimum(ix // 2, chroma.shape[2] - 1), np.minimum(iy // layout.chroma_rows, chroma.shape[1] - 1)
+    out[on, 1] = chroma[0, cy, cx]
+    out[on, 2] = chroma[1, cy, cx]
+    return out
