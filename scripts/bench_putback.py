@@ -1,6 +1,7 @@
 """Benchmark: putback ms/frame at 1080p (the render loop's yuv420p paste with the Cython kernel vs its numpy
 fallback vs a naive full-frame RGB warp+blend), VideoWriter ms/frame at 1080p with audio, and plate reading
-ms/frame forward and backward; writer and reader both as RGB and as yuv420p.
+ms/frame forward and backward; writer and reader both as RGB and as yuv420p. The putback in both blends: feather
+(the crop square; "kernel") and seamless (face mask + seam colour match), the latter also on 10-bit 4:2:2 planes.
 
 Face crops of 500, 600 and 700 px in the frame, with a slightly different M_c2o every frame. ("kernel"
 times the yuv420p paste since the RGB putback was removed.) Target: kernel putback <= 6 ms/frame (judged on process CPU time; wall time is reported too). Usage: python scripts/bench_putback.py [--quick] [--out FILE.json]
@@ -23,7 +24,7 @@ from ditto_fast.media.rates import mirror_index
 from ditto_fast.render import putback as pb_mod
 from ditto_fast.render.putback import YuvPutback, feathered_mask
 from ditto_fast.render.writer import VideoWriter
-from ditto_fast.media.yuv import rgb_to_i420
+from ditto_fast.media.yuv import Layout, rgb_to_i420
 from synthetic import write_plate
 
 W, H = 1920, 1080
@@ -81,9 +82,15 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
                     "target_ms": TARGET_MS, "putback_ms": {}, "putback_cpu_ms": {}}
     for face in FACE_PX:
         kernel, fallback = YuvPutback(), YuvPutback(use_kernel=False)
+        seamless, fine = YuvPutback(blend="seamless"), YuvPutback(blend="seamless", layout=Layout("yuv422p10le"))
         frame = rgb_to_i420(bg)
+        frame_fine = np.zeros(Layout("yuv422p10le").shape(W, H), np.uint16) + 512
+        kps = rng.uniform(-0.5, 0.5, (21, 3))
         row = {
             "kernel": _time_ms(lambda i: kernel(frame, crop, _matrix(face, i)), n),
+            "seamless": _time_ms(lambda i: seamless(frame, crop, _matrix(face, i), kps, kps * (1 + 0.01 * (i % 3))), n),
+            "seamless_422p10": _time_ms(lambda i: fine(frame_fine, crop, _matrix(face, i), kps, kps * (1 + 0.01 * (i % 3))),
+                                        max(5, n // 2)),
             "numpy_fallback": _time_ms(lambda i: fallback(frame, crop, _matrix(face, i)), max(5, n // 4)),
             "naive_full_frame": _time_ms(lambda i: _naive_putback(mask, bg, crop, _matrix(face, i)), max(5, n // 4)),
         }
@@ -139,11 +146,11 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
                 reader[i]
             result["plate_read_yuv420p_forward_ms_per_frame"] = round((time.perf_counter() - t0) * 1000 / n_plate, 2)
 
-    print(f"{'putback ms/frame @1080p':<24} {'kernel':>8} {'numpy':>8} {'naive':>8}")
+    print(f"{'putback ms/frame @1080p':<24} {'feather':>8} {'seamless':>9} {'sl 422p10':>9} {'numpy':>8} {'naive':>8}")
     for what in ("putback_ms", "putback_cpu_ms"):
         for face, r in result[what].items():
             label = f"{face} {'wall' if what == 'putback_ms' else 'cpu'}"
-            print(f"{label:<24} {r['kernel']:>8.2f} "
+            print(f"{label:<24} {r['kernel']:>8.2f} {r['seamless']:>9.2f} {r['seamless_422p10']:>9.2f} "
                   f"{r['numpy_fallback']:>8.2f} {r['naive_full_frame']:>8.2f}")
     for k in ("kernel_worst_ms", "kernel_worst_cpu_ms", "target_ms", "pass", "writer_ms_per_frame",
               "writer_yuv420p_ms_per_frame", "plate_write_ms_per_frame", "plate_read_forward_ms_per_frame",

@@ -133,7 +133,8 @@ def test_push_pull_fills_smoothly_from_the_known_cells():
 def test_the_mask_is_the_face_not_the_square():
     mask = fm.FaceMask()(np.zeros((1, 3)), np.zeros((1, 3)))
     cx, cy, ax, a_up, a_down = fm.face_ellipse()
-    assert mask[int(cy / 4), int(cx / 4)] == 1.0 and mask[2, 2] == 0.0 and mask[2, 64] == 0.0   # the set, the hair
+    c = 512 / fm.GRID
+    assert mask[int(cy / c), int(cx / c)] == 1.0 and mask[1, 1] == 0.0 and mask[1, fm.GRID // 2] == 0.0   # set, hair
     assert 0.3 < (mask > 0).mean() < 0.75
 
 

@@ -39,9 +39,16 @@ cdef inline void _solve(double a, double r, double lo, double hi, double* xa, do
 cdef inline void _span(double a0, double rx, double b0, double ry, double lo, double hi, double eps,
                        Py_ssize_t w, Py_ssize_t* first, Py_ssize_t* last) noexcept nogil:
     """Integer x in [0, w) with lo+eps <= (a0*x+rx, b0*x+ry) <= hi-eps in both coordinates; first > last if none."""
+    _span_rect(a0, rx, b0, ry, lo, hi, lo, hi, eps, w, first, last)
+
+
+cdef inline void _span_rect(double a0, double rx, double b0, double ry, double xlo, double xhi, double ylo,
+                            double yhi, double eps, Py_ssize_t w, Py_ssize_t* first, Py_ssize_t* last) noexcept nogil:
+    """Integer x in [0, w) with xlo+eps <= a0*x+rx <= xhi-eps and ylo+eps <= b0*x+ry <= yhi-eps; first > last if
+    none."""
     cdef double xa, xb, ya, yb
-    _solve(a0, rx, lo + eps, hi - eps, &xa, &xb)
-    _solve(b0, ry, lo + eps, hi - eps, &ya, &yb)
+    _solve(a0, rx, xlo + eps, xhi - eps, &xa, &xb)
+    _solve(b0, ry, ylo + eps, yhi - eps, &ya, &yb)
     if ya > xa:
         xa = ya
     if yb < xb:
@@ -84,42 +91,23 @@ cdef inline void _blend_band_planes(const pixel_t[:, :, ::1] src, const float[:,
         planes[c, py0 + y, px0 + x] = _mix(planes[c, py0 + y, px0 + x], src[y, x, c], m)
 
 
-def blend_feathered_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
-                           Py_ssize_t inner_lo, Py_ssize_t inner_hi, pixel_t[:, :, ::1] planes,
-                           Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """Blend a warped src [h,w,C] (C samples per pixel, interleaved) into C planes [C,H,W] at (y0, x0), e.g.
-    Y alone (C=1) or U and V together (C=2, a frame's chroma), sampling the unwarped mask [S,S] bilinearly;
-    src and planes both uint8 or both uint16.
-
-    inv (2x3, row-major) maps a region pixel (x, y) to mask coordinates; outside the mask counts as 0,
-    and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1. Per row, the run of pixels whose
-    mask value is 1 is copied, pixels off the mask are skipped, and only the feathered band is
-    interpolated and blended. Replaces a separate warp of the mask.
-    """
-    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], sh = mask.shape[0], sw = mask.shape[1]
+cdef void _blend_region(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
+                        double ix0, double ix1, double iy0, double iy1, double ox0, double ox1, double oy0,
+                        double oy1, pixel_t[:, :, ::1] planes, Py_ssize_t y0, Py_ssize_t x0) noexcept:
+    """The blend of a checked region: per row, the run inside the inner rectangle (mask 1) copied, pixels outside
+    the outer one skipped, the rest blended with the bilinear mask."""
+    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2]
     cdef Py_ssize_t y, x, c, o_first, o_last, i_first, i_last
     cdef double a0 = inv[0], a1 = inv[1], a2 = inv[2], b0 = inv[3], b1 = inv[4], b2 = inv[5]
     cdef double rx, ry
-    if inv.shape[0] != 6:
-        raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
-    if sh != sw:
-        raise ValueError("mask must be square")
-    if mask.shape[0] < 2 or not (0 <= inner_lo <= inner_hi < sw):
-        raise ValueError("inner range must lie inside the mask")
-    if y0 < 0 or x0 < 0 or y0 + h > planes.shape[1] or x0 + w > planes.shape[2]:
-        raise ValueError("region lies outside the frame")
-    if planes.shape[0] != nc:
-        raise ValueError("src has a different number of samples per pixel than there are planes")
-    if h == 0 or w == 0:
-        return
     with nogil:
         for y in range(h):
             rx = a1 * y + a2
             ry = b1 * y + b2
-            _span(a0, rx, b0, ry, -1.0, <double>sw, 0.0, w, &o_first, &o_last)
+            _span_rect(a0, rx, b0, ry, ox0, ox1, oy0, oy1, 0.0, w, &o_first, &o_last)
             if o_first > o_last:
                 continue
-            _span(a0, rx, b0, ry, <double>inner_lo, <double>inner_hi, 1e-6, w, &i_first, &i_last)
+            _span_rect(a0, rx, b0, ry, ix0, ix1, iy0, iy1, 1e-6, w, &i_first, &i_last)
             if i_first < o_first:
                 i_first = o_first
             if i_last > o_last:
@@ -140,89 +128,49 @@ def blend_feathered_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mas
                 _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
 
 
-cdef inline float _bilinear(const float[:, ::1] g, double gx, double gy) noexcept nogil:
-    """g sampled bilinearly at (gx, gy), zero outside (sample i sits at i)."""
-    cdef Py_ssize_t gh = g.shape[0], gw = g.shape[1], ix, iy
-    cdef double fx, fy, v00, v01, v10, v11
-    if gx <= -1.0 or gy <= -1.0 or gx >= gw or gy >= gh:
-        return 0.0
-    ix = <Py_ssize_t>(gx + 1.0) - 1
-    iy = <Py_ssize_t>(gy + 1.0) - 1
-    fx = gx - ix
-    fy = gy - iy
-    v00 = g[iy, ix] if iy >= 0 and ix >= 0 else 0.0
-    v01 = g[iy, ix + 1] if iy >= 0 and ix + 1 < gw else 0.0
-    v10 = g[iy + 1, ix] if iy + 1 < gh and ix >= 0 else 0.0
-    v11 = g[iy + 1, ix + 1] if iy + 1 < gh and ix + 1 < gw else 0.0
-    return <float>((1.0 - fy) * ((1.0 - fx) * v00 + fx * v01) + fy * ((1.0 - fx) * v10 + fx * v11))
+def blend_feathered_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
+                           Py_ssize_t inner_lo, Py_ssize_t inner_hi, pixel_t[:, :, ::1] planes,
+                           Py_ssize_t y0, Py_ssize_t x0) -> None:
+    """Blend a warped src [h,w,C] (C samples per pixel, interleaved) into C planes [C,H,W] at (y0, x0), e.g.
+    Y alone (C=1) or U and V together (C=2, a frame's chroma), sampling the unwarped mask [S,S] bilinearly;
+    src and planes both uint8 or both uint16.
 
-
-cdef inline float _clamped(const float[:, :, ::1] g, double gx, double gy, Py_ssize_t c) noexcept nogil:
-    """Channel c of g sampled bilinearly at (gx, gy), the edge held outside."""
-    cdef Py_ssize_t gh = g.shape[0], gw = g.shape[1], ix, iy, ix1, iy1
-    cdef double fx, fy
-    if gx < 0.0:
-        gx = 0.0
-    if gy < 0.0:
-        gy = 0.0
-    if gx > gw - 1.0:
-        gx = gw - 1.0
-    if gy > gh - 1.0:
-        gy = gh - 1.0
-    ix = <Py_ssize_t>gx
-    iy = <Py_ssize_t>gy
-    ix1 = ix + 1 if ix + 1 < gw else ix
-    iy1 = iy + 1 if iy + 1 < gh else iy
-    fx = gx - ix
-    fy = gy - iy
-    return <float>((1.0 - fy) * ((1.0 - fx) * g[iy, ix, c] + fx * g[iy, ix1, c])
-                   + fy * ((1.0 - fx) * g[iy1, ix, c] + fx * g[iy1, ix1, c]))
-
-
-def blend_corrected_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv_m,
-                           const float[:, :, ::1] corr, const double[::1] inv_c, Py_ssize_t c0, float top,
-                           pixel_t[:, :, ::1] planes, Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """The seamless paste: planes <- plane + m * (src + corr - plane), rounded and clamped to 0..top, for C planes
-    [C,H,W] at (y0, x0) from a warped src [h,w,C]; m is the face mask grid [G,G] and corr the colour correction
-    grid [K,K,>=c0+C] (channels c0.. for these planes), both sampled bilinearly at inv_m / inv_c (2x3, row-major:
-    region pixel -> grid coordinates). Pixels where m is 0 are not touched."""
-    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], gm = mask.shape[0]
-    cdef Py_ssize_t y, x, c, first, last
-    cdef double a0 = inv_m[0], a1 = inv_m[1], a2 = inv_m[2], b0 = inv_m[3], b1 = inv_m[4], b2 = inv_m[5]
-    cdef double p0 = inv_c[0], p1 = inv_c[1], p2 = inv_c[2], q0 = inv_c[3], q1 = inv_c[4], q2 = inv_c[5]
-    cdef double rx, ry, cx, cy
-    cdef float m, v, p
-    if inv_m.shape[0] != 6 or inv_c.shape[0] != 6:
-        raise ValueError("inv_m and inv_c must hold 6 values each (2x3 affine matrices)")
-    if mask.shape[1] != gm:
+    inv (2x3, row-major) maps a region pixel (x, y) to mask coordinates; outside the mask counts as 0,
+    and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1. Per row, the run of pixels whose
+    mask value is 1 is copied, pixels off the mask are skipped, and only the feathered band is
+    interpolated and blended. Replaces a separate warp of the mask.
+    """
+    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], sh = mask.shape[0], sw = mask.shape[1]
+    if inv.shape[0] != 6:
+        raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
+    if sh != sw:
         raise ValueError("mask must be square")
-    if corr.shape[2] < c0 + nc:
-        raise ValueError("corr has fewer channels than c0 + the planes")
+    if mask.shape[0] < 2 or not (0 <= inner_lo <= inner_hi < sw):
+        raise ValueError("inner range must lie inside the mask")
     if y0 < 0 or x0 < 0 or y0 + h > planes.shape[1] or x0 + w > planes.shape[2]:
         raise ValueError("region lies outside the frame")
     if planes.shape[0] != nc:
         raise ValueError("src has a different number of samples per pixel than there are planes")
     if h == 0 or w == 0:
         return
-    with nogil:
-        for y in range(h):
-            rx = a1 * y + a2
-            ry = b1 * y + b2
-            _span(a0, rx, b0, ry, -1.0, <double>gm, 0.0, w, &first, &last)
-            for x in range(first, last + 1):
-                m = _bilinear(mask, a0 * x + rx, b0 * x + ry)
-                if m <= 0.0:
-                    continue
-                if m > 1.0:
-                    m = 1.0
-                cx = p0 * x + p1 * y + p2
-                cy = q0 * x + q1 * y + q2
-                for c in range(nc):
-                    p = planes[c, y0 + y, x0 + x]
-                    v = p + m * (<float>src[y, x, c] + _clamped(corr, cx, cy, c0 + c) - p) + 0.5
-                    if v <= 0.0:
-                        planes[c, y0 + y, x0 + x] = 0
-                    elif v >= top:
-                        planes[c, y0 + y, x0 + x] = <pixel_t>top
-                    else:
-                        planes[c, y0 + y, x0 + x] = <pixel_t>v
+    _blend_region(src, mask, inv, inner_lo, inner_hi, inner_lo, inner_hi, -1.0, <double>sw, -1.0, <double>sw,
+                  planes, y0, x0)
+
+
+def blend_masked_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
+                        const double[::1] inner, const double[::1] outer, pixel_t[:, :, ::1] planes,
+                        Py_ssize_t y0, Py_ssize_t x0) -> None:
+    """blend_feathered_planes for a mask of any shape: `inner` (x0, x1, y0, y1, mask coordinates) is a rectangle
+    where the mask is 1 (copied), `outer` one outside which it is 0 (skipped); between them the mask is sampled
+    bilinearly and blended."""
+    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2]
+    if inv.shape[0] != 6 or inner.shape[0] != 4 or outer.shape[0] != 4:
+        raise ValueError("inv must hold 6 values (a 2x3 affine matrix), inner and outer 4 (x0, x1, y0, y1)")
+    if y0 < 0 or x0 < 0 or y0 + h > planes.shape[1] or x0 + w > planes.shape[2]:
+        raise ValueError("region lies outside the frame")
+    if planes.shape[0] != nc:
+        raise ValueError("src has a different number of samples per pixel than there are planes")
+    if h == 0 or w == 0:
+        return
+    _blend_region(src, mask, inv, inner[0], inner[1], inner[2], inner[3], outer[0], outer[1], outer[2], outer[3],
+                  planes, y0, x0)

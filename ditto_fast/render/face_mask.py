@@ -14,7 +14,7 @@ import numpy as np
 
 from ditto_fast.face.crop import SCALE, VY
 
-GRID = 128                  # mask cells across the crop (4 px each at 512)
+GRID = 64                   # mask cells across the crop (8 px each at 512)
 # the face ellipse around the face box (in units of the box side): its top takes in the forehead to the
 # hairline, its bottom the chin's drop when the mouth opens wide
 FOREHEAD = 0.30
@@ -91,14 +91,14 @@ def _ellipse_mask(gx: np.ndarray, gy: np.ndarray, ellipse: tuple, margin: float,
 
 
 class FaceMask:
-    """Per output frame, the face mask grid [GRID, GRID] float32 over the crop (cell centres at 4i + 2 px), from
+    """Per output frame, the face mask grid [GRID, GRID] float32 over the crop (cell i centred on crop pixel 4i + 1.5), from
     the frame's keypoints; `reset()` at a plate jump."""
 
     def __init__(self, dsize: int = 512, square: np.ndarray | None = None, margin: float = MARGIN,
                  feather: float = FEATHER):
         self.dsize, self.margin, self.feather = dsize, margin, feather
         cell = dsize / GRID
-        centres = (np.arange(GRID) + 0.5) * cell
+        centres = (np.arange(GRID) + 0.5) * cell - 0.5      # cell i averages crop pixels cell*i .. cell*(i+1)-1
         self._gx, self._gy = np.meshgrid(centres, centres)
         self.ellipse = face_ellipse(dsize)
         self._source = _ellipse_mask(self._gx, self._gy, self.ellipse, margin, feather)
@@ -108,8 +108,26 @@ class FaceMask:
         else:
             self._square = None
         self._affine: np.ndarray | None = None
-        # region (crop) pixel -> grid coordinates, where cell i sits at i
-        self.to_grid = np.array([[1 / cell, 0.0, -0.5], [0.0, 1 / cell, -0.5], [0.0, 0.0, 1.0]])
+
+    def inner_rect(self) -> np.ndarray:
+        """(x0, x1, y0, y1) in crop pixels of a rectangle where every frame's mask (upsampled bilinearly to the crop)
+        is 1: inside the undriven face's whole part, which every mask contains."""
+        whole = self._source >= 1.0                          # [G, G] cells of value 1
+        cell = self.dsize / GRID
+        cx, cy = int(self.ellipse[0] / cell), int(self.ellipse[1] / cell)
+        x0 = x1 = cx
+        y0 = y1 = cy
+        grown = True
+        while grown:                                          # grow a rectangle of whole cells from the centre
+            grown = False
+            for dx0, dx1, dy0, dy1 in ((-1, 0, 0, 0), (0, 1, 0, 0), (0, 0, -1, 0), (0, 0, 0, 1)):
+                a, b, c, d = x0 + dx0, x1 + dx1, y0 + dy0, y1 + dy1
+                if 0 <= a and b < GRID and 0 <= c and d < GRID and whole[c:d + 1, a:b + 1].all():
+                    x0, x1, y0, y1, grown = a, b, c, d, True
+        # upsampled (cv2.resize), crop pixel j is cell (j + 0.5) / cell - 0.5: 1 where that lies among whole cells
+        first = np.ceil(np.array([x0, y0]) * cell + cell / 2 - 0.5)
+        last = np.floor(np.array([x1, y1]) * cell + cell / 2 - 0.5)
+        return np.array([first[0], last[0], first[1], last[1]])
 
     def reset(self) -> None:
         """Forget the running mean of the head's move (a cut, or the plate's mirror loop turning)."""

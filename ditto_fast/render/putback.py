@@ -98,7 +98,7 @@ class YuvPutback:
         if dsize % 2:
             raise ValueError(f"the crop size must be even, got {dsize}")
         self.dsize = dsize
-        built = hasattr(_blend, "blend_corrected_planes")        # False for no build or a stale one
+        built = hasattr(_blend, "blend_masked_planes")        # False for no build or a stale one
         self.use_kernel = use_kernel and built
         if use_kernel and not built and not _warned_fallback:
             _warned_fallback = True
@@ -118,6 +118,7 @@ class YuvPutback:
         if blend == "seamless":
             self.face_mask = FaceMask(dsize, square=self.mask)
             self.seam = SeamMatch(layout, dsize)
+            self._inner_rect = self.face_mask.inner_rect()
 
     def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
         """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change; None if off-frame."""
@@ -149,19 +150,19 @@ class YuvPutback:
         roi[0, 2] -= x0
         roi[1, 2] -= y0
         roi_c = self._l2c @ roi @ self._c2l                 # crop chroma -> region chroma
-        luma_crop, uv = self._crop_planes(np.ascontiguousarray(crop))
-        flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-        ch = h // layout.chroma_rows
-        y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
-        uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, ch), **flags)
         # region luma pixel -> mask coordinates (OpenCV's closed form: numpy's LAPACK inverse woke an
         # OpenBLAS thread that then spun beside every frame's render, 15 ms of CPU a frame)
         mask_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
         mask_of_chroma = mask_of_luma @ self._c2l           # region chroma sample -> mask coordinates
         if self.blend == "seamless":
-            self._seamless(crop, M_c2o, (luma, chroma), (y_roi, uv_roi), (mask_of_luma, mask_of_chroma), (x0, y0),
-                           x_s, x_d, cut)
+            self._seamless(np.ascontiguousarray(crop), M_c2o, (luma, chroma), (h, w), roi, roi_c,
+                           (mask_of_luma, mask_of_chroma), (x0, y0), x_s, x_d, cut)
             return frame
+        luma_crop, uv = self._crop_planes(np.ascontiguousarray(crop))
+        flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        ch = h // layout.chroma_rows
+        y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
+        uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, ch), **flags)
         if self.use_kernel:
             lo, hi = self._inner
             _blend.blend_feathered_planes(y_roi, self.mask, np.ascontiguousarray(mask_of_luma[:2]).ravel(),
@@ -189,41 +190,53 @@ class YuvPutback:
         uv = cv2.transform(cv2.resize(rgb, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
         return tuple(np.clip(np.rint(p), 0, top).astype(self.layout.dtype) for p in (luma, uv))
 
-    def _seamless(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, rois: tuple, to_crop: tuple,
-                  origin: tuple[int, int], x_s: np.ndarray | None, x_d: np.ndarray | None, cut: bool) -> None:
-        """Blend through the face mask with the seam's colour correction added to the crop (see seam.py)."""
+    def _seamless(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, shape: tuple[int, int],
+                  roi: np.ndarray, roi_c: np.ndarray, to_crop: tuple, origin: tuple[int, int],
+                  x_s: np.ndarray | None, x_d: np.ndarray | None, cut: bool) -> None:
+        """Blend through the face mask, the seam's colour correction added to the crop's planes (see seam.py)."""
         if cut:
             self.face_mask.reset()
             self.seam.reset()
         if x_s is None or x_d is None:
             x_s = x_d = np.zeros((1, 3))            # degenerate: the face where the crop rule puts it
-        grid = self.face_mask(x_s, x_d)                                              # [G, G]
+        d, rows = self.dsize, self.layout.chroma_rows
+        grid = self.face_mask(x_s, x_d)                                                    # [G, G]
         g = grid.shape[0]
-        small = cv2.resize(np.ascontiguousarray(crop), (g, g), interpolation=cv2.INTER_AREA).astype(np.float32)
-        corr = self.seam(grid, cv2.transform(small, self.to_yuv), planes, M_c2o)    # [K, K, 3]
-        (luma, chroma), (y_roi, uv_roi), (of_luma, of_chroma) = planes, rois, to_crop
-        x0, y0 = origin
-        cy0, cx0 = y0 // self.layout.chroma_rows, x0 // 2
-        mask_luma, mask_chroma = self.face_mask.to_grid @ of_luma, self.face_mask.to_grid @ of_chroma
-        corr_luma, corr_chroma = self.seam.to_grid @ of_luma, self.seam.to_grid @ of_chroma
-        uv_roi = np.ascontiguousarray(uv_roi)
+        small = cv2.resize(crop, (g, g), interpolation=cv2.INTER_AREA).astype(np.float32)
+        corr = self.seam(grid, cv2.transform(small, self.to_yuv), planes, M_c2o)            # [K, K, 3]
+        # the crop's planes with the correction added, at the planes' depth
+        luma = cv2.transform(crop.astype(np.float32), self.to_yuv[:1])
+        luma += cv2.resize(corr[..., 0], (d, d), interpolation=cv2.INTER_LINEAR)
+        half = cv2.resize(crop, (d // 2, d // rows), interpolation=cv2.INTER_AREA).astype(np.float32)
+        uv = cv2.transform(half, self.to_yuv[1:]) + cv2.resize(corr[..., 1:], (d // 2, d // rows),
+                                                               interpolation=cv2.INTER_LINEAR)
+        dtype = self.layout.dtype
+        luma, uv = (np.clip(np.rint(p), 0, self.top).astype(dtype) for p in (luma, uv))
+        (h, w), (luma_p, chroma_p) = shape, planes
+        flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        y_roi = cv2.warpAffine(luma, roi[:2], (w, h), **flags)[..., None]
+        uv_roi = np.ascontiguousarray(cv2.warpAffine(uv, roi_c[:2], (w // 2, h // rows), **flags))
+        mask = cv2.resize(grid, (d, d), interpolation=cv2.INTER_LINEAR)                      # [d, d]
+        inner, outer = self._inner_rect, _support(grid, d)
+        (of_luma, of_chroma), (x0, y0) = to_crop, origin
         if self.use_kernel:
             flat = lambda m: np.ascontiguousarray(m[:2]).ravel()      # noqa: E731
-            _blend.blend_corrected_planes(y_roi, grid, flat(mask_luma), corr, flat(corr_luma), 0, self.top,
-                                          luma, y0, x0)
-            _blend.blend_corrected_planes(uv_roi, grid, flat(mask_chroma), corr, flat(corr_chroma), 1, self.top,
-                                          chroma, cy0, cx0)
+            _blend.blend_masked_planes(y_roi, mask, flat(of_luma), inner, outer, luma_p, y0, x0)
+            _blend.blend_masked_planes(uv_roi, mask, flat(of_chroma), inner, outer, chroma_p, y0 // rows, x0 // 2)
             return
-        for src, mask_of, corr_of, pl, (py, px), ch in ((y_roi, mask_luma, corr_luma, luma, (y0, x0), slice(0, 1)),
-                                                        (uv_roi, mask_chroma, corr_chroma, chroma, (cy0, cx0),
-                                                         slice(1, 3))):
-            h, w = src.shape[:2]
-            m = cv2.warpAffine(grid, cv2.invertAffineTransform(mask_of[:2]), (w, h), flags=cv2.INTER_LINEAR,
-                               borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-            c = cv2.warpAffine(np.ascontiguousarray(corr[..., ch]), cv2.invertAffineTransform(corr_of[:2]), (w, h),
-                               flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE).reshape(h, w, -1)
-            region = pl[:, py:py + h, px:px + w]
-            bg = region.astype(np.float32)
-            fg = np.moveaxis(src.reshape(h, w, -1).astype(np.float32) + c, -1, 0)
-            out = np.clip(bg + m[None] * (fg - bg) + np.float32(0.5), 0.0, self.top)
-            region[...] = np.where(m[None] > 0, out.astype(pl.dtype), region)
+        m_y = cv2.warpAffine(mask, roi[:2], (w, h), **flags)
+        m_c = cv2.warpAffine(mask, cv2.invertAffineTransform(of_chroma[:2]), (w // 2, h // rows), **flags)
+        _blend_planes_numpy(y_roi, m_y, luma_p, y0, x0)
+        _blend_planes_numpy(uv_roi, m_c, chroma_p, y0 // rows, x0 // 2)
+
+
+def _support(grid: np.ndarray, dsize: int) -> np.ndarray:
+    """(x0, x1, y0, y1) in crop pixels outside which the mask upsampled from `grid` is 0."""
+    cell = dsize / grid.shape[0]
+    cols, rows = np.flatnonzero(grid.any(axis=0)), np.flatnonzero(grid.any(axis=1))
+    if not len(cols):
+        return np.array([0.0, -1.0, 0.0, -1.0])
+    # upsampled (cv2.resize), crop pixel j is cell (j + 0.5) / cell - 0.5: 0 from the zero cells beside the outermost
+    # non-zero ones on; a pixel more for the bilinear sample between two pixels
+    return np.array([(cols[0] - 1) * cell + cell / 2 - 1.5, (cols[-1] + 1) * cell + cell / 2 + 0.5,
+                     (rows[0] - 1) * cell + cell / 2 - 1.5, (rows[-1] + 1) * cell + cell / 2 + 0.5])

@@ -43,15 +43,14 @@ def push_pull(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 class SeamMatch:
     """Per output frame, the colour correction grid [CELLS, CELLS, 3] (Y, U, V code values) to add to the crop
-    inside the mask; `reset()` at a plate jump. Cell i sits at crop pixel (i + 0.5) * dsize / CELLS."""
+    inside the mask; `reset()` at a plate jump. Cell i covers crop pixels i * dsize / CELLS onwards (as cv2.resize
+    sees it)."""
 
     def __init__(self, layout: Layout, dsize: int = 512, bound: float = BOUND, smooth: float = SMOOTH):
         self.layout, self.dsize = layout, dsize
         self.bound = bound * layout.scale
         self.smooth = smooth
         self._last: np.ndarray | None = None
-        cell = dsize / CELLS
-        self.to_grid = np.array([[1 / cell, 0.0, -0.5], [0.0, 1 / cell, -0.5], [0.0, 0.0, 1.0]])
 
     def reset(self) -> None:
         """Forget the running mean (a cut, or the plate's mirror loop turning)."""
@@ -67,7 +66,7 @@ class SeamMatch:
             raw = np.zeros((CELLS, CELLS, 3), np.float32)
             return self._running(raw)
         cell = self.dsize / g
-        xs, ys = (cols + 0.5) * cell, (rows + 0.5) * cell                          # crop pixels
+        xs, ys = (cols + 0.5) * cell - 0.5, (rows + 0.5) * cell - 0.5              # cell centres, crop pixels
         m = np.asarray(M_c2o, np.float64)
         fx, fy = m[0, 0] * xs + m[0, 1] * ys + m[0, 2], m[1, 0] * xs + m[1, 1] * ys + m[1, 2]
         plate = _sample_planes(planes, fx, fy, self.layout)                         # [K, 3]
