@@ -33,7 +33,7 @@ SUITES = {
     "networks": ["bench_networks", "bench_rewrites"],
     "register": ["bench_register", "bench_avatar_load"],
     "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
-    "render": ["bench_putback", "bench_render", "bench_cli_render"],
+    "render": ["bench_putback", "bench_seam", "bench_render", "bench_cli_render"],
     "picture": ["bench_picture"],
     "batch": ["bench_batch"],
     "cpu": ["bench_cpu_speed"],
