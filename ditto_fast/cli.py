@@ -311,6 +311,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
     cs = find_checkpoints(checkpoints_dir)
     # every input checked (the audio decoded, the avatar opened) before the networks load
     clip = check_clip(request, load_avatar(request.avatar, checkpoints=cs), config)
+    for note in clip.notes:
+        click.echo(f"ditto-fast: note: {note}", err=True)
     if preview is not None:
         from ditto_fast.preview.paths import check_png_path
 
@@ -400,6 +402,9 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
         with _bar("batch", quiet) as bar:
             run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar,
                       previews=previews_dir)
+    for j in jobs:
+        for note in j.extra.get("notes", []):
+            click.echo(f"ditto-fast: note: job {j.index}: {note}", err=True)
     if not quiet:
         click.echo(f"{'job':>4}  {'status':<8}{'frames':>7}{'seconds':>9}  output / error", err=True)
         for j in jobs:

@@ -162,7 +162,8 @@ class Renderer:
             # the plate's own yuv420p goes to the encoder: only the face box is converted and blended
             with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
                              crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
-                             fmt=self.setup.output_format(clip), pix_fmt="yuv420p") as writer:
+                             fmt=self.setup.output_format(clip), pix_fmt="yuv420p",
+                             soundtrack=clip.soundtrack) as writer:
                 render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
                               self.config.render.lookahead, plate, writer, timer, progress)
         return mouth
