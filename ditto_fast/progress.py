@@ -25,6 +25,8 @@ class ProgressReport:
     def __init__(self, label: str, stream: TextIO | None = None, tty: bool | None = None,
                  clock: Callable[[], float] = time.monotonic, unit: str = "frames"):
         self.label, self.stream, self.clock, self.unit = label, stream or sys.stderr, clock, unit
+        if self.stream is None:                 # stderr closed (2>&-): nothing to show it on
+            tty = False
         self.tty = self.stream.isatty() if tty is None else tty
         self._stage: str | None = None
         self._bar = None
@@ -65,8 +67,11 @@ class ProgressReport:
         if done and elapsed > 0:
             rate = done / elapsed
             text += f", {rate:.1f} fps, ETA {_clock_text((total - done) / rate)}"
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        try:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        except (AttributeError, OSError, ValueError):  # no stderr, or its reader gone: the render goes on
+            pass
 
     def close(self) -> None:
         """Take the bar off the terminal (plain lines need nothing)."""

@@ -181,3 +181,24 @@ def test_16_channel_speech_is_refused_before_any_work(run_cli, video_avatar, ses
     assert res.returncode == 7 and list(out_dir.iterdir()) == []
     row = json.loads(report.read_text())["jobs"][0]
     assert row["exit_code"] == 3 and "has 16 audio channels" in row["error"], row
+
+
+def test_a_mixed_soundtrack_is_in_the_digest_and_mono_digests_are_as_before(video_avatar, tiny_checkpoints,
+                                                                            tmp_path):
+    import dataclasses
+
+    from ditto_fast.avatar import load_avatar
+    from ditto_fast.checkpoints import find_checkpoints
+    from ditto_fast.core.config import load_config
+    from ditto_fast.engine.clip import check_clip
+    from ditto_fast.engine.digest import clip_digest
+    from ditto_fast.engine.request import RenderRequest
+
+    avatar = load_avatar("anchor", checkpoints=find_checkpoints(tiny_checkpoints))
+    mono = check_clip(RenderRequest("anchor", write_tones(tmp_path / "m.wav", 0.3, 1), tmp_path / "m.mp4"), avatar,
+                      load_config())
+    assert mono.notes == [] and clip_digest(mono, {}) == clip_digest(dataclasses.replace(mono, soundtrack=None), {})
+    surround = check_clip(RenderRequest("anchor", write_tones(tmp_path / "s.wav", 0.3, 6), tmp_path / "s.mp4"),
+                          avatar, load_config())
+    assert surround.soundtrack.channels == 2 and len(surround.notes) == 1   # an old 6-channel output is not skipped
+    assert clip_digest(surround, {}) != clip_digest(dataclasses.replace(surround, soundtrack=None), {})

@@ -4,7 +4,9 @@ One path for every format: the imageio-ffmpeg binary decodes the file at its own
 and channel count to 32-bit float PCM on a pipe; here the channels are averaged (librosa's
 to_mono) and the signal is resampled to 16 kHz with soxr at "HQ" quality (librosa's default
 ``res_type="soxr_hq"``). Resampling streams chunk by chunk (bit-identical to soxr's one-shot
-call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio.
+call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio. The file's
+channel count and layout (the speaker mask ffmpeg writes on the pipe) are kept for the output's
+soundtrack (render/soundtrack.py).
 """
 
 from __future__ import annotations
@@ -207,4 +209,5 @@ def _decode(path: Path) -> tuple[np.ndarray, int, int]:
     return audio, channels, mask
 
 
-__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "DecodedAudio", "audio_layout", "decode_audio", "file_sha256", "frame_count", "load_audio"]
+__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "DecodedAudio", "audio_layout", "decode_audio",
+           "file_sha256", "frame_count", "load_audio"]

@@ -1,6 +1,6 @@
 """A render request checked into a Clip: what checking produced (the decoded audio, the opened avatar, the
-output's rate, format, soundtrack and frame count, the emotion per frame, the controls), which the engine renders and the
-digest is made from. Nothing here loads a network."""
+output's rate, format, soundtrack and frame count, the emotion per frame, the controls), which the engine
+renders and the digest is made from. Nothing here loads a network."""
 
 from __future__ import annotations
 
@@ -45,12 +45,12 @@ class Clip:
     controls: Controls | None
     controls_sha256: str | None
     avatar_key: tuple[int, int] | None = None   # the avatar record's identity when the clip was checked
-    soundtrack: Soundtrack = Soundtrack(1)      # the output's audio channels, mixed from the file's
+    soundtrack: Soundtrack | None = None        # the output's audio channels, mixed from the file's
 
     @property
     def notes(self) -> list[str]:
         """What checking decided that a user should hear of (a 5.1 file mixed to stereo, say)."""
-        return [self.soundtrack.note] if self.soundtrack.note else []
+        return [self.soundtrack.note] if self.soundtrack and self.soundtrack.note else []
 
 
 def avatar_identity(avatar_dir: Path) -> tuple[int, int] | None:

@@ -28,4 +28,7 @@ def clip_digest(clip: Clip, settings: dict) -> str:
         "codec": clip.format.codec, "controls": clip.controls_sha256, "avatar": _avatar_record_hash(clip.avatar),
         **settings,
     }
+    track = clip.soundtrack
+    if track is not None and (track.mix is not None or track.channels > 2):   # mono and stereo: digests as before
+        parts["soundtrack"] = [track.channels, track.filters()]
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
