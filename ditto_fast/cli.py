@@ -207,11 +207,11 @@ def request_options(skip: tuple[str, ...] = (), job_default: bool = False):
 @contextmanager
 def _bar(label: str, quiet: bool):
     """A progress callback (stage, done, total) on stderr (bars on a terminal, plain lines in a log; see
-    ditto_fast/progress.py); None when quiet."""
+    ditto_fast/engine/progress.py); None when quiet."""
     if quiet:
         yield None
         return
-    from ditto_fast.progress import ProgressReport
+    from ditto_fast.engine.progress import ProgressReport
 
     report = ProgressReport(label)
     try:
@@ -257,7 +257,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
     reuse_freed_memory()          # registration also returns the free pages every TRIM_EVERY frames
     registrar = Registrar(checkpoints_dir, device, config)
     with _bar("register", quiet) as report:
-        from ditto_fast.progress import counted
+        from ditto_fast.engine.progress import counted
 
         avatar_dir = registrar.register(source, name, max_size=max_size, max_frames=max_frames, force=force,
                                         batch_size=batch_size, progress=counted(report) if report else None,

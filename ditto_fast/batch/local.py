@@ -32,8 +32,8 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
               on_job: Callable[[Job], None] | None = None, previews: str | Path | None = None) -> list[Job]:
     """Check all jobs, skip those whose output was made from the same inputs (unless `force`), render the rest
     with one engine; `progress` hears each rendered job's stages as "job K/T <stage>". The report (if any) is
-    rewritten after every job and when interrupted. With `previews`
-    (a folder) each rendered job also gets a preview PNG there, named in its report row."""
+    rewritten after every job and when interrupted. With `previews` (a folder) each rendered job also gets a
+    preview PNG there, named in its report row."""
     targets = preview_paths(previews, {j.index: j.output for j in jobs if j.output}) if previews else {}
     clips = check_jobs(jobs, setup)
     for job in jobs:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import REPO, store_env
-from ditto_fast.progress import ProgressReport, counted
+from ditto_fast.engine.progress import ProgressReport, counted
 
 LINE = re.compile(r"^ditto-fast: (\w+): ([\w /]+?) (\d+)/(\d+) frames \((\d+) %\)(, [\d.]+ fps, ETA \d+:\d\d:\d\d)?$")
 

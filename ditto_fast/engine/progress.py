@@ -1,5 +1,6 @@
-"""What the CLI shows of long work on stderr: a tqdm bar per stage on a terminal; elsewhere (a log file, cron,
-CI) one plain line when a stage starts, at each 10 % of it and at least every 30 s, never a carriage return.
+"""How the CLI shows the (stage, done, total) progress of the engine's long work on stderr: a tqdm bar per stage
+on a terminal; elsewhere (a log file, cron, CI) one plain line when a stage starts, at each 10 % of it and at
+least every 30 s, never a carriage return. The engine itself only calls the callback it is given.
 
 A plain line: `ditto-fast: render: motion 1800/90000 frames (2 %), 45.1 fps, ETA 0:32:35`.
 """
