@@ -1,6 +1,6 @@
 """A render request checked into a Clip: what checking produced (the decoded audio, the opened avatar, the
-output's rate, format and frame count, the emotion per frame, the controls), which the engine renders and the
-digest is made from. Nothing here loads a network."""
+output's rate, format, soundtrack and frame count, the emotion per frame, the controls), which the engine
+renders and the digest is made from. Nothing here loads a network."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from ditto_fast.media.rates import frames_for, parse_rate
 from ditto_fast.motion.conditions import emotion_schedule, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
 from ditto_fast.render.formats import Format, default_suffix, output_format
+from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
 from ditto_fast.render.writer import check_output_path
 
 
@@ -45,6 +46,12 @@ class Clip:
     controls_sha256: str | None
     avatar_key: tuple[int, int] | None = None   # the avatar record's identity when the clip was checked
     blend: str = "feather"              # the putback: seamless or feather
+    soundtrack: Soundtrack | None = None        # the output's audio channels, mixed from the file's
+
+    @property
+    def notes(self) -> list[str]:
+        """What checking decided that a user should hear of (a 5.1 file mixed to stereo, say)."""
+        return [self.soundtrack.note] if self.soundtrack and self.soundtrack.note else []
 
 
 def avatar_identity(avatar_dir: Path) -> tuple[int, int] | None:
@@ -72,8 +79,8 @@ def overwrites(output: Path, source: Path) -> bool:
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
     """Check one request against its opened avatar without any network: the output can be written, no other
     process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
-    `audio` is its decoding already), emotion and controls parse for its length. Raises the DittoError a user
-    caused."""
+    `audio` is its decoding already) and its channels go into the output (render/soundtrack.py), emotion and
+    controls parse for its length. Raises the DittoError a user caused."""
     key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)
     output = request.output or default_output(request.avatar, request.audio, settings["codec"])
@@ -88,6 +95,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     fmt = output_format(output, settings["codec"])
     rate = avatar.rate if request.fps is None else parse_rate(request.fps)
     audio = audio or decode_audio(request.audio)
+    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt)
     n = frames_for(len(audio.samples), rate)
     schedule = read_schedule_file(emotion_file) if emotion_file else None
     per_frame = emotion_schedule(emotion, n, schedule)
@@ -95,4 +103,5 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     return Clip(request, avatar, output, audio, n, rate, fmt, settings["steps"], settings["seed"], per_frame,
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
-                hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"])
+                hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
+                soundtrack)

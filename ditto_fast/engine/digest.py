@@ -30,4 +30,7 @@ def clip_digest(clip: Clip, settings: dict) -> str:
     }
     if clip.blend != "feather":        # outputs made before the blend was a setting keep their digests
         parts["blend"] = clip.blend
+    track = clip.soundtrack
+    if track is not None and (track.mix is not None or track.channels > 2):   # mono and stereo: digests as before
+        parts["soundtrack"] = [track.channels, track.filters()]
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
