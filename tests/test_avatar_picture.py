@@ -19,6 +19,8 @@ from ditto_fast.avatar.source import SourceFrames, open_source
 from ditto_fast.media.ffpipe import video_stream_line
 from synthetic import Motion, astronaut_canvas
 
+pytestmark = pytest.mark.register      # mediapipe: registration and its landmarks
+
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
 # six saturated 75 % patches (R, G, B, C, M, Y), left and right of the anchor
 PATCHES = [(191, 0, 0), (0, 191, 0), (0, 0, 191), (0, 191, 191), (191, 0, 191), (191, 191, 0)]
