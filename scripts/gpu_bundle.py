@@ -128,8 +128,11 @@ def site_packages(dest: Path) -> list[str]:
     site.mkdir(parents=True, exist_ok=True)
     got = []
     for name in PURE_SITE:
-        src = Path(importlib.import_module(name).__file__).parent
-        shutil.copytree(src, site / name, ignore=shutil.ignore_patterns("__pycache__", "binaries", "*.so"))
+        src = Path(importlib.import_module(name).__file__)
+        if src.name == "__init__.py":                          # a package: its folder, without binaries
+            shutil.copytree(src.parent, site / name, ignore=shutil.ignore_patterns("__pycache__", "binaries", "*.so"))
+        else:                                                  # a single module (threadpoolctl)
+            shutil.copy(src, site / src.name)
         got.append(name)
     with tempfile.TemporaryDirectory() as tmp:
         for ver in SOXR_PYTHONS:
@@ -164,7 +167,7 @@ def weights_digest(path: Path) -> str:
     for key in sorted(tensors):
         t = tensors[key].contiguous()
         h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 

@@ -52,3 +52,15 @@ def test_render_side_imports_without_mediapipe(no_mediapipe):
 
     for mod in ("ditto_fast.engine.renderer", "ditto_fast.batch.local", "ditto_fast.doctor", "ditto_fast.cli"):
         importlib.import_module(mod)
+
+
+def test_hubert_loads_without_a_progress_bar(tmp_path, capfd):
+    """transformers 5 draws a "Loading weights" bar on stderr unless told not to; a render prints nothing."""
+    from ditto_fast.audio.hubert import load_hubert_encoder
+    from ditto_fast.checkpoints.random_hubert import write_random_hubert
+
+    write_random_hubert(tmp_path / "hubert", tiny=True, seed=0)
+    capfd.readouterr()
+    load_hubert_encoder(tmp_path / "hubert")
+    out = capfd.readouterr()
+    assert out.err == "" and out.out == ""
