@@ -90,7 +90,7 @@ def open_avatar(ckpt: Path, size: str, home: Path) -> str:
     return "fingerprints rebound (same extractor tensors, other torch.save bytes)"
 
 
-def parity(files: dict, device, tiny: bool) -> dict:
+def parity(files: dict[str, Path], device: "torch.device") -> dict:
     """Half precision against fp32 for one warp + decode batch: PSNR of the crops."""
     import torch
 
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(args, seconds: float, tmp: Path, t_start: float) -> int:
+def run(args: argparse.Namespace, seconds: float, tmp: Path, t_start: float) -> int:
+    """The check itself (main() owns the scratch folder)."""
     used = use_bundle(tmp)
     missing = missing_modules()
     if missing:
@@ -132,6 +133,7 @@ def run(args, seconds: float, tmp: Path, t_start: float) -> int:
         return 2
     home = tmp / "home"
     os.environ["DITTO_FAST_HOME"] = str(home)
+    import cv2
     import numpy as np
     import torch
     import transformers
@@ -148,7 +150,6 @@ def run(args, seconds: float, tmp: Path, t_start: float) -> int:
     from ditto_fast.render.batch_size import measure
     from ditto_fast.render.formats import nvenc_works
 
-    import cv2
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     out = {"device": name, "tiny": args.tiny, "bundle": used,
            "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -161,7 +162,7 @@ def run(args, seconds: float, tmp: Path, t_start: float) -> int:
           f"avatar: {out['avatar']}", flush=True)
     cs = find_checkpoints(ckpt)
 
-    out["parity"] = parity(cs.files, device, args.tiny)
+    out["parity"] = parity(cs.files, device)
     print(f"{out['parity']['half']} vs fp32 warp + decode: PSNR {out['parity']['psnr_db']} dB", flush=True)
     dtype = torch.float16 if cuda else torch.float32
     rows = measure(cs.files["warp_network"], cs.files["decoder"], device, dtype, SIZES, 32 if cuda else 1)

@@ -74,3 +74,41 @@ def test_gpu_check_outside_a_bundle_says_how_to_build_one(tmp_path):
                          timeout=60)
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and "scripts/gpu_bundle.py" in res.stderr
+
+
+REBIND = """
+import sys, torch
+from pathlib import Path
+sys.path.insert(0, sys.argv[1] + "/scripts")
+sys.path.insert(0, sys.argv[1])
+import gpu_check
+from ditto_fast.checkpoints import MODELS_SUBDIR
+from ditto_fast.checkpoints.random import write_random
+from ditto_fast.avatar.reader import load_avatar
+from ditto_fast.checkpoints import find_checkpoints
+
+tmp = Path(sys.argv[2])
+ckpt = write_random(tmp / "ckpt", tiny=True, seed=int(sys.argv[3]))
+f = ckpt / MODELS_SUBDIR / "appearance_extractor.pth"
+torch.save(torch.load(f, weights_only=True), f, pickle_protocol=3)    # same tensors, other container bytes
+try:
+    what = gpu_check.open_avatar(ckpt, "tiny", tmp / "home")
+except SystemExit as e:
+    print("refused:", e)
+    sys.exit(0)
+av = load_avatar(tmp / "home" / "avatars" / "gpu_check", checkpoints=find_checkpoints(ckpt))
+print(what, "| opened", av.n_frames)
+"""
+
+
+@pytest.mark.parametrize("seed,expected", [(0, "fingerprints rebound (same extractor tensors, other torch.save "
+                                                  "bytes) | opened 1"),
+                                           (1, "refused: gpu_check: ")])
+def test_avatar_rebinds_only_to_the_same_weights(bundle, tmp_path, seed, expected):
+    """Checkpoints whose files torch wrote differently but whose tensors are the avatar's are accepted (the
+    fingerprints rebound); other weights (another seed) are refused."""
+    out, _ = bundle
+    res = subprocess.run([sys.executable, "-c", REBIND, str(out), str(tmp_path), str(seed)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().startswith(expected), res.stdout

@@ -17,6 +17,7 @@ import os
 import sys
 import warnings
 from contextlib import contextmanager
+from types import ModuleType
 
 import cv2
 import numpy as np
@@ -35,7 +36,7 @@ REGISTER_INSTALL = ("pip install 'ditto-fast[register]' (mediapipe 0.10.21, nump
                     "./scripts/setup_env.sh, which installs everything")
 
 
-def import_mediapipe():
+def import_mediapipe() -> ModuleType:
     """The mediapipe module; UsageError (exit 2) naming the install when this is a render-only install."""
     try:
         import mediapipe as mp  # heavy import, only when registering
