@@ -15,7 +15,6 @@ fi
 stamp="$CUR/.ditto-fast-current-$(cat pyproject.toml scripts/stack-current.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     echo "[stack] installing the current stack (scripts/stack-current.txt)" >&2
-    "$CUR/bin/python" -m pip install -q --upgrade pip >&2
     "$CUR/bin/python" -m pip install -q -r scripts/stack-current.txt >&2
     "$CUR/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2   # the OpenCV build above stays
     rm -f "$CUR"/.ditto-fast-current-*
