@@ -7,13 +7,12 @@ from setuptools import setup
 ext_modules = []
 pyx = Path(__file__).parent / "ditto_fast" / "render" / "_blend.pyx"
 if pyx.exists():
-    import numpy as np
     from Cython.Build import cythonize
     from setuptools import Extension
 
     ext_modules = cythonize(
         [Extension("ditto_fast.render._blend", [str(pyx.relative_to(Path(__file__).parent))],
-                   include_dirs=[np.get_include()], extra_compile_args=["-O3"])],
+                   extra_compile_args=["-O3"])],   # typed memoryviews only: no numpy headers, any numpy
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
         quiet=True,
     )

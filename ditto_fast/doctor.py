@@ -43,6 +43,12 @@ def _torch() -> Check:
 
 
 def _mediapipe() -> Check:
+    import importlib.util
+
+    if importlib.util.find_spec("mediapipe") is None:   # a render-only install: fine for render, batch, avatars
+        from ditto_fast.face.landmarks import REGISTER_INSTALL
+
+        return Check("mediapipe", True, f"not installed: a render-only install (`register` needs {REGISTER_INSTALL})")
     try:
         import mediapipe as mp
 

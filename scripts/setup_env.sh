@@ -1,16 +1,53 @@
 #!/usr/bin/env bash
-# Create .venv in the repo root if missing and install ditto-fast with its test/demo extras.
-# Sourced by scripts/test.sh and scripts/demo.sh; safe to run again (skips work when up to date).
+# Create .venv in the repo root if missing and install ditto-fast with everything (registration's mediapipe
+# included) on the pinned stack (scripts/stack-pinned.txt). Sourced by scripts/test.sh and scripts/demo.sh;
+# safe to run again (skips work when up to date).
+# The interpreter: $PYTHON, else the first of python3.12, python3.11, python3.10, python3 that runs and is
+# 3.10-3.12 (mediapipe 0.10.21 has no wheel past 3.12); none: one line saying what to install, exit 2.
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="${BASH_SOURCE[0]%/*}"; [ "$here" = "${BASH_SOURCE[0]}" ] && here=.
+REPO="$(cd "$here/.." && pwd)"
 cd "$REPO"
-PY="${PYTHON:-python3}"
+
+# "X.Y" of interpreter $1 if it runs and is 3.10-3.12, else nothing (pyenv shims of absent versions fail here)
+_py_in_range() {
+    local v
+    v=$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || return 1
+    case "$v" in 3.10|3.11|3.12) echo "$v" ;; *) return 1 ;; esac
+}
+
+_find_python() {
+    local cand v seen=""
+    if [ -n "${PYTHON:-}" ]; then
+        if _py_in_range "$PYTHON" >/dev/null; then echo "$PYTHON"; return 0; fi
+        v=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || v="not runnable"
+        echo "[setup] PYTHON=$PYTHON is $v; the set-up needs Python 3.10-3.12 (registration's mediapipe 0.10.21 has no wheel past 3.12): install python3.12 (e.g. apt-get install python3.12-venv, or pyenv install 3.12) and set PYTHON to it" >&2
+        return 1
+    fi
+    for cand in python3.12 python3.11 python3.10 python3; do
+        command -v "$cand" >/dev/null 2>&1 || continue
+        if _py_in_range "$cand" >/dev/null; then echo "$cand"; return 0; fi
+        v=$("$cand" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
+        seen="${seen:+$seen, }$cand is $v"
+    done
+    echo "[setup] no Python 3.10-3.12 found${seen:+ ($seen)}; the set-up needs one (registration's mediapipe 0.10.21 has no wheel past 3.12): install python3.12 (e.g. apt-get install python3.12-venv, or pyenv install 3.12) or set PYTHON=/path/to/python3.12" >&2
+    return 1
+}
+
 if [ ! -x .venv/bin/python ]; then
-    echo "[setup] creating .venv with $($PY --version 2>&1)" >&2
-    "$PY" -m venv .venv
+    PY=$(_find_python) || exit 2
+    echo "[setup] creating .venv with $("$PY" --version 2>&1)" >&2
+    if ! "$PY" -m venv .venv >/dev/null 2>&1; then
+        rm -rf .venv
+        echo "[setup] $PY cannot create a virtual environment (no venv module); install it (e.g. apt-get install python$(_py_in_range "$PY")-venv) and run again" >&2
+        exit 2
+    fi
+elif ! _py_in_range .venv/bin/python >/dev/null; then
+    echo "[setup] .venv has $(.venv/bin/python --version 2>&1), outside 3.10-3.12; remove .venv and run again (PYTHON= picks the interpreter)" >&2
+    exit 2
 fi
 VPY="$REPO/.venv/bin/python"
-stamp=".venv/.ditto-fast-installed-$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)"
+stamp=".venv/.ditto-fast-installed-$(cat pyproject.toml setup.py scripts/stack-pinned.txt | sha256sum | cut -c1-16)"
 gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
 # a .venv made on a CPU machine (or carried from one) has the CPU build: on a GPU machine it is replaced
@@ -20,19 +57,20 @@ if [ "$gpu" = 1 ] && "$VPY" -c "import torch, sys; sys.exit(0 if torch.version.c
     rm -f "$stamp"
 fi
 if [ ! -f "$stamp" ]; then
+    pins=(-c "$REPO/scripts/stack-pinned.txt")
     "$VPY" -m pip install -q --upgrade pip >&2
     if ! "$VPY" -c "import torch" 2>/dev/null; then
         if [ "$gpu" = 1 ]; then
             echo "[setup] GPU found: installing torch with CUDA" >&2
-            "$VPY" -m pip install -q "torch>=2.4,<2.15" >&2
+            "$VPY" -m pip install -q "${pins[@]}" torch >&2
         else
             # no GPU: the CPU build (2.13.0 is provided as a local CPU wheel on our machines)
             echo "[setup] no GPU: installing the CPU build of torch" >&2
             "$VPY" -m pip install -q "torch==2.13.0" >&2
         fi
     fi
-    "$VPY" -m pip install -q "setuptools>=77" wheel "cython>=3.0,<4" "numpy>=1.24,<2" >&2
-    "$VPY" -m pip install -q --no-build-isolation -e ".[test,demo]" >&2
+    "$VPY" -m pip install -q "${pins[@]}" "setuptools>=77" wheel "cython>=3.0,<4" numpy >&2
+    "$VPY" -m pip install -q "${pins[@]}" --no-build-isolation -e ".[register,test,demo]" >&2
     rm -f .venv/.ditto-fast-installed-*
     touch "$stamp"
 fi

@@ -240,3 +240,13 @@ def patch_error(frame: np.ndarray) -> tuple[float, float]:
         errs.append(np.abs(got - np.array(c, float)))
     e = np.stack(errs)
     return float(e.mean()), float(e.max())
+
+
+# the test suite's anchor (tests/conftest.py's `anchor_video`, and the stack fixtures CI's second stack reads):
+# 1.5 px/frame right, 0.5 px/frame down, 0.1 degree/frame
+TEST_ANCHOR_MOTION = Motion(center=(900.0, 520.0), velocity=(1.5, 0.5), spin_deg=0.1)
+
+
+def write_test_anchor(path: str | Path) -> Path:
+    """The suite's 1 s 1920x1080 anchor tagged BT.709: the astronaut (face ~150 px) moving by TEST_ANCHOR_MOTION."""
+    return write_anchor_video(path, 25, face_px=150, motion=TEST_ANCHOR_MOTION, bt709=True)

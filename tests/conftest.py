@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -21,6 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["DITTO_FAST_CPU_PRECISION"] = "fp32"
 SHARED = Path(os.environ.get("DITTO_FAST_SHARED", REPO.parent / "shared"))
 PARITY = SHARED / "parity"
+# CI's second stack (no mediapipe) reads the tiny checkpoints, anchor and avatar that the first stack made
+# (tests/stack_fixtures.py DIR): then `tiny_checkpoints`, `anchor_video` and `video_avatar` are copies of them
+STACK_FIXTURES = Path(os.environ["DITTO_FAST_STACK_FIXTURES"]) if os.environ.get("DITTO_FAST_STACK_FIXTURES") else None
 
 
 # Full-size bf16 passes on a CPU without bf16 arithmetic (AVX2-only machines) are emulated and take many
@@ -100,6 +104,9 @@ def tiny_checkpoints(tmp_path_factory) -> Path:
     from ditto_fast.checkpoints.random import write_random
 
     root = tmp_path_factory.mktemp("ckpt_tiny")
+    if STACK_FIXTURES:           # the first stack's files, so that its avatars match them
+        shutil.copytree(STACK_FIXTURES / "checkpoints", root, dirs_exist_ok=True)
+        return root
     write_random(root, tiny=True, seed=0)
     return root
 
@@ -170,17 +177,17 @@ def speech_wav() -> Path:
 @pytest.fixture(scope="session")
 def anchor_video(tmp_path_factory) -> Path:
     """A 1 s 1920x1080 H.264 anchor video tagged BT.709: the astronaut (face ~150 px) drifting by a known motion."""
-    from synthetic import write_anchor_video
-
     path = tmp_path_factory.mktemp("anchor") / "anchor.mp4"
-    write_anchor_video(path, 25, face_px=150, motion=ANCHOR_MOTION, bt709=True)   # HD, tagged as HD is
-    return path
+    if STACK_FIXTURES:
+        shutil.copyfile(STACK_FIXTURES / "anchor.mp4", path)
+        return path
+    from synthetic import write_test_anchor
+
+    return write_test_anchor(path)   # HD, tagged as HD is
 
 
 # the known motion of `anchor_video`: 1.5 px/frame right, 0.5 px/frame down, 0.1 degree/frame
-from synthetic import Motion  # noqa: E402
-
-ANCHOR_MOTION = Motion(center=(900.0, 520.0), velocity=(1.5, 0.5), spin_deg=0.1)
+from synthetic import TEST_ANCHOR_MOTION as ANCHOR_MOTION  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
@@ -196,6 +203,10 @@ def session_home(tmp_path_factory):
 @pytest.fixture(scope="session")
 def video_avatar(session_home, tiny_checkpoints, anchor_video):
     """`anchor_video` registered as avatar 'anchor' with the tiny checkpoints; returns its directory."""
+    if STACK_FIXTURES:           # registered by the first stack (this one may have no mediapipe)
+        dest = session_home / "avatars" / "anchor"
+        shutil.copytree(STACK_FIXTURES / "home" / "avatars" / "anchor", dest)
+        return dest
     from ditto_fast.avatar.register import register_avatar
 
     return register_avatar(anchor_video, name="anchor", checkpoints=tiny_checkpoints, device="cpu")

@@ -16,6 +16,8 @@ from ditto_fast.core.config import load_config
 from ditto_fast.face.mouth import MOUTH_CORNERS, mouth_openness
 from synthetic import Motion, astronaut, open_mouth_astronaut, write_anchor_video
 
+pytestmark = pytest.mark.register      # mediapipe: registration and its landmarks
+
 
 def _mouth_landmarks(gap: float, width: float = 100.0) -> np.ndarray:
     lmk = np.zeros((1, 478, 3), np.float32)

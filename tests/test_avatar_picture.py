@@ -20,6 +20,8 @@ from ditto_fast.media.ffpipe import video_stream_line
 from synthetic import patch_error as _patch_error
 from synthetic import patched_frames as _frames
 
+pytestmark = pytest.mark.register      # mediapipe: registration and its landmarks
+
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
 def _encode(frames: list[np.ndarray], path: Path, args: list[str], fps: int = 25) -> Path:
     """Raw RGB frames through ffmpeg with output `args` (scaling, matrix, tags, codec)."""

@@ -19,6 +19,8 @@ from ditto_fast.avatar import list_avatars, load_avatar
 from ditto_fast.avatar.register import source_statistics
 from synthetic import Motion, astronaut_canvas, write_anchor_video
 
+pytestmark = pytest.mark.register      # mediapipe: registration and its landmarks
+
 
 def _centre_and_angle(M: np.ndarray) -> tuple[np.ndarray, float]:
     c = M @ np.array([256.0, 256.0, 1.0])

@@ -131,6 +131,7 @@ def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4", "r.json"]
 
 
+@pytest.mark.register
 def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(engine, tmp_path, anchor_video,
                                                                               tiny_checkpoints, clips):
     import imageio_ffmpeg

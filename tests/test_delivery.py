@@ -225,12 +225,14 @@ def half_second(tmp_path_factory, speech_wav) -> Path:
     return p
 
 
+@pytest.mark.register
 @pytest.mark.slow
 def test_registration_keeps_a_30fps_anchor_at_30fps(anchor_30):
     assert anchor_30.rate == 30 and anchor_30.fps == 30.0 and anchor_30.n_frames == 12
     assert _markers(anchor_30.plate_path) == list(range(12))
 
 
+@pytest.mark.register
 @pytest.mark.slow
 def test_a_30fps_anchor_renders_at_30fps_with_every_background_frame_in_order(anchor_30, half_second, tmp_path,
                                                                               engine):
@@ -242,6 +244,7 @@ def test_a_30fps_anchor_renders_at_30fps_with_every_background_frame_in_order(an
     assert re.search(r"Duration: 00:00:00\.5\d", describe(out))
 
 
+@pytest.mark.register
 @pytest.mark.slow
 @pytest.mark.parametrize("fps,frames,rate,name", [("25", 13, Fraction(25), "r.mkv"), ("30000/1001", 15, NTSC, "r.mp4"),
                                                   ("59.94", 30, Fraction(60000, 1001), "r.mov")])
@@ -270,6 +273,7 @@ def test_render_refuses_unsupported_names_codecs_and_rates(run_cli, video_avatar
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.register
 def test_avatar_files_follow_the_umask(tmp_path, tiny_checkpoints, monkeypatch):
     from ditto_fast.avatar.register import Registrar
     from synthetic import astronaut_canvas

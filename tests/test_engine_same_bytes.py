@@ -109,12 +109,14 @@ def run_cli_module():
     return run
 
 
+@pytest.mark.register
 @pytest.mark.slow
 def test_the_cli_a_batch_and_the_api_give_the_same_bytes(three_ways):
     assert three_ways["cli"] == three_ways["batch"] == three_ways["api"], three_ways
     assert len(set(three_ways["whole"].values())) == 1, three_ways["whole"]     # the digest tags agree too
 
 
+@pytest.mark.register
 @pytest.mark.slow
 def test_the_bytes_recorded_before_the_render_request(three_ways):
     recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}

@@ -9,6 +9,8 @@ from ditto_fast.face import crop as C
 from ditto_fast.face.landmarks import FaceTracker
 from synthetic import Motion, astronaut, astronaut_canvas
 
+pytestmark = pytest.mark.register      # mediapipe: registration and its landmarks
+
 
 @pytest.fixture(scope="module")
 def tracker():

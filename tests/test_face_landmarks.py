@@ -12,6 +12,8 @@ from ditto_fast.face.crop import face_size, transform_points
 from ditto_fast.face.landmarks import FaceTracker, MultipleFacesWarning
 from synthetic import ASTRONAUT_FACE_PX, Motion, astronaut, astronaut_canvas, write_anchor_video
 
+pytestmark = pytest.mark.register      # mediapipe: registration and its landmarks
+
 
 @pytest.fixture(scope="module")
 def astronaut_lmk() -> np.ndarray:

@@ -101,6 +101,7 @@ def test_same_seed_same_video_other_seed_differs(rendered):
     assert np.abs(a.astype(np.int16) - c).max() > 20
 
 
+@pytest.mark.register
 @pytest.mark.slow
 def test_image_avatar(tmp_path, tiny_checkpoints):
     img = astronaut_canvas(0, Motion.for_face(140, center=(480, 400)), size=(960, 540))

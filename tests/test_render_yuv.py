@@ -129,6 +129,7 @@ def test_plate_reader_yuv_is_the_plate_bytes_or_rematrixed(tmp_path):
                     assert np.abs(frame.astype(int) - rgb_to_i420(rgb.frame(k))).mean() < 1.5
 
 
+@pytest.mark.register
 def test_render_keeps_the_plate_outside_the_face_box(tmp_path, tiny_checkpoints, ditto_home, clips, monkeypatch):
     """An HD (BT.709) anchor: every byte the encoder gets outside the face box is the plate's."""
     from synthetic import Motion, write_anchor_video

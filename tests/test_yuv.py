@@ -76,4 +76,9 @@ def test_warp_crop_of_a_region_equals_the_whole_frame_warp(params):
     import cv2
     ref = cv2.warpAffine(full, M[:2], (128, 128), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                          borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-    np.testing.assert_array_equal(warp_crop(full, M, 128), ref)
+    got = warp_crop(full, M, 128)
+    if int(cv2.__version__.split(".")[0]) < 5:
+        np.testing.assert_array_equal(got, ref)
+    else:   # OpenCV 5 rounds the bilinear weights from the absolute coordinates: a shifted region differs by 1
+        diff = np.abs(got.astype(np.int16) - ref)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.005, (diff.max(), (diff > 0).mean())

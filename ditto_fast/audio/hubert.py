@@ -80,7 +80,9 @@ def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device
     model_dir = Path(model_dir)
     _check_dir(model_dir)
     verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # the dropped CTC head is expected; report problems ourselves
+    hf_logging.disable_progress_bar()  # transformers 5 draws a "Loading weights" bar on stderr
     try:
         model, info = HubertModel.from_pretrained(model_dir, local_files_only=True,
                                                   output_loading_info=True, dtype=torch.float32)
@@ -93,6 +95,8 @@ def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device
                               "re-download the HuBERT directory") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     missing = [k for k in info.get("missing_keys", []) if k != "masked_spec_embed"]
     if missing or info.get("mismatched_keys"):
         what = missing[:3] or [k[0] if isinstance(k, tuple) else k for k in info["mismatched_keys"][:3]]

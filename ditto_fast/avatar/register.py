@@ -28,7 +28,7 @@ from ditto_fast.core.errors import InputError, NoFaceError
 from ditto_fast.face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ditto_fast.face.eyes import eye_features
 from ditto_fast.face.kept_points import KEPT_POINTS, kept_points
-from ditto_fast.face.landmarks import FaceTracker
+from ditto_fast.face.landmarks import FaceTracker, import_mediapipe
 from ditto_fast.face.mouth import mouth_openness
 from ditto_fast.core.memory import release_free_memory
 from ditto_fast.media.rates import rate_text
@@ -151,6 +151,7 @@ class Registrar:
 
     def __init__(self, checkpoints: str | Path | None = None, device: str = "auto",
                  config: RegisterConfig | None = None):
+        import_mediapipe()           # a render-only install stops here, before anything else, naming the install
         self.config = config or load_config().register
         self.checkpoints = find_checkpoints(checkpoints, need_hubert=False,
                                             networks=("appearance_extractor", "motion_extractor"))

@@ -34,6 +34,13 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
+# the spelling this numpy has: an avatar pickled under numpy 1 (registration) is read without numpy 2's
+# deprecation path, and one pickled under numpy 2 reads under numpy 1
+_NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
+_NUMPY_CORE = ({"numpy.core.multiarray": "numpy._core.multiarray", "numpy.core.numeric": "numpy._core.numeric"}
+               if _NUMPY_2 else
+               {"numpy._core.multiarray": "numpy.core.multiarray", "numpy._core.numeric": "numpy.core.numeric"})
+
 DEFAULT_HINT = "re-register the avatar with `ditto-fast register SOURCE --name NAME --force`"
 
 
@@ -50,7 +57,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
             raise AvatarError(
                 f"{self._what} contains a disallowed object {module}.{name}; {self._hint}"
             )
-        return super().find_class(module, name)
+        return super().find_class(_NUMPY_CORE.get(module, module), name)
 
     def persistent_load(self, pid: Any) -> Any:
         raise AvatarError(f"{self._what} contains a persistent reference; {self._hint}")

@@ -17,11 +17,12 @@ import os
 import sys
 import warnings
 from contextlib import contextmanager
+from types import ModuleType
 
 import cv2
 import numpy as np
 
-from ditto_fast.core.errors import NoFaceError
+from ditto_fast.core.errors import NoFaceError, UsageError
 from ditto_fast.media.yuv import YuvFrame, frame_region, frame_rgb as whole_rgb
 from ditto_fast.face.crop import face_size
 
@@ -29,6 +30,24 @@ CROP_FACTOR = 2.0          # mesh crop side / face size
 MESH_PX = 256              # the mesh crop is resized to this side (the mesh model itself sees 192 px)
 TILE_OVERLAP = 0.35        # fraction of a detector tile shared with its neighbour
 TILE_PER_FACE = 10         # finest detector tile side / smallest face
+
+
+REGISTER_INSTALL = ("pip install 'ditto-fast[register]' (mediapipe 0.10.21, numpy<2, Python 3.10-3.12), or use "
+                    "./scripts/setup_env.sh, which installs everything")
+
+
+def import_mediapipe() -> ModuleType:
+    """The mediapipe module; UsageError (exit 2) naming the install when this is a render-only install."""
+    try:
+        import mediapipe as mp  # heavy import, only when registering
+    except ImportError as e:
+        why = "is not installed" if getattr(e, "name", None) == "mediapipe" else f"does not import ({e})"
+        raise UsageError(f"register needs mediapipe, which {why} (a render-only install): "
+                         f"{REGISTER_INSTALL}") from None
+    if not hasattr(mp, "solutions"):
+        raise UsageError(f"register needs mediapipe 0.10.21 (installed: {getattr(mp, '__version__', '?')}, "
+                         f"whose wheel lacks the face-mesh models): {REGISTER_INSTALL}")
+    return mp
 
 
 class MultipleFacesWarning(UserWarning):
@@ -123,8 +142,7 @@ class FaceTracker:
     """
 
     def __init__(self, min_face_px: int = 64, source: str | None = None) -> None:
-        import mediapipe as mp  # heavy import, only when a tracker is made
-
+        mp = import_mediapipe()
         self.min_face_px = int(min_face_px)
         self.source = source
         self.multiple_faces_frames: list[int] = []

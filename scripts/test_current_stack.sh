@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# CI's second stack: .venv-current from scripts/stack-current.txt (numpy 2, transformers 5, OpenCV 5, the
+# newest CPU torch here; no mediapipe), then the render-side tests (-m "not slow and not register", and the
+# cross-stack bounds of tests/test_stacks.py) against the avatar and reference render the first stack makes
+# (tests/stack_fixtures.py; .venv is set up first if missing). Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "$0")/setup_env.sh"          # the first stack: .venv, which registers the fixtures' avatar
+cd "$REPO"
+CUR="$REPO/.venv-current"
+if [ ! -x "$CUR/bin/python" ]; then
+    base=$("$REPO/.venv/bin/python" -c 'import sys; print(sys._base_executable)')
+    echo "[stack] creating .venv-current with $("$base" --version 2>&1)" >&2
+    "$base" -m venv "$CUR"
+fi
+stamp="$CUR/.ditto-fast-current-$(cat pyproject.toml scripts/stack-current.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+    echo "[stack] installing the current stack (scripts/stack-current.txt)" >&2
+    "$CUR/bin/python" -m pip install -q -r scripts/stack-current.txt >&2
+    "$CUR/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2   # the OpenCV build above stays
+    rm -f "$CUR"/.ditto-fast-current-*
+    touch "$stamp"
+fi
+if "$CUR/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('mediapipe') is None)"; then
+    echo "[stack] .venv-current has mediapipe; the second stack must not: remove .venv-current" >&2
+    exit 2
+fi
+"$CUR/bin/python" -c "import numpy, torch, transformers, cv2; print(f'[stack] numpy {numpy.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, opencv {cv2.__version__}, no mediapipe')" >&2
+FIX="${DITTO_FAST_STACK_FIXTURES:-$REPO/.stack-fixtures}"
+echo "[stack] the first stack's fixtures in $FIX" >&2
+"$REPO/.venv/bin/python" tests/stack_fixtures.py "$FIX" >&2
+export DITTO_FAST_STACK_FIXTURES="$FIX"
+exec "$CUR/bin/python" -m pytest -m "not slow and not register" "$@"
