@@ -130,7 +130,12 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
         why = "a file of that name is in the way" if isinstance(e, FileExistsError) else e.strerror or str(e)
         raise InputError(f"{out_dir}: cannot create the --out-dir folder ({why}); choose another folder") from None
     defaults = defaults or {}
-    suffix = default_suffix(defaults.get("codec"))
+    if defaults.get("delivery"):                # the profile's container names the outputs
+        from ditto_fast.render.profiles import load_profile
+
+        suffix = load_profile(defaults["delivery"]).extension
+    else:
+        suffix = default_suffix(defaults.get("codec"))
     return [Job(i, RenderRequest(avatar=avatar, audio=p, output=out_dir / f"{p.stem}{suffix}", **defaults))
             for i, p in enumerate(files)]
 

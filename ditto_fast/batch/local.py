@@ -59,6 +59,11 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
                 result = renderer.render(clips[job.index], progress=tick)
                 job.status, job.frames = "done", result.profile["frames"]
                 job.extra["stages"] = result.profile["stages"]
+                if "delivery" in result.profile:        # the profile, its QC and the loudness in and out
+                    d = result.profile["delivery"]
+                    job.extra["delivery"] = {"profile": d["profile"], "qc": d["qc"], "loudness": d["loudness"]}
+                if result.warnings:
+                    job.extra["warnings"] = list(result.warnings)
                 if job.index in targets:
                     _preview(job, targets[job.index], result, clips[job.index].avatar)
             except DittoError as e:

@@ -30,4 +30,7 @@ def clip_digest(clip: Clip, settings: dict) -> str:
     }
     if clip.blend != "feather":        # outputs made before the blend was a setting keep their digests
         parts["blend"] = clip.blend
+    if clip.delivery is not None:      # likewise outputs made without a delivery profile
+        parts["delivery"] = {"profile": clip.delivery.sha256, "loudness": clip.loudness,
+                             "timecode": clip.format.timecode, "size": list(clip.format.size)}
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

@@ -61,7 +61,9 @@ class RenderSetup:
 
     def output_format(self, clip: Clip) -> Format:
         """The clip's format with this setup's encoder (the software one for a codec whose NVENC does not work
-        here: the setup probed H.264's)."""
+        here: the setup probed H.264's). A delivery's format is its profile's: encoded in software."""
+        if clip.delivery is not None:
+            return clip.format
         nvenc = self.nvenc and clip.format.codec in ("h264", "hevc") and nvenc_works(clip.format.codec)[0]
         return dataclasses.replace(clip.format, nvenc=nvenc)
 

@@ -37,7 +37,7 @@ INTERLACED_CODECS = ("mpeg2video", "dnxhd")
 KEYS = {
     "": ("container", "video", "audio", "loudness", "timecode"),
     "video": ("codec", "profile", "level", "bitrate", "crf", "preset", "gop", "b_frames", "pix_fmt", "size", "rate",
-              "scan", "field_order", "colour"),
+              "scan", "field_order", "fields", "colour"),
     "colour": ("primaries", "transfer", "matrix", "range"),
     "audio": ("codec", "bitrate", "rate", "tracks", "channels", "speech"),
     "loudness": ("target", "true_peak"),
@@ -64,6 +64,12 @@ class VideoSpec:
     interlaced: bool
     field_order: str | None         # tff or bff
     colour: dict[str, str]
+    field_rate: bool = False        # interlaced: each field its own moment (rendered at twice the frame rate)
+
+    @property
+    def render_rate(self) -> Fraction | None:
+        """The rate frames are rendered at: the frame rate, or the field rate for field-rate motion."""
+        return None if self.rate is None else self.rate * (2 if self.field_rate else 1)
 
 
 @dataclass(frozen=True)
@@ -153,11 +159,15 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
     if interlaced and codec not in INTERLACED_CODECS:
         err.fail("video.scan", f"interlaced {codec} is not made here; use progressive "
                                f"(interlaced: {', '.join(INTERLACED_CODECS)})")
-    field_order = None
+    field_order, fields = None, v.get("fields", "psf")
     if interlaced:
         field_order = err.choice(v.get("field_order"), "video.field_order", ("tff", "bff"))
-    elif v.get("field_order") is not None:
-        err.fail("video.field_order", "goes with scan: interlaced")
+        err.choice(fields, "video.fields", ("psf", "field-rate"))
+        if fields == "field-rate" and v.get("rate") is None:
+            err.fail("video.fields", "field-rate needs a fixed rate (video.rate)")
+    elif v.get("field_order") is not None or "fields" in v:
+        err.fail("video.field_order" if v.get("field_order") is not None else "video.fields",
+                 "goes with scan: interlaced")
     bitrate = err.bitrate(v.get("bitrate"), "video.bitrate")
     crf = err.integer(v.get("crf"), "video.crf", 0, 51) if v.get("crf") is not None else None
     if codec in ("mpeg2video", "dnxhd") and bitrate is None:
@@ -183,7 +193,7 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
               for k in KEYS["colour"]}
     video = VideoSpec(codec, profile, level, bitrate, crf, preset, gop, b_frames, pix_fmt,
                       err.size(v.get("size"), "video.size"), err.rate(v.get("rate"), "video.rate"), interlaced,
-                      field_order, colour)
+                      field_order, colour, fields == "field-rate")
 
     a = err.mapping(top["audio"], "audio", required=("codec", "tracks", "channels", "speech"))
     acodec = err.choice(a["codec"], "audio.codec", ("pcm_s16le", "pcm_s24le", "aac"))
