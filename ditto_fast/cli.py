@@ -343,7 +343,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
 @click.option("--avatar", help="With --audio-dir: the avatar for every job.")
 @click.option("--audio-dir", type=click.Path(path_type=Path), help="One job per audio file in this folder.")
 @click.option("--out-dir", type=click.Path(path_type=Path),
-              help="With --audio-dir: where <stem>.mp4 go (<stem>.mov with --codec prores).")
+              help="With --audio-dir: where <stem>.mp4 go (<stem>.mov with --codec prores, the profile's extension "
+                   "with --delivery).")
 @click.option("--report", type=click.Path(path_type=Path), default=None,
               help="Write every job's outcome here as JSON (rewritten after each job).")
 @click.option("--force", is_flag=True, help="Render again jobs whose output was made from the same inputs.")
@@ -362,7 +363,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
 def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previews_dir, device, precision,
           batch_size, crf, preset, encoder, checkpoints_dir, quiet, ray_address, workers, config_path, **defaults):
     """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional steps, seed,
-    emotion, controls, fps, codec) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
+    emotion, controls, fps, codec, blend, delivery, loudness, timecode) or --avatar NAME --audio-dir IN --out-dir OUT.
+    Exit 7 if any job failed."""
     from ditto_fast.batch.jobs import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, summary
     from ditto_fast.batch.local import run_batch
     from ditto_fast.core.config import load_config

@@ -140,6 +140,18 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
             for i, p in enumerate(files)]
 
 
+def record_result(job: Job, profile: dict, warnings: tuple[str, ...] = ()) -> None:
+    """A rendered job's report entries: done, its frames and stages, and for a delivery its profile, QC and the
+    loudness measured in and out."""
+    job.status, job.frames = "done", profile["frames"]
+    job.extra["stages"] = profile["stages"]
+    if "delivery" in profile:
+        d = profile["delivery"]
+        job.extra["delivery"] = {"profile": d["profile"], "qc": d["qc"], "loudness": d["loudness"]}
+    if warnings:
+        job.extra["warnings"] = list(warnings)
+
+
 def summary(jobs: list[Job]) -> dict[str, int]:
     """Counts of done, skipped and failed jobs."""
     return {s: sum(j.status == s for j in jobs) for s in ("done", "skipped", "failed")}

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ditto_fast.avatar import Avatar
-from ditto_fast.batch.jobs import EXIT_SOME_FAILED, Job, check_jobs, is_finished, write_report
+from ditto_fast.batch.jobs import EXIT_SOME_FAILED, Job, check_jobs, is_finished, record_result, write_report
 from ditto_fast.core.errors import DittoError, Terminated
 from ditto_fast.engine.renderer import Renderer, RenderResult
 from ditto_fast.engine.setup import RenderSetup
@@ -57,13 +57,7 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
             tick = (lambda d, n, b=base: progress(b + d, total)) if progress else None
             try:
                 result = renderer.render(clips[job.index], progress=tick)
-                job.status, job.frames = "done", result.profile["frames"]
-                job.extra["stages"] = result.profile["stages"]
-                if "delivery" in result.profile:        # the profile, its QC and the loudness in and out
-                    d = result.profile["delivery"]
-                    job.extra["delivery"] = {"profile": d["profile"], "qc": d["qc"], "loudness": d["loudness"]}
-                if result.warnings:
-                    job.extra["warnings"] = list(result.warnings)
+                record_result(job, result.profile, result.warnings)
                 if job.index in targets:
                     _preview(job, targets[job.index], result, clips[job.index].avatar)
             except DittoError as e:
