@@ -22,6 +22,7 @@ from ditto_fast.audio.loudness import level, measure
 from ditto_fast.core.config import CONFIG_DIR
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.engine.request import RenderRequest
+from ditto_fast.media.ffpipe import container_comment
 from ditto_fast.render.delivery import DeliveryFormat, measured_as, programme_chain
 from ditto_fast.render.profiles import load_profile
 from ditto_fast.render.qc import check_file, failures
@@ -65,6 +66,7 @@ def test_every_shipped_profile_renders_and_passes_its_own_qc(rendered, name, run
     total = len(profile["delivery"]["requirements"])
     assert profile["delivery"]["qc"] == f"{total}/{total} ok"
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]       # no temporaries left
+    assert container_comment(out) == profile["digest"]          # batch finds it finished (MXF included)
     res = run_cli(["qc", out, "--delivery", name, "--json"])
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ditto_fast.audio.loudness import measure
 from ditto_fast.core.errors import QCError
+from ditto_fast.media.rates import from_stream
 from ditto_fast.render.probe import MediaFacts, read_facts
 from ditto_fast.render.profiles import DeliveryProfile
 
@@ -51,7 +52,7 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
     if video is None:
         req("video", False, v.codec, "no video stream")
         return out
-    req("codec", video.codec == _ffmpeg_codec(v.codec), v.codec, video.codec)
+    req("codec", video.codec == v.codec, v.codec, video.codec)      # the profile's codec names are ffmpeg's
     _profile_level(req, facts, profile)
     seconds = video.packets / float(_rate(video) or 1)
     if v.bitrate is not None and seconds > 0:
@@ -88,6 +89,7 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
 
 
 def failures(requirements: list[Requirement]) -> list[Requirement]:
+    """The requirements that fail."""
     return [r for r in requirements if not r.ok]
 
 
@@ -103,20 +105,14 @@ def require(path: str | Path, profile: DeliveryProfile, shown: str | Path | None
 
 
 def as_json(requirements: list[Requirement]) -> list[dict]:
+    """The requirements as plain dicts (name, ok, expected, measured)."""
     return [asdict(r) for r in requirements]
 
 
-def _ffmpeg_codec(codec: str) -> str:
-    return {"prores": "prores", "h264": "h264"}.get(codec, codec)
-
-
 def _rate(stream) -> Fraction | None:
+    """The stream's frame rate as ffmpeg reads it, exact for the broadcast rates."""
     m = re.search(r"([\d.]+) fps", stream.detail)
-    if m is None:
-        return None
-    from ditto_fast.media.rates import from_stream
-
-    return from_stream(float(m.group(1)))
+    return None if m is None else from_stream(float(m.group(1)))
 
 
 def _profile_level(req, facts: MediaFacts, profile: DeliveryProfile) -> None:

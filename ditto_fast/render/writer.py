@@ -151,6 +151,8 @@ class VideoWriter:
             cmd += [*fmt.audio_args(audio_bitrate), "-af", "apad", "-shortest"]
         if comment:
             cmd += ["-metadata", f"comment={comment}"]
+            if fmt.container == "mxf":      # MXF keeps no comment: the identification's version string carries it
+                cmd += ["-metadata", f"product_version={comment}"]
         cmd += [*fmt.muxer_args(), str(self._tmp_path)]
         try:
             self._proc = _spawn(cmd, self._stderr, pass_fds=(self._lock_fd,))
