@@ -206,23 +206,19 @@ def request_options(skip: tuple[str, ...] = (), job_default: bool = False):
 
 
 @contextmanager
-def _bar(label: str, quiet: bool, unit: str = "frame"):
-    """A progress callback (done, total) drawing one tqdm bar on stderr; a no-op when quiet."""
+def _bar(label: str, quiet: bool):
+    """A progress callback (stage, done, total) on stderr (bars on a terminal, plain lines in a log; see
+    ditto_fast/engine/progress.py); None when quiet."""
     if quiet:
         yield None
         return
-    from tqdm import tqdm
+    from ditto_fast.engine.progress import ProgressReport
 
-    bar = tqdm(total=0, desc=label, unit=unit, dynamic_ncols=True, leave=False)
-
-    def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
-
+    report = ProgressReport(label)
     try:
-        yield update
+        yield report
     finally:
-        bar.close()
+        report.close()
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -260,24 +256,13 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 
     config = load_config(config_path).register
     reuse_freed_memory()          # registration also returns the free pages every TRIM_EVERY frames
-    bars = []
-
-    def progress(total: int, label: str):
-        from tqdm import tqdm
-
-        for b in bars:
-            b.close()
-        bars.append(tqdm(total=total, desc=label, unit="frame", dynamic_ncols=True, leave=False))
-        return bars[-1].update
-
     registrar = Registrar(checkpoints_dir, device, config)
-    try:
+    with _bar("register", quiet) as report:
+        from ditto_fast.engine.progress import counted
+
         avatar_dir = registrar.register(source, name, max_size=max_size, max_frames=max_frames, force=force,
-                                        batch_size=batch_size, progress=None if quiet else progress, strict=strict,
-                                        source_colour=source_colour)
-    finally:
-        for b in bars:
-            b.close()
+                                        batch_size=batch_size, progress=counted(report) if report else None,
+                                        strict=strict, source_colour=source_colour)
     for note in registrar.notes:
         click.echo(f"ditto-fast: note: {note}", err=True)
     for warning in registrar.warnings:
@@ -312,6 +297,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
     cs = find_checkpoints(checkpoints_dir)
     # every input checked (the audio decoded, the avatar opened) before the networks load
     clip = check_clip(request, load_avatar(request.avatar, checkpoints=cs), config)
+    for note in clip.notes:
+        click.echo(f"ditto-fast: note: {note}", err=True)
     if preview is not None:
         from ditto_fast.preview.paths import check_png_path
 
@@ -409,6 +396,9 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
         with _bar("batch", quiet) as bar:
             run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=bar,
                       previews=previews_dir)
+    for j in jobs:
+        for note in j.extra.get("notes", []):
+            click.echo(f"ditto-fast: note: job {j.index}: {note}", err=True)
     if not quiet:
         click.echo(f"{'job':>4}  {'status':<8}{'frames':>7}{'seconds':>9}  output / error", err=True)
         for j in jobs:

@@ -119,9 +119,9 @@ def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp
             Job(1, RenderRequest("anchor", clips[1], tmp_path / "b.mp4"))]
     seen = []
 
-    def progress(done, total):
-        seen.append(done)
-        if done > 10:               # inside the second job
+    def progress(stage, done, total):
+        seen.append((stage, done))
+        if stage == "job 2/2 frames" and done > 2:      # inside the second job's frames
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -150,8 +150,8 @@ def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(en
                        motion=Motion(center=(640.0, 370.0), velocity=(0.0, 0.0), spin_deg=0.0))
     replaced = []
 
-    def replace_once(done, total):
-        if not replaced:                    # after the first frames, `register --force` swaps the avatar
+    def replace_once(stage, done, total):
+        if stage == "frames" and done and not replaced:     # after the first frames, `register --force` swaps it
             replaced.append(reg.register(other, "race", force=True))
 
     out = engine.render(RenderRequest("race", REPO / "tests" / "data" / "speech_en_44k_stereo_2s.wav", tmp_path / "out.mp4"),

@@ -78,7 +78,7 @@ def test_one_render_decodes_its_audio_once_and_opens_its_avatar_once(video_avata
             return fn(*a, **k)
         return wrapper
 
-    monkeypatch.setattr(decode, "load_audio", counted("decode", decode.load_audio))
+    monkeypatch.setattr(decode, "_decode", counted("decode", decode._decode))     # every decoding goes through it
     monkeypatch.setattr(decode, "file_sha256", counted("sha", decode.file_sha256))
     monkeypatch.setattr(avatar_pkg, "load_avatar", counted("avatar", avatar_pkg.load_avatar))
     for module in (renderer, batch_jobs):                 # the engine's own opening, and the batch's check

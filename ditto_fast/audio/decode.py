@@ -4,7 +4,9 @@ One path for every format: the imageio-ffmpeg binary decodes the file at its own
 and channel count to 32-bit float PCM on a pipe; here the channels are averaged (librosa's
 to_mono) and the signal is resampled to 16 kHz with soxr at "HQ" quality (librosa's default
 ``res_type="soxr_hq"``). Resampling streams chunk by chunk (bit-identical to soxr's one-shot
-call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio.
+call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio. The file's
+channel count and layout (the speaker mask ffmpeg writes on the pipe) are kept for the output's
+soundtrack (render/soundtrack.py).
 """
 
 from __future__ import annotations
@@ -64,12 +66,13 @@ def _read_exact(stream, n: int) -> bytes:
     return buf
 
 
-def _read_wav_header(stream) -> tuple[int, int]:
-    """Parse the RIFF/WAVE header ffmpeg writes on the pipe up to the data chunk -> (rate, channels)."""
+def _read_wav_header(stream) -> tuple[int, int, int]:
+    """Parse the RIFF/WAVE header ffmpeg writes on the pipe up to the data chunk -> (rate, channels, channel
+    mask): the mask is WAVE_FORMAT_EXTENSIBLE's speaker bits of the layout ffmpeg reads in the file (0: none)."""
     head = _read_exact(stream, 12)
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         raise ValueError("no WAV header")
-    rate = channels = 0
+    rate = channels = mask = 0
     while True:
         chunk = _read_exact(stream, 8)
         if len(chunk) < 8:
@@ -83,9 +86,11 @@ def _read_wav_header(stream) -> tuple[int, int]:
             bits = struct.unpack("<H", body[14:16])[0]
             if bits != 32:
                 raise ValueError(f"unexpected {bits}-bit PCM from ffmpeg")
+            if struct.unpack("<H", body[:2])[0] == 0xFFFE and len(body) >= 24:
+                mask = struct.unpack("<I", body[20:24])[0]
     if rate <= 0 or channels <= 0:
         raise ValueError("WAV header without a format chunk")
-    return rate, channels
+    return rate, channels, mask
 
 
 def _check_complete(path: Path, held: float) -> None:
@@ -98,10 +103,13 @@ def _check_complete(path: Path, held: float) -> None:
 
 @dataclass(frozen=True)
 class DecodedAudio:
-    """A file's audio decoded once: 16 kHz mono float32 samples and the sha256 of the file's bytes."""
+    """A file's audio decoded once: 16 kHz mono float32 samples, the sha256 of the file's bytes, and the file's
+    channel count and layout (WAVE_FORMAT_EXTENSIBLE speaker mask; 0 for a layout it cannot name)."""
 
     samples: np.ndarray                 # [n] float32 at 16 kHz
     sha256: str
+    channels: int = 1
+    channel_mask: int = 0
 
     @property
     def seconds(self) -> float:
@@ -111,25 +119,50 @@ class DecodedAudio:
 def decode_audio(path: str | os.PathLike) -> DecodedAudio:
     """Decode an audio file (see load_audio) and fingerprint its bytes, for a render that reads it once."""
     path = Path(path)
-    samples = load_audio(path)
-    return DecodedAudio(samples, file_sha256(path))
+    samples, channels, mask = _decode(path)
+    return DecodedAudio(samples, file_sha256(path), channels, mask)
 
 
 def load_audio(path: str | os.PathLike) -> np.ndarray:
     """Decode an audio file (any format ffmpeg reads, any rate/channels) to 16 kHz mono float32 [n]."""
+    return _decode(Path(path))[0]
+
+
+def audio_layout(path: str | os.PathLike) -> tuple[int, int]:
+    """(channels, channel mask) of the file's first audio stream as ffmpeg decodes it, from the header alone."""
     path = Path(path)
     _check_path(path)
-    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-v", "error",
-           "-i", f"file:{path.resolve()}", "-map", "0:a:0", "-vn", "-sn", "-dn",
-           "-c:a", "pcm_f32le", "-f", "wav", "-"]
+    proc = subprocess.Popen(_decode_command(path), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        _rate, channels, mask = _read_wav_header(proc.stdout)
+    except ValueError:
+        proc.kill()
+        raise _ffmpeg_failure(path, proc.communicate()[1].decode("utf-8", "replace")) from None
+    proc.kill()
+    proc.communicate()
+    return channels, mask
+
+
+def _decode_command(path: Path) -> list[str]:
+    """ffmpeg decoding the file's first audio stream to 32-bit float WAV on stdout."""
+    return [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-v", "error",
+            "-i", f"file:{path.resolve()}", "-map", "0:a:0", "-vn", "-sn", "-dn",
+            "-c:a", "pcm_f32le", "-f", "wav", "-"]
+
+
+def _decode(path: Path) -> tuple[np.ndarray, int, int]:
+    """The file's audio as 16 kHz mono float32 [n], its channel count and its channel mask."""
+    _check_path(path)
+    cmd = _decode_command(path)
     errlog = tempfile.TemporaryFile()  # a file, not a pipe: a chatty ffmpeg cannot block on stderr
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errlog)
     parts: list[np.ndarray] = []
     try:
         try:
-            rate, channels = _read_wav_header(proc.stdout)
+            rate, channels, mask = _read_wav_header(proc.stdout)
         except ValueError:
-            rate = channels = 0
+            rate = channels = mask = 0
         if rate and not RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
             raise InputError(f"{path}: states a sample rate of {rate} Hz, not one of a speech recording "
                              f"({RATE_RANGE[0]}..{RATE_RANGE[1]} Hz); re-export the audio as WAV or MP3")
@@ -173,7 +206,8 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
     if audio.size < SAMPLES_PER_FRAME:
         ms = 1000.0 * audio.size / SAMPLE_RATE
         raise InputError(f"{path}: audio is too short ({ms:.1f} ms); give at least 40 ms (one video frame)")
-    return audio
+    return audio, channels, mask
 
 
-__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "DecodedAudio", "decode_audio", "file_sha256", "frame_count", "load_audio"]
+__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "DecodedAudio", "audio_layout", "decode_audio",
+           "file_sha256", "frame_count", "load_audio"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -172,8 +173,10 @@ class HubertFeatures:
         hidden = self.model.encoder(torch.stack(frames)).last_hidden_state  # [B, 20, hidden]
         return self._pool(hidden)
 
-    def features(self, audio_16k: np.ndarray, batch_size: int | None = None) -> np.ndarray:
-        """Features for a whole signal [n] -> [ceil(n / 640), hidden], windows run batch_size at a time."""
+    def features(self, audio_16k: np.ndarray, batch_size: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """Features for a whole signal [n] -> [ceil(n / 640), hidden], windows run batch_size at a time;
+        `progress(rows done, rows)` is called before the first batch and after each."""
         audio = np.asarray(audio_16k, dtype=np.float32)
         if audio.ndim != 1:
             raise ValueError(f"expected mono audio [n], got shape {audio.shape}")
@@ -184,13 +187,17 @@ class HubertFeatures:
             return out
         padded = pad_signal(audio)  # [n + 8480]
         starts = window_starts(n_frames)
+        if progress is not None:
+            progress(0, n_frames)
         for b0 in range(0, len(starts), bs):
             feats = self._encode_batch(padded, starts[b0:b0 + bs])  # [B, 5, hidden]
             row0 = b0 * FRAMES_PER_WINDOW
             rows = min(n_frames - row0, feats.shape[0] * FRAMES_PER_WINDOW)
             out[row0:row0 + rows] = feats.reshape(-1, self.hidden_size)[:rows]
+            if progress is not None:
+                progress(row0 + rows, n_frames)
         return out
 
-    def __call__(self, audio_16k: np.ndarray) -> np.ndarray:
-        """[n] float32 16 kHz mono -> [ceil(n / 640), hidden] float32."""
-        return self.features(audio_16k)
+    def __call__(self, audio_16k: np.ndarray, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """[n] float32 16 kHz mono -> [ceil(n / 640), hidden] float32 (progress: see features)."""
+        return self.features(audio_16k, progress=progress)

@@ -205,6 +205,8 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
                 raise UsageError(f"{request.output}: also the output of job {outputs[out]}; give each job its own "
                                  "output")
             clips[job.index], outputs[out] = clip, job.index
+            if clip.notes:
+                job.extra["notes"] = clip.notes
         except DittoError as e:
             job.fail(e)
     return clips

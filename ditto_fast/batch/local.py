@@ -31,8 +31,9 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
               report: str | Path | None = None, progress: Progress | None = None,
               on_job: Callable[[Job], None] | None = None, previews: str | Path | None = None) -> list[Job]:
     """Check all jobs, skip those whose output was made from the same inputs (unless `force`), render the rest
-    with one engine. The report (if any) is rewritten after every job and when interrupted. With `previews`
-    (a folder) each rendered job also gets a preview PNG there, named in its report row."""
+    with one engine; `progress` hears each rendered job's stages as "job K/T <stage>". The report (if any) is
+    rewritten after every job and when interrupted. With `previews` (a folder) each rendered job also gets a
+    preview PNG there, named in its report row."""
     targets = preview_paths(previews, {j.index: j.output for j in jobs if j.output}) if previews else {}
     clips = check_jobs(jobs, setup)
     for job in jobs:
@@ -42,19 +43,16 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
             if job.index in targets and targets[job.index].exists():
                 job.extra["preview"] = str(targets[job.index])
     todo = [j for j in jobs if j.status == "pending"]
-    total = sum(clips[j.index].frames for j in todo)
-    done_frames = 0
     try:
         if report:
             write_report(report, jobs)
         renderer = Renderer(setup=setup) if todo else None
-        for job in todo:
+        for k, job in enumerate(todo, 1):
             if fail_fast and any(j.status == "failed" for j in jobs):
                 job.fail("not run: an earlier job failed (--fail-fast)", EXIT_SOME_FAILED)
                 continue
             t0 = time.perf_counter()
-            base = done_frames
-            tick = (lambda d, n, b=base: progress(b + d, total)) if progress else None
+            tick = (lambda stage, d, n, k=k: progress(f"job {k}/{len(todo)} {stage}", d, n)) if progress else None
             try:
                 result = renderer.render(clips[job.index], progress=tick)
                 record_result(job, result.profile, result.warnings)
@@ -65,7 +63,6 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
             except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs
                 job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1", 1)
             job.seconds = time.perf_counter() - t0
-            done_frames = base + clips[job.index].frames
             if on_job:
                 on_job(job)
             if report:

@@ -181,7 +181,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
             free.append(actor)
             done_frames += clips[job.index].frames
             if progress:
-                progress(done_frames, total)
+                progress("frames of finished jobs", done_frames, total)
             if report:
                 write_report(report, jobs)
     except BaseException as e:

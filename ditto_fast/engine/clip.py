@@ -1,6 +1,6 @@
 """A render request checked into a Clip: what checking produced (the decoded audio, the opened avatar, the
-output's rate, format and frame count, the emotion per frame, the controls), which the engine renders and the
-digest is made from. Nothing here loads a network."""
+output's rate, format, soundtrack and frame count, the emotion per frame, the controls), which the engine
+renders and the digest is made from. Nothing here loads a network."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ditto_fast.motion.controls import Controls, load_controls, read_control_fil
 from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, default_suffix, output_format
 from ditto_fast.render.profiles import DeliveryProfile, check_timecode, load_profile
+from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
 from ditto_fast.render.writer import check_output_path
 
 
@@ -49,6 +50,12 @@ class Clip:
     blend: str = "feather"              # the putback: seamless or feather
     delivery: DeliveryProfile | None = None     # the delivery profile (`format` is then its DeliveryFormat)
     loudness: tuple[float, float] | None = None  # (target LUFS, true-peak ceiling dBTP) the audio is leveled to
+    soundtrack: Soundtrack | None = None        # the output's audio channels, mixed from the file's
+
+    @property
+    def notes(self) -> list[str]:
+        """What checking decided that a user should hear of (a 5.1 file mixed to stereo, say)."""
+        return [self.soundtrack.note] if self.soundtrack and self.soundtrack.note else []
 
 
 def avatar_identity(avatar_dir: Path) -> tuple[int, int] | None:
@@ -76,8 +83,8 @@ def overwrites(output: Path, source: Path) -> bool:
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
     """Check one request against its opened avatar without any network: the output can be written, no other
     process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
-    `audio` is its decoding already), emotion and controls parse for its length. Raises the DittoError a user
-    caused."""
+    `audio` is its decoding already) and its channels go into the output (render/soundtrack.py), emotion and
+    controls parse for its length. Raises the DittoError a user caused."""
     key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)
     profile = load_profile(request.delivery) if request.delivery else None
@@ -100,6 +107,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     else:
         fmt, rate = delivery_format(request, profile, avatar, output)
     audio = audio or decode_audio(request.audio)
+    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt)
     n = frames_for(len(audio.samples), rate)
     if profile is not None and profile.video.field_rate:
         n += n % 2                          # fields come in pairs: the audio is padded to the last one
@@ -110,7 +118,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
                 hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
-                profile, _loudness_target(request, profile))
+                profile, _loudness_target(request, profile), soundtrack)
 
 
 CODEC_OF_PROFILE = {"prores": "prores", "h264": "h264"}     # a profile codec that --codec also names

@@ -4,7 +4,8 @@ Each clip runs the synchronous loop audio -> features -> motion -> per-frame sti
 putback, write: one thread, frames in order, deterministic for a seed (the same bytes whether a clip
 is an engine's first or tenth). Overlap comes only from what is already asynchronous: CUDA kernel
 launches and the ffmpeg reader/writer processes. Nothing here prints or changes process-wide state;
-progress goes to a callback and the stage timings into the result's profile.
+progress goes to a callback, `progress(stage, done, total)` for the audio features, the motion and the frames
+in turn (see engine/stages.py), and the stage timings into the result's profile.
 
 Stage keys of the profile and the table (wall seconds each):
   load_models     finding the checkpoints and loading the networks and HuBERT (in an engine's first render;
@@ -171,8 +172,8 @@ class Renderer:
         fmt, leveling, check = self.setup.output_format(clip), None, None
         if clip.delivery is not None:
             if clip.loudness is not None:       # measured once per clip; the motion is made from the speech as is
-                leveling = level(clip.request.audio, programme_chain(clip.delivery), measured_as(clip.delivery),
-                                 *clip.loudness)
+                programme = ",".join([*clip.soundtrack.filters(), programme_chain(clip.delivery)])
+                leveling = level(clip.request.audio, programme, measured_as(clip.delivery), *clip.loudness)
                 fmt = dataclasses.replace(fmt, gain=leveling.filters)
             check = _qc_check(clip, fmt, leveled=leveling is not None and leveling.warning is None)
         # the plate reader is told every frame it will serve, so ffmpeg decodes its first block beside HuBERT and
@@ -180,15 +181,16 @@ class Renderer:
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes",
                          order=tl.src_idx) as plate:
             with timer("audio_features"):
-                feats = audio_features(self.hubert, clip)
+                feats = audio_features(self.hubert, clip, progress)
             with timer("motion"):
-                motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device)
+                motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress)
             del feats
             # the plate's own planes (4:2:0 or 4:2:2, 8 or 10 bits) go to the encoder: only the face box is
             # converted and blended
             with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
                              crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
-                             fmt=fmt, pix_fmt=plate.layout.pix_fmt, check=check) as writer:
+                             fmt=fmt, pix_fmt=plate.layout.pix_fmt, soundtrack=clip.soundtrack,
+                             check=check) as writer:
                 render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
                               self.config.render.lookahead, plate, writer, timer, progress)
         if clip.delivery is None:

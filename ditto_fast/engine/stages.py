@@ -1,6 +1,7 @@
 """The stages of one clip's render, in the profile's order: the timeline, audio features, motion, then the frame
 loop (stitch, warp + decode, putback, write). Each is a function of the checked Clip and what came before;
-the Renderer wires them, owns the timer and hands progress on."""
+the Renderer wires them, owns the timer and hands progress on: each long stage reports (stage, done, total)
+from its start, so an hour of audio shows movement in its first second."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.render.putback import YuvPutback
 from ditto_fast.render.writer import VideoWriter
 
-Progress = Callable[[int, int], None]      # (frames done, frames in the clip)
+# (stage, done, total): AUDIO_FEATURES and MOTION count the clip's 25 fps motion frames, FRAMES its output frames
+Progress = Callable[[str, int, int], None]
+AUDIO_FEATURES, MOTION, FRAMES = "audio features", "motion", "frames"
+
+
+def _for(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:
+    """A stage's own (done, total) callback reporting to `progress` under the stage's name."""
+    return None if progress is None else (lambda done, total: progress(stage, done, total))
 
 
 @dataclass(frozen=True)
@@ -54,13 +62,13 @@ def timeline(clip: Clip) -> Timeline:
     return Timeline(src_idx, motion_src, emo_rows, *motion_timeline(n, clip.rate, n_motion))
 
 
-def audio_features(hubert: HubertFeatures, clip: Clip) -> np.ndarray:
+def audio_features(hubert: HubertFeatures, clip: Clip, progress: Progress | None = None) -> np.ndarray:
     """HuBERT features of the clip's audio: [M, 1024] at 25 fps."""
-    return hubert(clip.audio.samples)
+    return hubert(clip.audio.samples, progress=_for(progress, AUDIO_FEATURES))
 
 
 def sample_motion(lmdm: torch.nn.Module, settings: MotionConfig, clip: Clip, feats: np.ndarray, tl: Timeline,
-                  device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+                  device: torch.device, progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The clip's motion [M, 265] at 25 fps from its conditions, and the generated lip opening [N] per output frame."""
     avatar = clip.avatar
     parts = condition_parts(lmdm.cond_dim, feats.shape[1])
@@ -69,7 +77,7 @@ def sample_motion(lmdm: torch.nn.Module, settings: MotionConfig, clip: Clip, fea
     gen = torch.Generator(device=device).manual_seed(clip.seed)
     sampler = MotionSampler(DDIMSampler(lmdm, clip.steps, settings.guidance), window=lmdm.seq_len,
                             overlap=settings.overlap, smooth_window=settings.smooth_window, device=device)
-    motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen)           # [M, 265]
+    motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen, _for(progress, MOTION))   # [M, 265]
     lips = lip_opening(motion, avatar.sc)                                        # [M] at 25 fps
     mouth = lips[tl.j0] + tl.w.astype(np.float32) * (lips[tl.j1] - lips[tl.j0])  # [N] at the output rate
     return motion, mouth
@@ -109,6 +117,8 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
         with timer("render"):
             return fused.launch(avatar.f_s[src], x_s, x_d), np.asarray(x_s), np.asarray(x_d)
 
+    if progress is not None:
+        progress(FRAMES, 0, n)
     pending = launch(batches[0]) if batches else None
     for k, idx in enumerate(batches):
         following = batches[k + 1] if k + 1 < len(batches) else None
@@ -124,5 +134,5 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
             with timer("write"):
                 writer.write(frame)
         if progress is not None:
-            progress(idx.stop, n)
+            progress(FRAMES, idx.stop, n)
         pending = after if lookahead else (launch(following) if following else None)

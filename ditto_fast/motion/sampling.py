@@ -50,7 +50,10 @@ class MotionSampler:
         )
         return pred[0].float().cpu().numpy()  # [W, D]
 
-    def __call__(self, cond: np.ndarray, source_motion: np.ndarray, generator: torch.Generator) -> np.ndarray:
+    def __call__(self, cond: np.ndarray, source_motion: np.ndarray, generator: torch.Generator,
+                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """Motion [N, D] for conditions [N, C] from the source's motion [D]; `progress(frames made, N)` is called
+        before the first window and after each."""
         n = cond.shape[0]  # cond [N, C], source_motion [D]
         if n < 1:
             raise ValueError("no condition frames to sample motion for")
@@ -61,6 +64,8 @@ class MotionSampler:
         out = np.empty((w + step * (len(starts) - 1), source_motion.size), np.float32)
         cond_frame = source_motion.astype(np.float32)
         length = 0                                                        # frames of `out` made so far
+        if progress is not None:
+            progress(0, n)
         for start in starts:
             pred = self._sample(cond_frame, cond[start:start + w], generator)
             if length == 0:
@@ -75,6 +80,8 @@ class MotionSampler:
                 # the seam and the first frame after it
                 smooth_range(out[:length], length - step - ov, length - step + 1, k, self.smooth_dims)
             cond_frame = out[length - ov - 1].copy()                      # conditions the next window
+            if progress is not None:
+                progress(min(length, n), n)
         out = out[:n]
         smooth_range(out, 0, n, k, self.smooth_dims)
         return out  # [N, D]

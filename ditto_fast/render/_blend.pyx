@@ -128,6 +128,16 @@ cdef void _blend_region(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, 
                 _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
 
 
+cdef int _check_region(const pixel_t[:, :, ::1] src, pixel_t[:, :, ::1] planes, Py_ssize_t y0,
+                       Py_ssize_t x0) except -1:
+    """ValueError unless src [h,w,C] fits the C planes at (y0, x0)."""
+    if y0 < 0 or x0 < 0 or y0 + src.shape[0] > planes.shape[1] or x0 + src.shape[1] > planes.shape[2]:
+        raise ValueError("region lies outside the frame")
+    if planes.shape[0] != src.shape[2]:
+        raise ValueError("src has a different number of samples per pixel than there are planes")
+    return 0
+
+
 def blend_feathered_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
                            Py_ssize_t inner_lo, Py_ssize_t inner_hi, pixel_t[:, :, ::1] planes,
                            Py_ssize_t y0, Py_ssize_t x0) -> None:
@@ -140,19 +150,14 @@ def blend_feathered_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mas
     mask value is 1 is copied, pixels off the mask are skipped, and only the feathered band is
     interpolated and blended. Replaces a separate warp of the mask.
     """
-    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2], sh = mask.shape[0], sw = mask.shape[1]
+    cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1]
     if inv.shape[0] != 6:
         raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
     if sh != sw:
         raise ValueError("mask must be square")
     if mask.shape[0] < 2 or not (0 <= inner_lo <= inner_hi < sw):
         raise ValueError("inner range must lie inside the mask")
-    if y0 < 0 or x0 < 0 or y0 + h > planes.shape[1] or x0 + w > planes.shape[2]:
-        raise ValueError("region lies outside the frame")
-    if planes.shape[0] != nc:
-        raise ValueError("src has a different number of samples per pixel than there are planes")
-    if h == 0 or w == 0:
-        return
+    _check_region(src, planes, y0, x0)
     _blend_region(src, mask, inv, inner_lo, inner_hi, inner_lo, inner_hi, -1.0, <double>sw, -1.0, <double>sw,
                   planes, y0, x0)
 
@@ -163,14 +168,8 @@ def blend_masked_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, 
     """blend_feathered_planes for a mask of any shape: `inner` (x0, x1, y0, y1, mask coordinates) is a rectangle
     where the mask is 1 (copied), `outer` one outside which it is 0 (skipped); between them the mask is sampled
     bilinearly and blended."""
-    cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2]
     if inv.shape[0] != 6 or inner.shape[0] != 4 or outer.shape[0] != 4:
         raise ValueError("inv must hold 6 values (a 2x3 affine matrix), inner and outer 4 (x0, x1, y0, y1)")
-    if y0 < 0 or x0 < 0 or y0 + h > planes.shape[1] or x0 + w > planes.shape[2]:
-        raise ValueError("region lies outside the frame")
-    if planes.shape[0] != nc:
-        raise ValueError("src has a different number of samples per pixel than there are planes")
-    if h == 0 or w == 0:
-        return
+    _check_region(src, planes, y0, x0)
     _blend_region(src, mask, inv, inner[0], inner[1], inner[2], inner[3], outer[0], outer[1], outer[2], outer[3],
                   planes, y0, x0)

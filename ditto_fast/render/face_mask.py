@@ -37,10 +37,15 @@ def face_ellipse(dsize: int = 512) -> tuple[float, float, float, float, float]:
     return dsize / 2, cy, side / 2, cy - top, bottom - cy
 
 
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a x b of two 3-vectors (np.cross spends ~50 us a call in Python; seven a frame showed in the profile)."""
+    return np.array([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
+
+
 def _inv3(m: np.ndarray) -> np.ndarray:
     """Inverse of a 3x3 matrix by cofactors (numpy's LAPACK wakes an OpenBLAS thread that then spins beside every
     frame's render; see putback.py)."""
-    c = np.array([np.cross(m[1], m[2]), np.cross(m[2], m[0]), np.cross(m[0], m[1])])      # rows: cofactors
+    c = np.array([_cross(m[1], m[2]), _cross(m[2], m[0]), _cross(m[0], m[1])])      # rows: cofactors
     return c.T / float(m[0] @ c[0])
 
 
@@ -56,7 +61,7 @@ def keypoint_affine(x_s: np.ndarray, x_d: np.ndarray, dsize: int = 512) -> np.nd
         return identity
     a = np.hstack([p, np.ones((len(p), 1))])                      # [K, 3]
     ata = a.T @ a
-    if abs(float(ata[0] @ np.cross(ata[1], ata[2]))) < 1e-9:
+    if abs(float(ata[0] @ _cross(ata[1], ata[2]))) < 1e-9:
         return identity
     m = (_inv3(ata) @ (a.T @ q)).T                                # [2, 3]
     lin = m[:, :2]

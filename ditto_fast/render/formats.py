@@ -1,7 +1,9 @@
 """Delivery formats: the container the output's extension names and the codec asked for, as ffmpeg options.
 
 Every output is tagged BT.709, TV range, with its audio at 48 kHz. H.264 and HEVC are encoded by x264/x265
-on the CPU, or by the GPU's NVENC (`nvenc`), with the same constant-quality number (crf / cq).
+on the CPU, or by the GPU's NVENC (`nvenc`), with the same constant-quality number (crf / cq). AAC carries at
+most 8 channels (ffmpeg's encoder), at 160 kb/s for mono and stereo and 64 kb/s a channel above that; PCM in
+QuickTime or Matroska carries up to 24 (22.2; written and read back with ffmpeg 9).
   .mp4  MPEG-4          h264 (default) or hevc, AAC audio
   .mov  QuickTime       h264 (default), hevc, or prores (ProRes 422 HQ, 10-bit 4:2:2, PCM audio)
   .mkv  Matroska        h264 (default) or hevc, AAC audio
@@ -22,6 +24,8 @@ from ditto_fast.core.errors import UsageError
 
 CONTAINERS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
 AUDIO_RATE = 48000
+AAC_MAX_CHANNELS = 8
+PCM_MAX_CHANNELS = 24
 COLOUR_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
 
 
@@ -65,15 +69,30 @@ class Format:
             args = ["-c:v", self.encoder, "-preset", preset, "-crf", str(crf)]
         return [*args, "-pix_fmt", self.pix_fmt, *COLOUR_TAGS]
 
-    def audio_args(self, bitrate: str) -> list[str]:
-        """ffmpeg's audio encoder options: 48 kHz; PCM beside ProRes, AAC otherwise."""
-        if self.codec == "prores":
-            return ["-c:a", "pcm_s24le", "-ar", str(AUDIO_RATE)]
-        return ["-c:a", "aac", "-b:a", bitrate, "-ar", str(AUDIO_RATE)]
+    @property
+    def audio_codec(self) -> str:
+        """The audio it carries: 24-bit PCM beside ProRes, AAC otherwise."""
+        return "pcm_s24le" if self.codec == "prores" else "aac"
+
+    @property
+    def max_audio_channels(self) -> int:
+        """The most audio channels its audio codec carries in its container."""
+        return PCM_MAX_CHANNELS if self.audio_codec.startswith("pcm") else AAC_MAX_CHANNELS
+
+    def audio_args(self, channels: int) -> list[str]:
+        """ffmpeg's audio encoder options for `channels` channels: 48 kHz, AAC at aac_bitrate(channels) or PCM."""
+        if self.audio_codec != "aac":
+            return ["-c:a", self.audio_codec, "-ar", str(AUDIO_RATE)]
+        return ["-c:a", "aac", "-b:a", aac_bitrate(channels), "-ar", str(AUDIO_RATE)]
 
     def muxer_args(self) -> list[str]:
         fast = ["-movflags", "+faststart"] if self.container in ("mp4", "mov") else []
         return [*fast, "-f", self.container]
+
+
+def aac_bitrate(channels: int) -> str:
+    """AAC's bitrate for `channels`: 160 kb/s for mono and stereo, 64 kb/s a channel above (5.1: 384 kb/s)."""
+    return f"{max(160, 64 * int(channels))}k"
 
 
 def output_format(path: str | Path, codec: str | None = None) -> Format:

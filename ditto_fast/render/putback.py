@@ -204,14 +204,14 @@ class YuvPutback:
         g = grid.shape[0]
         small = cv2.resize(crop, (g, g), interpolation=cv2.INTER_AREA).astype(np.float32)
         corr = self.seam(grid, cv2.transform(small, self.to_yuv), planes, M_c2o)            # [K, K, 3]
-        # the crop's planes with the correction added, at the planes' depth
-        luma = cv2.transform(crop.astype(np.float32), self.to_yuv[:1])
-        luma += cv2.resize(corr[..., 0], (d, d), interpolation=cv2.INTER_LINEAR)
-        half = cv2.resize(crop, (d // 2, d // rows), interpolation=cv2.INTER_AREA).astype(np.float32)
-        uv = cv2.transform(half, self.to_yuv[1:]) + cv2.resize(corr[..., 1:], (d // 2, d // rows),
-                                                               interpolation=cv2.INTER_LINEAR)
-        dtype = self.layout.dtype
-        luma, uv = (np.clip(np.rint(p), 0, self.top).astype(dtype) for p in (luma, uv))
+        # the crop's planes as the feather pastes them, the correction added (rounded, saturated) at their depth
+        luma, uv = self._crop_planes(crop)
+        depth = cv2.CV_8U if self.layout.bits == 8 else cv2.CV_16U
+        luma = cv2.add(luma, cv2.resize(corr[..., 0], (d, d), interpolation=cv2.INTER_LINEAR), dtype=depth)
+        uv = cv2.add(uv, cv2.resize(corr[..., 1:], (d // 2, d // rows), interpolation=cv2.INTER_LINEAR), dtype=depth)
+        if self.layout.bits > 8:
+            np.minimum(luma, int(self.top), out=luma)
+            np.minimum(uv, int(self.top), out=uv)
         (h, w), (luma_p, chroma_p) = shape, planes
         flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
         y_roi = cv2.warpAffine(luma, roi[:2], (w, h), **flags)[..., None]

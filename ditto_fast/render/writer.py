@@ -14,6 +14,7 @@ from typing import Any, Callable
 import imageio_ffmpeg
 import numpy as np
 
+from ditto_fast.audio.decode import audio_layout
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.media.ffpipe import last_stderr_line, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
@@ -22,6 +23,7 @@ from ditto_fast.media.rates import rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
 from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, output_format
+from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -68,6 +70,8 @@ class VideoWriter:
     (the same bytes every run); without it, ffmpeg's -shortest stops it near the video's end.
     `fps` is exact as a Fraction (30000/1001 is written as such in the stream).
     `comment` goes into the container's comment tag (batch records what a file was made from there).
+    `soundtrack` says what the audio carries (see render/soundtrack.py); without it the writer plans it from the
+    audio file's channels before starting, so a file it cannot carry is refused before the first frame.
     The file is written to a hidden temporary name beside `out_path` (flock'd while being written) and renamed
     into place by `close()`; `abort()` (also called when an exception leaves the `with` block) removes it. A
     writer first removes the temporaries of dead writers (killed with SIGKILL, say) in its folder.
@@ -78,7 +82,7 @@ class VideoWriter:
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
-                 *, audio_bitrate: str = "160k", comment: str | None = None, frames: int | None = None,
+                 *, soundtrack: Soundtrack | None = None, comment: str | None = None, frames: int | None = None,
                  fmt: Format | DeliveryFormat | None = None, pix_fmt: str = "rgb24",
                  check: Callable[[Path], Any] | None = None):
         if pix_fmt != "rgb24" and pix_fmt not in LAYOUTS:
@@ -92,6 +96,9 @@ class VideoWriter:
             raise ValueError(f"frame size must be positive and even for yuv420p, got {width}x{height}")
         if audio_path is not None and not Path(audio_path).is_file():
             raise InputError(f"{audio_path}: audio file not found; pass an existing WAV/MP3/... file")
+        if audio_path is not None and soundtrack is None:
+            soundtrack = plan_soundtrack(audio_path, *audio_layout(audio_path), self.format)
+        self.soundtrack = soundtrack
         self.size = (width, height)
         self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
@@ -100,7 +107,7 @@ class VideoWriter:
         try:
             self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
             self._done = False
-            self._start(audio_path, crf, preset, audio_bitrate, comment, frames)
+            self._start(audio_path, crf, preset, comment, frames)
         except BaseException:                         # a failure or Ctrl-C while starting: nothing is left
             proc = getattr(self, "_proc", None)
             if proc is not None and proc.poll() is None:
@@ -113,8 +120,8 @@ class VideoWriter:
             self._unlock()
             raise
 
-    def _start(self, audio_path: str | os.PathLike | None, crf: int, preset: str, audio_bitrate: str,
-               comment: str | None, frames: int | None) -> None:
+    def _start(self, audio_path: str | os.PathLike | None, crf: int, preset: str, comment: str | None,
+               frames: int | None) -> None:
         """Start the ffmpeg process that encodes into the temporary file."""
         width, height = self.size
         fmt = self.format
@@ -137,18 +144,22 @@ class VideoWriter:
         else:
             vf = f"scale=out_color_matrix=bt709:out_range=tv,format={fmt.pix_fmt},{tags}"
         cmd += ["-vf", vf, *fmt.video_args(crf, preset)]
+        if audio_path is not None:
+            mixed = self.soundtrack.filters()               # the channels mixed first (5.1 to stereo, say)
         if delivery and audio_path is not None:
             # the profile's tracks, each exactly the video's length (frames given) or as long as the speech
             seconds = float(frames / self.fps) if frames is not None else None
-            cmd += fmt.audio_args(1, seconds) + ([] if seconds is not None else ["-shortest"])
+            cmd += fmt.audio_args(1, seconds, mixed) + ([] if seconds is not None else ["-shortest"])
         elif audio_path is not None and frames is not None:
+            audio = fmt.audio_args(self.soundtrack.channels)
             # audio padded with silence or cut to exactly the video's length, the same bytes every run
             # (-shortest cuts wherever the muxer happens to be when the video ends)
             dur = f"{float(frames / self.fps):.6f}"
-            cmd += [*fmt.audio_args(audio_bitrate), "-af", f"apad=whole_dur={dur},atrim=end={dur}"]
+            cmd += [*audio, "-af", ",".join([*mixed, f"apad=whole_dur={dur}", f"atrim=end={dur}"])]
         elif audio_path is not None:
             # pad the audio with silence, then stop at the end of the video
-            cmd += [*fmt.audio_args(audio_bitrate), "-af", "apad", "-shortest"]
+            audio = fmt.audio_args(self.soundtrack.channels)
+            cmd += [*audio, "-af", ",".join([*mixed, "apad"]), "-shortest"]
         if comment:
             cmd += ["-metadata", f"comment={comment}"]
             if fmt.container == "mxf":      # MXF keeps no comment: the identification's version string carries it
