@@ -1,8 +1,9 @@
-"""Builds the Cython putback kernel; everything else is declared in pyproject.toml."""
+"""Builds the Cython putback kernel and installs the top-level `configs/` (settings, delivery profiles) as
+`ditto_fast/configs/`; everything else is declared in pyproject.toml."""
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 ext_modules = []
 pyx = Path(__file__).parent / "ditto_fast" / "render" / "_blend.pyx"
@@ -17,4 +18,9 @@ if pyx.exists():
         quiet=True,
     )
 
-setup(ext_modules=ext_modules)
+setup(
+    ext_modules=ext_modules,
+    packages=[*find_packages(include=["ditto_fast*"]), "ditto_fast.configs"],
+    package_dir={"ditto_fast.configs": "configs"},
+    package_data={"ditto_fast": ["render/*.pyx"], "ditto_fast.configs": ["*.yaml", "delivery/*.yaml"]},
+)

@@ -199,7 +199,8 @@ def request_options(skip: tuple[str, ...] = (), job_default: bool = False):
                 help_text += f' A job\'s own "{f.name}" wins.'
             command = click.option(*meta["flags"], f.name, type=kind, default=None,
                                    required=meta["required"] and not job_default, help=help_text,
-                                   metavar="RATE" if meta["kind"] == "rate" else None)(command)
+                                   metavar={"rate": "RATE", "profile": "NAME|FILE", "loudness": "off|LUFS",
+                                            "timecode": "HH:MM:SS:FF"}.get(meta["kind"]))(command)
         return command
     return decorate
 
@@ -310,6 +311,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
             result = renderer.render(clip, progress=bar)
     if profile:
         _write_json(profile, result.profile)
+    for warning in result.warnings:
+        click.echo(f"ditto-fast: warning: {warning}", err=True)
     if not quiet:
         click.echo(stage_table(result.profile), err=True)
     if preview is not None:
@@ -327,7 +330,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
 @click.option("--avatar", help="With --audio-dir: the avatar for every job.")
 @click.option("--audio-dir", type=click.Path(path_type=Path), help="One job per audio file in this folder.")
 @click.option("--out-dir", type=click.Path(path_type=Path),
-              help="With --audio-dir: where <stem>.mp4 go (<stem>.mov with --codec prores).")
+              help="With --audio-dir: where <stem>.mp4 go (<stem>.mov with --codec prores, the profile's extension "
+                   "with --delivery).")
 @click.option("--report", type=click.Path(path_type=Path), default=None,
               help="Write every job's outcome here as JSON (rewritten after each job).")
 @click.option("--force", is_flag=True, help="Render again jobs whose output was made from the same inputs.")
@@ -346,7 +350,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
 def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previews_dir, device, precision,
           batch_size, crf, preset, encoder, checkpoints_dir, quiet, ray_address, workers, config_path, **defaults):
     """Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional steps, seed,
-    emotion, controls, fps, codec) or --avatar NAME --audio-dir IN --out-dir OUT. Exit 7 if any job failed."""
+    emotion, controls, fps, codec, blend, delivery, loudness, timecode) or --avatar NAME --audio-dir IN --out-dir OUT.
+    Exit 7 if any job failed."""
     from ditto_fast.batch.jobs import EXIT_SOME_FAILED, jobs_from_dir, read_jobs, summary
     from ditto_fast.batch.local import run_batch
     from ditto_fast.core.config import load_config
@@ -360,6 +365,10 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
         raise click.UsageError("give JOBS_FILE, or all of --avatar NAME --audio-dir IN --out-dir OUT")
     config = load_config(config_path)
     defaults = {k: v for k, v in defaults.items() if v is not None}
+    if "delivery" in defaults:          # every job's profile: a bad one is bad usage, before anything loads
+        from ditto_fast.render.profiles import load_profile
+
+        load_profile(defaults["delivery"])
     jobs = read_jobs(jobs_file, defaults) if jobs_file is not None else \
         jobs_from_dir(avatar, audio_dir, out_dir, defaults)
     if report is not None:
@@ -399,6 +408,32 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
     click.echo(", ".join(f"{k} {v}" for k, v in counts.items()))
     if counts["failed"]:
         sys.exit(EXIT_SOME_FAILED)
+
+
+# ----------------------------------------------------------------------------- qc
+@cli.command("qc")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--delivery", required=True, metavar="NAME|FILE",
+              help="The delivery profile to check against: a name from configs/delivery or a FILE.yaml.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def qc_cmd(file, delivery, as_json):
+    """Check FILE (any video file) against a delivery profile, one line per requirement: ok or FAIL with the
+    measured value. Exit 8 when some requirement fails."""
+    from ditto_fast.core.errors import QCError
+    from ditto_fast.render import qc
+    from ditto_fast.render.profiles import load_profile
+
+    requirements = qc.check_file(file, load_profile(delivery))
+    bad = qc.failures(requirements)
+    if as_json:
+        click.echo(json.dumps({"file": str(file), "profile": delivery, "ok": not bad,
+                               "requirements": qc.as_json(requirements)}, indent=2))
+    else:
+        for r in requirements:
+            click.echo(r.line())
+    if bad:
+        click.echo(f"ditto-fast: {file}: {len(bad)} of {len(requirements)} requirements of {delivery} fail", err=True)
+        sys.exit(QCError.exit_code)
 
 
 # ----------------------------------------------------------------------------- config

@@ -158,3 +158,38 @@ def test_a_source_larger_than_max_size_says_how_to_keep_it(tmp_path):
     assert any("registered at 1920x1080 from 3840x2160" in n and "--max-size 3840" in n for n in notes), notes
     info, _ = open_source(src, 3840)
     assert info.size == (3840, 2160) and not info.picture.notes(src, info.src_size, info.size, 3840)
+
+
+def _combing(rgb: np.ndarray) -> float:
+    """Mean vertical second difference of luma: near 0 for the bar's vertical edges, large where fields comb."""
+    y = rgb.astype(np.float32).mean(axis=2)
+    return float(np.abs(2 * y[1:-1] - y[:-2] - y[2:]).mean())
+
+
+def test_an_interlaced_source_registers_deinterlaced(tmp_path):
+    """A 1080i-style source (fields 20 ms apart, a bar moving 12 px a field) is read without combing: the frames
+    registration sees and the plate it writes; read as if progressive, the same file combs."""
+    import dataclasses
+
+    w, h = 320, 180
+    frames = []
+    for k in range(12):                         # 50p: the bar 12 px further each field time
+        f = np.full((h, w, 3), 60, np.uint8)
+        f[:, 20 + 12 * k: 60 + 12 * k] = 230
+        frames.append(f)
+    src = _encode(frames, tmp_path / "i50.mp4", ["-vf", "interlace=scan=tff:lowpass=off,setfield=tff",
+                                                 "-c:v", "libx264", "-crf", "8", "-flags", "+ildct+ilme",
+                                                 "-pix_fmt", "yuv420p", "-colorspace", "bt709"], fps=50)
+    info, _ = open_source(src, 1920)
+    assert info.picture.fields == "tff" and info.picture.record()["deinterlaced"] == "tff"
+    assert any("deinterlaced" in n for n in info.picture.notes(src, info.src_size, info.size, 1920))
+    plate = tmp_path / "plate.mp4"
+    with SourceFrames(info, plate=plate) as reader:
+        read = [f.rgb() for f in reader]
+        reader.finish()
+    as_progressive = dataclasses.replace(info, picture=dataclasses.replace(info.picture, fields=None))
+    with SourceFrames(as_progressive, max_frames=len(read)) as reader:
+        combed = [f.rgb() for f in reader]
+    kept, raw = np.mean([_combing(f) for f in read]), np.mean([_combing(f) for f in combed])
+    assert len(read) == 6 and kept < raw / 4, (kept, raw)
+    assert np.mean([_combing(f) for f in _decode(plate)]) < raw / 4

@@ -40,6 +40,7 @@ class Picture:
     primaries: str | None = None
     sar: Fraction = Fraction(1)
     pix_fmt: str | None = None      # the stream's pixel format (yuv422p10le, ...)
+    fields: str | None = None       # "tff" or "bff" for an interlaced stream (deinterlaced as it is read)
 
     @property
     def plate_layout(self) -> Layout:
@@ -66,7 +67,10 @@ class Picture:
         `rate`, in kept_matrix and tagged so."""
         w, h = size
         out = self.plate_layout.pix_fmt
-        steps = [f"fps={rate_text(rate)}"]
+        # an interlaced source (1080i) is deinterlaced first, one frame per frame (bwdif, motion-adaptive): no
+        # combing reaches the plate, the landmarks or the crops
+        steps = [f"bwdif=mode=send_frame:parity={self.fields}:deint=all"] if self.fields else []
+        steps.append(f"fps={rate_text(rate)}")
         if self.hdr:        # to linear light, BT.709 primaries, tone-mapped, then BT.709 SDR
             tin = self.transfer
             pin = self.primaries if self.primaries and self.primaries != "unknown" else "bt2020"
@@ -101,6 +105,9 @@ class Picture:
             out.append(f"{path}: anamorphic ({stored[0]}x{stored[1]}, pixel aspect {self.sar.numerator}:"
                        f"{self.sar.denominator}); registered with square pixels at {shown[0]}x{shown[1]} (display "
                        "aspect kept)")
+        if self.fields:
+            out.append(f"{path}: interlaced ({'top' if self.fields == 'tff' else 'bottom'} field first); "
+                       "deinterlaced (bwdif, a frame per frame) as it is registered")
         shown = self.display_size(stored)
         if size[0] < shown[0] - 1 or size[1] < shown[1] - 1:
             out.append(f"{path}: registered at {size[0]}x{size[1]} from {shown[0]}x{shown[1]} (max size {max_size}); "
@@ -112,7 +119,8 @@ class Picture:
         return {"matrix": self.matrix, "assumed": self.assumed, "transfer": self.transfer,
                 "primaries": self.primaries, "sar": f"{self.sar.numerator}:{self.sar.denominator}",
                 "pix_fmt": self.pix_fmt, "plate": self.plate_layout.pix_fmt,
-                "tone_mapped": self.hdr, "kept_matrix": self.kept_matrix}
+                "tone_mapped": self.hdr, "kept_matrix": self.kept_matrix,
+                **({"deinterlaced": self.fields} if self.fields else {})}
 
 
 def read_picture(line: str, stored: tuple[int, int], source_colour: str = "auto") -> Picture:
@@ -121,12 +129,13 @@ def read_picture(line: str, stored: tuple[int, int], source_colour: str = "auto"
     tag = colorspace_tag(line)
     primaries, transfer = _primaries_transfer(line)
     sar, fmt = _sar(line), pixel_format(line)
+    fields = "tff" if "top first" in line else "bff" if "bottom first" in line else None
     if source_colour in ("bt601", "bt709"):
-        return Picture(source_colour, "asked", transfer, primaries, sar, fmt)
+        return Picture(source_colour, "asked", transfer, primaries, sar, fmt, fields)
     if tag is None:
         hd = stored[0] >= HD[0] or stored[1] >= HD[1]
-        return Picture("bt709" if hd else "bt601", "size", transfer, primaries, sar, fmt)
-    return Picture(matrix_for_tag(tag), None, transfer, primaries, sar, fmt)
+        return Picture("bt709" if hd else "bt601", "size", transfer, primaries, sar, fmt, fields)
+    return Picture(matrix_for_tag(tag), None, transfer, primaries, sar, fmt, fields)
 
 
 def _primaries_transfer(line: str) -> tuple[str | None, str | None]:

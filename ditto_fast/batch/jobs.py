@@ -130,9 +130,26 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
         why = "a file of that name is in the way" if isinstance(e, FileExistsError) else e.strerror or str(e)
         raise InputError(f"{out_dir}: cannot create the --out-dir folder ({why}); choose another folder") from None
     defaults = defaults or {}
-    suffix = default_suffix(defaults.get("codec"))
+    if defaults.get("delivery"):                # the profile's container names the outputs
+        from ditto_fast.render.profiles import load_profile
+
+        suffix = load_profile(defaults["delivery"]).extension
+    else:
+        suffix = default_suffix(defaults.get("codec"))
     return [Job(i, RenderRequest(avatar=avatar, audio=p, output=out_dir / f"{p.stem}{suffix}", **defaults))
             for i, p in enumerate(files)]
+
+
+def record_result(job: Job, profile: dict, warnings: tuple[str, ...] = ()) -> None:
+    """A rendered job's report entries: done, its frames and stages, and for a delivery its profile, QC and the
+    loudness measured in and out."""
+    job.status, job.frames = "done", profile["frames"]
+    job.extra["stages"] = profile["stages"]
+    if "delivery" in profile:
+        d = profile["delivery"]
+        job.extra["delivery"] = {"profile": d["profile"], "qc": d["qc"], "loudness": d["loudness"]}
+    if warnings:
+        job.extra["warnings"] = list(warnings)
 
 
 def summary(jobs: list[Job]) -> dict[str, int]:

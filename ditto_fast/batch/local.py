@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ditto_fast.avatar import Avatar
-from ditto_fast.batch.jobs import EXIT_SOME_FAILED, Job, check_jobs, is_finished, write_report
+from ditto_fast.batch.jobs import EXIT_SOME_FAILED, Job, check_jobs, is_finished, record_result, write_report
 from ditto_fast.core.errors import DittoError, Terminated
 from ditto_fast.engine.renderer import Renderer, RenderResult
 from ditto_fast.engine.setup import RenderSetup
@@ -55,8 +55,7 @@ def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_
             tick = (lambda stage, d, n, k=k: progress(f"job {k}/{len(todo)} {stage}", d, n)) if progress else None
             try:
                 result = renderer.render(clips[job.index], progress=tick)
-                job.status, job.frames = "done", result.profile["frames"]
-                job.extra["stages"] = result.profile["stages"]
+                record_result(job, result.profile, result.warnings)
                 if job.index in targets:
                     _preview(job, targets[job.index], result, clips[job.index].avatar)
             except DittoError as e:

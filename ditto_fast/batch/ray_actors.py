@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ditto_fast.audio.decode import DecodedAudio
-from ditto_fast.batch.jobs import Job, check_jobs, is_finished, write_report
+from ditto_fast.batch.jobs import Job, check_jobs, is_finished, record_result, write_report
 from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress
@@ -73,8 +73,7 @@ class BatchWorker:
                 job.status, job.frames = "skipped", clip.frames
             else:
                 result = self.renderer.render(clip)
-                job.status, job.frames = "done", result.profile["frames"]
-                job.extra["stages"] = result.profile["stages"]
+                record_result(job, result.profile, result.warnings)
         except DittoError as e:
             job.fail(e)
         except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others

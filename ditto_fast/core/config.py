@@ -1,4 +1,5 @@
-"""Settings: types and allowed ranges here, values in `configs/default.yaml` (the one place defaults live).
+"""Settings: types and allowed ranges here, values in `configs/default.yaml` (the one place defaults and delivery
+profiles live: the top-level `configs/` of a checkout, installed as `ditto_fast/configs/` by pip).
 
 A user YAML (`--config FILE`) overrides any subset; every value is checked by type and range when
 read, and a bad one is refused naming the file and the key.
@@ -16,7 +17,17 @@ import yaml
 
 from ditto_fast.core.errors import UsageError
 
-DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+
+def _config_dir() -> Path:
+    """`configs/`: inside the installed package (a wheel), else the checkout's top level (source tree, pip -e)."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "configs"
+    return installed if (installed / "default.yaml").is_file() else package.parent / "configs"
+
+
+CONFIG_DIR = _config_dir()
+DEFAULT_YAML = CONFIG_DIR / "default.yaml"
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
 CODECS = ("h264", "hevc", "prores")
 BLENDS = ("seamless", "feather")

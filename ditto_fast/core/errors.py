@@ -37,5 +37,11 @@ class CheckpointError(DittoError):
     exit_code = 6
 
 
+class QCError(DittoError):
+    """A deliverable fails its delivery profile's QC (nothing is left at the output path)."""
+
+    exit_code = 8
+
+
 class Terminated(BaseException):
     """Raised in the main thread on SIGTERM so that cleanup runs as for Ctrl-C (exit 143)."""

@@ -22,7 +22,9 @@ from ditto_fast.media.claims import check_unclaimed
 from ditto_fast.media.rates import frames_for, parse_rate
 from ditto_fast.motion.conditions import emotion_schedule, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
+from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, default_suffix, output_format
+from ditto_fast.render.profiles import DeliveryProfile, check_timecode, load_profile
 from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
 from ditto_fast.render.writer import check_output_path
 
@@ -46,6 +48,8 @@ class Clip:
     controls_sha256: str | None
     avatar_key: tuple[int, int] | None = None   # the avatar record's identity when the clip was checked
     blend: str = "feather"              # the putback: seamless or feather
+    delivery: DeliveryProfile | None = None     # the delivery profile (`format` is then its DeliveryFormat)
+    loudness: tuple[float, float] | None = None  # (target LUFS, true-peak ceiling dBTP) the audio is leveled to
     soundtrack: Soundtrack | None = None        # the output's audio channels, mixed from the file's
 
     @property
@@ -63,9 +67,9 @@ def avatar_identity(avatar_dir: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-def default_output(avatar: str, audio: Path, codec: str | None = None) -> Path:
-    """<avatar>_<audio stem>.mp4 (.mov for ProRes) in the current directory."""
-    return Path.cwd() / f"{avatar}_{Path(audio).stem}{default_suffix(codec)}"
+def default_output(avatar: str, audio: Path, codec: str | None = None, suffix: str | None = None) -> Path:
+    """<avatar>_<audio stem>.mp4 (.mov for ProRes, `suffix` for a delivery profile) in the current directory."""
+    return Path.cwd() / f"{avatar}_{Path(audio).stem}{suffix or default_suffix(codec)}"
 
 
 def overwrites(output: Path, source: Path) -> bool:
@@ -83,7 +87,12 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     controls parse for its length. Raises the DittoError a user caused."""
     key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)
-    output = request.output or default_output(request.avatar, request.audio, settings["codec"])
+    profile = load_profile(request.delivery) if request.delivery else None
+    if profile is None and (request.loudness is not None or request.timecode is not None):
+        raise UsageError(f"--{'loudness' if request.loudness is not None else 'timecode'} goes with --delivery; "
+                         "name a delivery profile")
+    output = request.output or default_output(request.avatar, request.audio, settings["codec"],
+                                              profile.extension if profile else None)
     check_output_path(output)
     check_unclaimed(output)                     # not being written by another process now
     emotion = settings["emotion"]
@@ -92,11 +101,16 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
               *([emotion_file] if emotion_file else []), avatar.dir):
         if overwrites(output, p):
             raise UsageError(f"{output}: the output would overwrite an input ({p}); choose another output path")
-    fmt = output_format(output, settings["codec"])
-    rate = avatar.rate if request.fps is None else parse_rate(request.fps)
+    if profile is None:
+        fmt = output_format(output, settings["codec"])
+        rate = avatar.rate if request.fps is None else parse_rate(request.fps)
+    else:
+        fmt, rate = delivery_format(request, profile, avatar, output)
     audio = audio or decode_audio(request.audio)
     soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt)
     n = frames_for(len(audio.samples), rate)
+    if profile is not None and profile.video.field_rate:
+        n += n % 2                          # fields come in pairs: the audio is padded to the last one
     schedule = read_schedule_file(emotion_file) if emotion_file else None
     per_frame = emotion_schedule(emotion, n, schedule)
     controls = read_control_file(request.controls) if request.controls else None
@@ -104,4 +118,44 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
                 hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
-                soundtrack)
+                profile, _loudness_target(request, profile), soundtrack)
+
+
+CODEC_OF_PROFILE = {"prores": "prores", "h264": "h264"}     # a profile codec that --codec also names
+
+
+def delivery_format(request: RenderRequest, profile: DeliveryProfile, avatar: Avatar,
+                    output: Path) -> tuple[DeliveryFormat, Fraction]:
+    """The delivered format and rate of a request with a profile; UsageError for an output name, --fps, --codec,
+    --timecode or an avatar's aspect that contradicts the profile."""
+    v, where = profile.video, f"--delivery {profile.name}"
+    if output.suffix.lower() != profile.extension:
+        raise UsageError(f"{output}: {where} writes {profile.container.upper()}; name the output "
+                         f"{output.with_suffix(profile.extension).name}")
+    if request.codec is not None and CODEC_OF_PROFILE.get(v.codec) != request.codec:
+        raise UsageError(f"--codec {request.codec} contradicts {where} ({v.codec}); leave --codec out")
+    rate = v.rate or (avatar.rate if request.fps is None else parse_rate(request.fps))   # delivered frames/s
+    if request.fps is not None and parse_rate(request.fps) != rate:
+        raise UsageError(f"--fps {request.fps} contradicts {where} ({float(rate):g} frames/s); leave --fps out")
+    size = v.size or avatar.size
+    aw, ah = avatar.size
+    if abs(aw * size[1] - ah * size[0]) > 0.01 * ah * size[0]:
+        raise UsageError(f"avatar {request.avatar} is {aw}x{ah}, another aspect than {where}'s "
+                         f"{size[0]}x{size[1]}; register a source of that aspect")
+    timecode = request.timecode or profile.timecode
+    if timecode is not None:
+        try:
+            check_timecode(timecode, rate)
+        except ValueError as e:
+            raise UsageError(f"--timecode {e}") from None
+    return DeliveryFormat(profile, tuple(size), rate, timecode=timecode), rate * (2 if v.field_rate else 1)
+
+
+def _loudness_target(request: RenderRequest, profile: DeliveryProfile | None) -> tuple[float, float] | None:
+    """The (target, ceiling) the audio is leveled to: the profile's, or --loudness (off: none; a target keeps the
+    profile's ceiling, or -1 dBTP)."""
+    if profile is None or request.loudness == "off":
+        return None
+    if request.loudness is not None:
+        return float(request.loudness), profile.loudness[1] if profile.loudness else -1.0
+    return profile.loudness

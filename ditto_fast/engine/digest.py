@@ -30,6 +30,9 @@ def clip_digest(clip: Clip, settings: dict) -> str:
     }
     if clip.blend != "feather":        # outputs made before the blend was a setting keep their digests
         parts["blend"] = clip.blend
+    if clip.delivery is not None:      # likewise outputs made without a delivery profile
+        parts["delivery"] = {"profile": clip.delivery.sha256, "loudness": clip.loudness,
+                             "timecode": clip.format.timecode, "size": list(clip.format.size)}
     track = clip.soundtrack
     if track is not None and (track.mix is not None or track.channels > 2):   # mono and stereo: digests as before
         parts["soundtrack"] = [track.channels, track.filters()]

@@ -25,14 +25,17 @@ OpenCV's worker threads, nor ffmpeg), so write's wall minus its CPU is the time 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ditto_fast import models
 from ditto_fast.audio.hubert import HubertFeatures
+from ditto_fast.audio.loudness import Leveling, level
 from ditto_fast.avatar import Avatar, load_avatar
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.avatar.store import avatars_dir
@@ -46,6 +49,8 @@ from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
 from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
+from ditto_fast.render import qc
+from ditto_fast.render.delivery import measured_as, programme_chain
 from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.render.writer import VideoWriter
 
@@ -57,6 +62,7 @@ class RenderResult:
     output: Path
     profile: dict
     mouth: np.ndarray | None = None     # [N] generated lip opening per output frame (for the render preview)
+    warnings: tuple[str, ...] = ()      # what the caller should tell the user (speech too quiet to level)
 
 
 def stage_table(profile: dict) -> str:
@@ -71,6 +77,12 @@ def stage_table(profile: dict) -> str:
                  f"{profile['device']} {profile['precision']}, {profile['steps']} steps, {profile['rate']} fps "
                  f"{profile['container']} {profile['encoder']}, batch {profile['batch_size']}"
                  + (" — RANDOM WEIGHTS: the face region is noise" if profile["random_weights"] else ""))
+    if profile.get("delivery"):
+        d, ld = profile["delivery"], profile["delivery"].get("loudness")
+        level_text = "levels as spoken" if ld is None else (
+            f"loudness {ld['input']['integrated_lufs']:.1f} -> {ld['output']['integrated_lufs']:.1f} LUFS "
+            f"(target {ld['target']:g}), true peak {ld['output']['true_peak_dbtp']:.1f} dBTP")
+        lines.append(f"delivery {d['profile']}: QC {d['qc']}, {level_text}")
     return "\n".join(lines)
 
 
@@ -132,7 +144,7 @@ class Renderer:
         timer.seconds["load_models"], self._unreported_load = round(self._unreported_load, 4), 0.0
         digest = self.setup.digest(clip)
         with claimed(clip.output):              # one writer per output path, for the whole render
-            mouth = self._render(clip, digest, timer, progress)
+            mouth, delivery = self._render(clip, digest, timer, progress)
         wall = time.perf_counter() - t_start
         profile = {
             "frames": clip.frames, "audio_seconds": clip.audio.seconds, "wall_seconds": wall,
@@ -146,11 +158,24 @@ class Renderer:
             "digest": digest, "stages": {k: round(v, 4) for k, v in timer.seconds.items()},
             "stages_cpu": {k: round(v, 4) for k, v in timer.thread_seconds.items()},
         }
-        return RenderResult(clip.output, profile, mouth)
+        warnings: tuple[str, ...] = ()
+        if delivery is not None:
+            profile["delivery"] = delivery
+            warnings = tuple(w for w in [(delivery.get("loudness") or {}).get("warning")] if w)
+        return RenderResult(clip.output, profile, mouth, warnings)
 
-    def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None) -> np.ndarray:
-        """The stages of one checked clip; returns the generated lip opening [N] per output frame."""
+    def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None
+                ) -> tuple[np.ndarray, dict | None]:
+        """The stages of one checked clip; returns the generated lip opening [N] per output frame and, for a
+        delivery, its record (profile, loudness measured in and out, the QC of the file before its rename)."""
         avatar, tl = clip.avatar, timeline(clip)
+        fmt, leveling, check = self.setup.output_format(clip), None, None
+        if clip.delivery is not None:
+            if clip.loudness is not None:       # measured once per clip; the motion is made from the speech as is
+                programme = ",".join([*clip.soundtrack.filters(), programme_chain(clip.delivery)])
+                leveling = level(clip.request.audio, programme, measured_as(clip.delivery), *clip.loudness)
+                fmt = dataclasses.replace(fmt, gain=leveling.filters)
+            check = _qc_check(clip, fmt, leveled=leveling is not None and leveling.warning is None)
         # the plate reader is told every frame it will serve, so ffmpeg decodes its first block beside HuBERT and
         # the LMDM, and each next block while one is pasted into
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes",
@@ -164,8 +189,36 @@ class Renderer:
             # converted and blended
             with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
                              crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
-                             fmt=self.setup.output_format(clip), pix_fmt=plate.layout.pix_fmt,
-                             soundtrack=clip.soundtrack) as writer:
+                             fmt=fmt, pix_fmt=plate.layout.pix_fmt, soundtrack=clip.soundtrack,
+                             check=check) as writer:
                 render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
                               self.config.render.lookahead, plate, writer, timer, progress)
-        return mouth
+        if clip.delivery is None:
+            return mouth, None
+        return mouth, _delivery_record(clip, leveling, writer.checked)
+
+
+def _qc_check(clip: Clip, fmt, leveled: bool) -> Callable[[Path], list]:
+    """The QC a delivery's finished temporary file must pass before it is renamed into place (QCError if not);
+    speech too quiet to level is not held to the loudness target."""
+    def check(path: Path) -> list:
+        return qc.require(path, clip.delivery, clip.output, size=fmt.size, rate=fmt.rate, timecode=fmt.timecode,
+                          loudness=clip.loudness if leveled else None)
+    return check
+
+
+def _delivery_record(clip: Clip, leveling: Leveling | None, checked: list) -> dict:
+    """The profile JSON's "delivery": profile, the QC lines, loudness measured on the speech and on the file."""
+    v = clip.delivery.video
+    record = {"profile": clip.delivery.name, "qc": f"{len(checked)}/{len(checked)} ok",
+              "scan": ("interlaced " + v.field_order + (", field-rate motion" if v.field_rate else ", PsF"))
+              if v.interlaced else "progressive", "delivered_rate": rate_text(clip.format.rate),
+              "requirements": qc.as_json(checked), "loudness": None}
+    if leveling is not None:
+        measured = {r.name: r.measured for r in checked}
+        out = {"integrated_lufs": float(measured["loudness"].split()[0]),
+               "true_peak_dbtp": float(measured["true peak"].split()[0])} if "loudness" in measured else \
+            leveling.measured_out.as_dict()
+        record["loudness"] = {"target": clip.loudness[0], "ceiling": clip.loudness[1], **leveling.as_dict(),
+                              "output": out}
+    return record

@@ -19,12 +19,19 @@ from ditto_fast.avatar.store import validate_name
 from ditto_fast.core.config import check_setting, declaration
 from ditto_fast.core.errors import UsageError
 from ditto_fast.media.rates import parse_rate
+from ditto_fast.render.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
 
 EMOTION_HELP = ("angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, or a per-frame "
                 "schedule: a JSON file, or inline JSON like '{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")
 FPS_HELP = ("Output frame rate: 24, 25, 30, 50, 60 or the NTSC rates 23.976, 29.97, 59.94 (also as 24000/1001, "
             "30000/1001, 60000/1001) [default: the avatar's own rate; 25 for image avatars].")
 CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with PCM audio; .mov only)."
+DELIVERY_HELP = ("A delivery profile: a name from configs/delivery (xdcam-hd422-1080i50, xdcam-hd422-1080i5994, "
+                 "dnxhd-1080i50, prores-hq-1080p, web-h264) or a FILE.yaml of the same shape. It sets container, "
+                 "codec, size, rate, scan, audio tracks, loudness and timecode; the output is checked (QC) before "
+                 "it is renamed into place.")
+LOUDNESS_HELP = "With --delivery: off (levels as spoken) or a target in LUFS (-40..-5) instead of the profile's."
+TIMECODE_HELP = "With --delivery: start timecode HH:MM:SS:FF (HH:MM:SS;FF drop-frame, at 29.97/59.94 only)."
 BLEND_HELP = ("Putback: seamless (only the face the motion changes, its colour matched to the plate at the edge; "
               "the plate's own pixels elsewhere) or feather (the whole crop square through a feathered edge, as "
               "Ditto does).")
@@ -56,6 +63,9 @@ class RenderRequest:
     fps: str | None = _field(kind="rate", flags=("--fps",), help=FPS_HELP)
     codec: str | None = _field(setting=("clip", "codec"), flags=("--codec",), help=CODEC_HELP)
     blend: str | None = _field(setting=("render", "blend"), flags=("--blend",), help=BLEND_HELP)
+    delivery: str | None = _field(kind="profile", flags=("--delivery",), help=DELIVERY_HELP)
+    loudness: str | float | None = _field(kind="loudness", flags=("--loudness",), help=LOUDNESS_HELP)
+    timecode: str | None = _field(kind="timecode", flags=("--timecode",), help=TIMECODE_HELP)
 
     def __post_init__(self) -> None:
         for f in FIELDS:
@@ -83,6 +93,9 @@ class RenderRequest:
         for f in FIELDS:
             if f.metadata["kind"] == "path" and f.name in data and isinstance(data[f.name], str):
                 values[f.name] = base / data[f.name]
+        delivery = data.get("delivery")
+        if isinstance(delivery, str) and delivery.lower().endswith((".yaml", ".yml")):   # a profile file
+            values["delivery"] = str(base / delivery)
         try:
             return cls(**values)
         except UsageError as e:
@@ -118,9 +131,35 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
         except ValueError as e:
             raise UsageError(str(e)) from None
         return str(value)
+    if meta["kind"] == "profile":
+        if not isinstance(value, (str, Path)) or not str(value):
+            raise UsageError(f"delivery must be a profile name ({', '.join(shipped_profiles())}) or a FILE.yaml, "
+                             f"got {value!r}")
+        load_profile(value)                     # read and checked now: a bad profile fails before anything loads
+        return str(value)
+    if meta["kind"] == "loudness":
+        return _loudness(value)
+    if meta["kind"] == "timecode":
+        if not isinstance(value, str) or not TIMECODE.match(value):
+            raise UsageError(f"timecode must be HH:MM:SS:FF (HH:MM:SS;FF for drop-frame), got {value!r}")
+        return value
     if f.name == "avatar":
         return validate_name(value)
     return value
+
+
+def _loudness(value: Any) -> str | float:
+    """'off' or a target in LUFS within the profiles' range; UsageError otherwise."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return "off"
+    try:
+        target = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        target = None
+    low, high = LOUDNESS_RANGE
+    if target is None or not low <= target <= high:
+        raise UsageError(f"loudness must be off or a target in {low:g}..{high:g} LUFS, got {value!r}")
+    return target
 
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(RenderRequest)

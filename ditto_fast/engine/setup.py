@@ -16,6 +16,7 @@ from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.digest import clip_digest
 from ditto_fast.render.batch_size import auto_batch_size
+from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, nvenc_works
 from ditto_fast.render.precision import choose_precision
 
@@ -61,7 +62,9 @@ class RenderSetup:
 
     def output_format(self, clip: Clip) -> Format:
         """The clip's format with this setup's encoder (the software one for a codec whose NVENC does not work
-        here: the setup probed H.264's)."""
+        here: the setup probed H.264's). A delivery's format is its profile's: encoded in software."""
+        if isinstance(clip.format, DeliveryFormat):
+            return clip.format
         nvenc = self.nvenc and clip.format.codec in ("h264", "hevc") and nvenc_works(clip.format.codec)[0]
         return dataclasses.replace(clip.format, nvenc=nvenc)
 

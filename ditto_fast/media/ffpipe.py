@@ -68,7 +68,8 @@ def colorspace_tag(line: str) -> str | None:
 def container_comment(path: str | os.PathLike) -> str | None:
     """The container-level comment tag of a media file, or None."""
     for ln in _describe(path):
-        m = re.match(r"^ {4}comment\s*: (.*)$", ln, re.IGNORECASE)     # Matroska writes COMMENT
+        m = re.match(r"^ {4}comment\s*: (.*)$", ln, re.IGNORECASE) or \
+            re.match(r"^ {4}product_version\s*: (ditto-fast .*)$", ln)     # Matroska writes COMMENT; MXF (see writer)
         if m:
             return m.group(1).strip()
     return None

@@ -9,6 +9,7 @@ import tempfile
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Callable
 
 import imageio_ffmpeg
 import numpy as np
@@ -20,6 +21,7 @@ from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 from ditto_fast.media.rates import rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
+from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, output_format
 from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
 
@@ -73,12 +75,16 @@ class VideoWriter:
     The file is written to a hidden temporary name beside `out_path` (flock'd while being written) and renamed
     into place by `close()`; `abort()` (also called when an exception leaves the `with` block) removes it. A
     writer first removes the temporaries of dead writers (killed with SIGKILL, say) in its folder.
+    A DeliveryFormat (`fmt`) takes the profile's encoder, size, scan and audio track layout; `check` is called on the
+    finished temporary file before the rename (QC: an exception leaves nothing at `out_path`), its result kept in
+    `checked`.
     """
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
                  *, soundtrack: Soundtrack | None = None, comment: str | None = None, frames: int | None = None,
-                 fmt: Format | None = None, pix_fmt: str = "rgb24"):
+                 fmt: Format | DeliveryFormat | None = None, pix_fmt: str = "rgb24",
+                 check: Callable[[Path], Any] | None = None):
         if pix_fmt != "rgb24" and pix_fmt not in LAYOUTS:
             raise ValueError(f"pix_fmt must be rgb24 or one of {', '.join(LAYOUTS)}, got {pix_fmt}")
         self.pix_fmt = pix_fmt
@@ -96,6 +102,7 @@ class VideoWriter:
         self.size = (width, height)
         self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
+        self._check, self.checked = check, None
         self._tmp_path, self._lock_fd = create_locked(self.out_path, "part", self.out_path.suffix)
         try:
             self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
@@ -124,10 +131,14 @@ class VideoWriter:
         if audio_path is not None:
             cmd += ["-i", str(audio_path)]
         cmd += ["-map", "0:v:0"]
-        if audio_path is not None:
+        if audio_path is not None and not isinstance(fmt, DeliveryFormat):   # a delivery maps its own tracks
             cmd += ["-map", "1:a:0"]
         tags = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
-        if self._layout is not None:        # already limited-range BT.709: passed on as is where the codec's format is
+        delivery = isinstance(fmt, DeliveryFormat)
+        if delivery:                        # scaled to the profile's size, its pixel format and field order
+            rgb = "" if self._layout is not None else "scale=out_color_matrix=bt709:out_range=tv,"
+            vf = f"{rgb}{tags},{fmt.video_filters(self.size)}"
+        elif self._layout is not None:      # already limited-range BT.709: passed on as is where the codec's format is
             # the frames' own (a 10-bit 4:2:2 plate into ProRes); else chroma and depth resampled
             vf = f"{tags},format={fmt.pix_fmt}"
         else:
@@ -135,17 +146,24 @@ class VideoWriter:
         cmd += ["-vf", vf, *fmt.video_args(crf, preset)]
         if audio_path is not None:
             mixed = self.soundtrack.filters()               # the channels mixed first (5.1 to stereo, say)
+        if delivery and audio_path is not None:
+            # the profile's tracks, each exactly the video's length (frames given) or as long as the speech
+            seconds = float(frames / self.fps) if frames is not None else None
+            cmd += fmt.audio_args(1, seconds, mixed) + ([] if seconds is not None else ["-shortest"])
+        elif audio_path is not None and frames is not None:
             audio = fmt.audio_args(self.soundtrack.channels)
-        if audio_path is not None and frames is not None:
             # audio padded with silence or cut to exactly the video's length, the same bytes every run
             # (-shortest cuts wherever the muxer happens to be when the video ends)
             dur = f"{float(frames / self.fps):.6f}"
             cmd += [*audio, "-af", ",".join([*mixed, f"apad=whole_dur={dur}", f"atrim=end={dur}"])]
         elif audio_path is not None:
             # pad the audio with silence, then stop at the end of the video
+            audio = fmt.audio_args(self.soundtrack.channels)
             cmd += [*audio, "-af", ",".join([*mixed, "apad"]), "-shortest"]
         if comment:
             cmd += ["-metadata", f"comment={comment}"]
+            if fmt.container == "mxf":      # MXF keeps no comment: the identification's version string carries it
+                cmd += ["-metadata", f"product_version={comment}"]
         cmd += [*fmt.muxer_args(), str(self._tmp_path)]
         try:
             self._proc = _spawn(cmd, self._stderr, pass_fds=(self._lock_fd,))
@@ -190,6 +208,12 @@ class VideoWriter:
         rc = self._proc.wait()
         if rc != 0 or self.frames_written == 0:
             self._fail("no frames were written" if rc == 0 else None)
+        if self._check is not None:
+            try:
+                self.checked = self._check(self._tmp_path)
+            except BaseException:
+                self.abort()
+                raise
         try:
             give_usual_mode(self._tmp_path)
             os.replace(self._tmp_path, self.out_path)

@@ -1,0 +1,322 @@
+"""Delivery profiles: what a station's playout takes (container, video, audio layout, loudness, timecode), as
+YAML data in `configs/delivery/NAME.yaml` or a user's file of the same shape, checked key by key when read.
+
+A profile is refused with one line naming the file and the key: an unknown key, a value of the wrong kind, a
+codec/container or codec/pixel-format pairing ffmpeg cannot write, a loudness target outside -40..-5 LUFS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ditto_fast.core.config import CONFIG_DIR
+from ditto_fast.core.errors import UsageError
+from ditto_fast.media.rates import RENDER_RATES, parse_rate
+
+PROFILE_DIR = CONFIG_DIR / "delivery"
+EXTENSIONS = {"mxf": ".mxf", "mov": ".mov", "mp4": ".mp4"}
+# what each container carries (the pairs ffmpeg's muxers write and playout servers read)
+CONTAINER_VIDEO = {"mxf": ("mpeg2video", "dnxhd"), "mov": ("prores", "dnxhd", "h264", "mpeg2video"),
+                   "mp4": ("h264",)}
+CONTAINER_AUDIO = {"mxf": ("pcm_s16le", "pcm_s24le"), "mov": ("pcm_s16le", "pcm_s24le", "aac"), "mp4": ("aac",)}
+PIX_FMTS = {"mpeg2video": ("yuv422p", "yuv420p"), "dnxhd": ("yuv422p", "yuv422p10le"),
+            "prores": ("yuv422p10le",), "h264": ("yuv420p",)}
+PROFILES = {"mpeg2video": ("422", "main"), "prores": ("hq",), "h264": ("high", "main", "baseline"),
+            "dnxhd": ()}
+LEVELS = {"mpeg2video": ("high", "main")}
+INTERLACED_CODECS = ("mpeg2video", "dnxhd")
+KEYS = {
+    "": ("container", "video", "audio", "loudness", "timecode"),
+    "video": ("codec", "profile", "level", "bitrate", "crf", "preset", "gop", "b_frames", "pix_fmt", "size", "rate",
+              "scan", "field_order", "fields", "colour"),
+    "colour": ("primaries", "transfer", "matrix", "range"),
+    "audio": ("codec", "bitrate", "rate", "tracks", "channels", "speech"),
+    "loudness": ("target", "true_peak"),
+    "timecode": ("start", "drop_frame"),
+}
+TIMECODE = re.compile(r"^(\d\d):([0-5]\d):([0-5]\d)([:;])(\d\d)$")
+LOUDNESS_RANGE = (-40.0, -5.0)
+TRUE_PEAK_RANGE = (-10.0, 0.0)
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    codec: str
+    profile: str | None
+    level: str | None
+    bitrate: int | None             # constant bitrate, bits/s
+    crf: int | None                 # constant quality (h264)
+    preset: str | None
+    gop: int                        # frames from an I frame to the next (1: intra only)
+    b_frames: int
+    pix_fmt: str
+    size: tuple[int, int] | None    # None: the avatar's own
+    rate: Fraction | None           # frames/s (interlaced: two fields each); None: the avatar's own or --fps
+    interlaced: bool
+    field_order: str | None         # tff or bff
+    colour: dict[str, str]
+    field_rate: bool = False        # interlaced: each field its own moment (rendered at twice the frame rate)
+
+    @property
+    def render_rate(self) -> Fraction | None:
+        """The rate frames are rendered at: the frame rate, or the field rate for field-rate motion."""
+        return None if self.rate is None else self.rate * (2 if self.field_rate else 1)
+
+
+@dataclass(frozen=True)
+class AudioSpec:
+    codec: str
+    bitrate: str | None             # aac only
+    rate: int
+    tracks: int
+    channels: int                   # per track
+    speech: tuple[int, ...]         # 1-based tracks that carry the speech
+
+    @property
+    def programme_channels(self) -> int:
+        """Channels of the programme as measured: 2 for speech on two mono tracks or one stereo track, else 1."""
+        return min(2, len(self.speech) * self.channels)
+
+
+@dataclass(frozen=True)
+class DeliveryProfile:
+    """One delivery: container, video, audio layout, loudness target (None: levels as spoken), start timecode."""
+
+    name: str
+    source: str                     # the file it was read from
+    sha256: str                     # of its checked content (the render digest records it)
+    container: str
+    video: VideoSpec
+    audio: AudioSpec
+    loudness: tuple[float, float] | None    # (target LUFS, true-peak ceiling dBTP)
+    timecode: str | None
+    drop_frame: bool
+
+    @property
+    def extension(self) -> str:
+        return EXTENSIONS[self.container]
+
+
+def shipped_profiles() -> list[str]:
+    """The names of the profiles in configs/delivery."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def profile_path(name_or_file: str | Path) -> Path:
+    """The file a --delivery value names: a shipped profile's name or a YAML file; UsageError for neither."""
+    text = str(name_or_file)
+    if re.fullmatch(r"[a-z0-9][a-z0-9-]*", text) and (PROFILE_DIR / f"{text}.yaml").is_file():
+        return PROFILE_DIR / f"{text}.yaml"
+    path = Path(text)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        if not path.is_file():
+            raise UsageError(f"{path}: delivery profile not found; give a YAML file or one of "
+                             f"{', '.join(shipped_profiles())}")
+        return path
+    raise UsageError(f"unknown delivery profile {text!r}; use one of {', '.join(shipped_profiles())} or a "
+                     "FILE.yaml of the same shape")
+
+
+def load_profile(name_or_file: str | Path) -> DeliveryProfile:
+    """The profile a --delivery value names, read and checked (cached per file and modification time)."""
+    path = profile_path(name_or_file)
+    return _load(str(path.resolve()), path.stat().st_mtime_ns, str(path))
+
+
+@lru_cache(maxsize=64)
+def _load(resolved: str, mtime_ns: int, shown: str) -> DeliveryProfile:
+    path = Path(resolved)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UsageError(f"{shown}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise UsageError(f"{shown}: cannot read the delivery profile ({e.strerror})") from None
+    return check_profile(data, shown, path.stem)
+
+
+def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
+    """A profile from its parsed YAML, every key checked; UsageError '<where>: <key> ...' for the first bad one."""
+    err = _Checker(where)
+    top = err.mapping(data, "", required=("container", "video", "audio"))
+    container = err.choice(top["container"], "container", tuple(CONTAINER_VIDEO))
+    v = err.mapping(top["video"], "video", required=("codec", "pix_fmt", "scan"))
+    codec = err.choice(v["codec"], "video.codec", tuple(PIX_FMTS))
+    if codec not in CONTAINER_VIDEO[container]:
+        err.fail("video.codec", f"{codec} cannot go in {container} (there: {', '.join(CONTAINER_VIDEO[container])})")
+    pix_fmt = err.choice(v["pix_fmt"], "video.pix_fmt", PIX_FMTS[codec])
+    scan = err.choice(v["scan"], "video.scan", ("progressive", "interlaced"))
+    interlaced = scan == "interlaced"
+    if interlaced and codec not in INTERLACED_CODECS:
+        err.fail("video.scan", f"interlaced {codec} is not made here; use progressive "
+                               f"(interlaced: {', '.join(INTERLACED_CODECS)})")
+    field_order, fields = None, v.get("fields", "psf")
+    if interlaced:
+        field_order = err.choice(v.get("field_order"), "video.field_order", ("tff", "bff"))
+        err.choice(fields, "video.fields", ("psf", "field-rate"))
+        if fields == "field-rate" and v.get("rate") is None:
+            err.fail("video.fields", "field-rate needs a fixed rate (video.rate)")
+    elif v.get("field_order") is not None or "fields" in v:
+        err.fail("video.field_order" if v.get("field_order") is not None else "video.fields",
+                 "goes with scan: interlaced")
+    bitrate = err.bitrate(v.get("bitrate"), "video.bitrate")
+    crf = err.integer(v.get("crf"), "video.crf", 0, 51) if v.get("crf") is not None else None
+    if codec in ("mpeg2video", "dnxhd") and bitrate is None:
+        err.fail("video.bitrate", f"{codec} needs a constant bitrate such as 50M")
+    if codec == "h264" and crf is None and bitrate is None:
+        err.fail("video.crf", "h264 needs crf (constant quality) or bitrate")
+    gop = err.integer(v.get("gop", 1), "video.gop", 1, 300)
+    b_frames = err.integer(v.get("b_frames", 0), "video.b_frames", 0, 4)
+    if b_frames and gop <= b_frames:
+        err.fail("video.b_frames", f"{b_frames} B frames need a gop longer than that (gop {gop})")
+    profile = None
+    if v.get("profile") is not None:
+        profile = err.choice(str(v["profile"]).lower(), "video.profile", PROFILES[codec] or ("(none)",))
+    level = None
+    if v.get("level") is not None:
+        level = err.choice(str(v["level"]).lower(), "video.level", LEVELS.get(codec, ("(none)",)))
+    preset = v.get("preset")
+    if preset is not None and (codec != "h264" or not isinstance(preset, str)):
+        err.fail("video.preset", "an x264 preset name, for h264 only")
+    colour = err.mapping(v.get("colour") or {"primaries": "bt709", "transfer": "bt709", "matrix": "bt709",
+                                             "range": "tv"}, "colour", required=KEYS["colour"])
+    colour = {k: err.choice(colour[k], f"video.colour.{k}", ("bt709",) if k != "range" else ("tv",))
+              for k in KEYS["colour"]}
+    video = VideoSpec(codec, profile, level, bitrate, crf, preset, gop, b_frames, pix_fmt,
+                      err.size(v.get("size"), "video.size"), err.rate(v.get("rate"), "video.rate"), interlaced,
+                      field_order, colour, fields == "field-rate")
+
+    a = err.mapping(top["audio"], "audio", required=("codec", "tracks", "channels", "speech"))
+    acodec = err.choice(a["codec"], "audio.codec", ("pcm_s16le", "pcm_s24le", "aac"))
+    if acodec not in CONTAINER_AUDIO[container]:
+        err.fail("audio.codec", f"{acodec} cannot go in {container} (there: {', '.join(CONTAINER_AUDIO[container])})")
+    tracks = err.integer(a["tracks"], "audio.tracks", 1, 16)
+    channels = err.integer(a["channels"], "audio.channels", 1, 2)
+    if container == "mxf" and channels != 1:
+        err.fail("audio.channels", "MXF OP1a carries one mono PCM stream per track; use channels: 1")
+    rate = err.integer(a.get("rate", 48000), "audio.rate", 48000, 48000)
+    speech = a["speech"]
+    if not isinstance(speech, list) or not speech or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                            and 1 <= t <= tracks for t in speech):
+        err.fail("audio.speech", f"must be a list of track numbers in 1..{tracks}, got {speech!r}")
+    if len(set(speech)) != len(speech) or len(speech) * channels > 2:
+        err.fail("audio.speech", "the speech is mono or a stereo pair: one or two mono tracks, or one stereo track")
+    abitrate = a.get("bitrate")
+    if acodec == "aac":
+        if not isinstance(abitrate, str) or not re.fullmatch(r"\d{2,3}k", abitrate):
+            err.fail("audio.bitrate", f"AAC needs a bitrate such as 160k, got {abitrate!r}")
+    elif abitrate is not None:
+        err.fail("audio.bitrate", "PCM has no bitrate to choose; leave it out")
+    audio = AudioSpec(acodec, abitrate, rate, tracks, channels, tuple(speech))
+
+    loudness = None
+    if top.get("loudness") is not None:
+        ld = err.mapping(top["loudness"], "loudness", required=("target", "true_peak"))
+        loudness = (err.number(ld["target"], "loudness.target", *LOUDNESS_RANGE, "LUFS"),
+                    err.number(ld["true_peak"], "loudness.true_peak", *TRUE_PEAK_RANGE, "dBTP"))
+    timecode, drop = None, False
+    if top.get("timecode") is not None:
+        tc = err.mapping(top["timecode"], "timecode", required=("start",))
+        drop = tc.get("drop_frame", False)
+        if not isinstance(drop, bool):
+            err.fail("timecode.drop_frame", f"must be true or false, got {drop!r}")
+        try:
+            timecode = check_timecode(tc["start"], video.rate, drop)
+        except ValueError as e:
+            err.fail("timecode.start", str(e))
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    return DeliveryProfile(name, where, digest, container, video, audio, loudness, timecode, drop)
+
+
+def check_timecode(text: Any, rate: Fraction | None, drop_frame: bool | None = None) -> str:
+    """A start timecode HH:MM:SS:FF (HH:MM:SS;FF drop-frame, only at 29.97 and 59.94) valid at `rate` (None: any
+    rate, checked again when the render's rate is known); ValueError saying what is wrong."""
+    m = TIMECODE.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"must be HH:MM:SS:FF (HH:MM:SS;FF for drop-frame), got {text!r}")
+    hh, mm, ss, sep, ff = m.groups()
+    drop = sep == ";"
+    if drop_frame is not None and drop != drop_frame:
+        raise ValueError(f"{text} is {'drop' if drop else 'non-drop'}-frame but drop_frame is "
+                         f"{str(drop_frame).lower()}; write ';' before the frames for drop-frame, ':' otherwise")
+    if int(hh) > 23:
+        raise ValueError(f"hours must be 00..23, got {text}")
+    if rate is not None:
+        fps = round(float(rate))
+        if drop and rate.denominator != 1001:
+            raise ValueError(f"drop-frame timecode ({text}) is for 29.97 and 59.94 fps only, not {float(rate):g}")
+        if int(ff) >= fps:
+            raise ValueError(f"frames must be below {fps} at {float(rate):g} fps, got {text}")
+        if drop and int(ss) == 0 and int(mm) % 10 and int(ff) < 2 * (fps // 30):
+            raise ValueError(f"{text} does not exist in drop-frame timecode (frames dropped at that minute)")
+    return text
+
+
+class _Checker:
+    """Checks one profile's values; every failure is a UsageError naming the file and the key."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, key: str, what: str) -> None:
+        raise UsageError(f"{self.where}: {key or 'profile'} {what}")
+
+    def mapping(self, value: Any, key: str, required: tuple[str, ...]) -> dict:
+        if not isinstance(value, dict):
+            self.fail(key, "must be a mapping of keys")
+        known = KEYS[key]
+        for k in value:
+            if k not in known:
+                self.fail(f"{key}.{k}" if key else str(k), f"is not a profile key; known here: {', '.join(known)}")
+        for k in required:
+            if value.get(k) is None:
+                self.fail(f"{key}.{k}" if key else k, "is missing")
+        return value
+
+    def choice(self, value: Any, key: str, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            self.fail(key, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def integer(self, value: Any, key: str, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.fail(key, f"must be a whole number in {low}..{high}, got {value!r}")
+        return value
+
+    def number(self, value: Any, key: str, low: float, high: float, unit: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            self.fail(key, f"must be a number in {low:g}..{high:g} {unit}, got {value!r}")
+        return float(value)
+
+    def bitrate(self, value: Any, key: str) -> int | None:
+        if value is None:
+            return None
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kM])", str(value))
+        if m is None:
+            self.fail(key, f"must be bits per second such as 50M or 8000k, got {value!r}")
+        return int(float(m.group(1)) * (1_000_000 if m.group(2) == "M" else 1000))
+
+    def size(self, value: Any, key: str) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        m = re.fullmatch(r"(\d{2,4})x(\d{2,4})", str(value))
+        if m is None or int(m.group(1)) % 2 or int(m.group(2)) % 2:
+            self.fail(key, f"must be WIDTHxHEIGHT (even numbers) such as 1920x1080, got {value!r}")
+        return int(m.group(1)), int(m.group(2))
+
+    def rate(self, value: Any, key: str) -> Fraction | None:
+        if value is None:
+            return None
+        try:
+            return parse_rate(value)
+        except ValueError:
+            self.fail(key, f"must be one of {', '.join(str(r) for r in RENDER_RATES)} (or null), got {value!r}")

@@ -1,0 +1,182 @@
+"""QC: a file checked against a delivery profile, one requirement a line (ok or FAIL, with what was measured):
+container, codec and profile/level, bitrate, GOP, scan and field order, frame size and rate, colour tags, audio
+tracks, silence off the speech tracks, loudness and true peak, timecode, audio vs video duration."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from ditto_fast.audio.loudness import measure
+from ditto_fast.core.errors import QCError
+from ditto_fast.media.rates import from_stream
+from ditto_fast.render.probe import MediaFacts, read_facts
+from ditto_fast.render.profiles import DeliveryProfile
+
+BITRATE_TOLERANCE = 0.05        # CBR within 5 % of nominal
+LOUDNESS_TOLERANCE = 0.5        # LU
+SILENT_DBFS = -90.0
+HZ = r"(\d+) Hz"
+MPEG2_PL = {0x82: ("422", "high"), 0x85: ("422", "main"), 0x44: ("main", "high"), 0x48: ("main", "main")}
+FFMPEG_PROFILE = {"prores": {"hq": "HQ"}, "h264": {"high": "High", "main": "Main", "baseline": "Baseline"}}
+
+
+@dataclass(frozen=True)
+class Requirement:
+    name: str
+    ok: bool
+    expected: str
+    measured: str
+
+    def line(self) -> str:
+        return f"{'ok' if self.ok else 'FAIL':<5}{self.name:<16}{self.measured}" + \
+            ("" if self.ok else f"  (expected {self.expected})")
+
+
+def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, int] | None = None,
+               rate: Fraction | None = None, timecode: str | None = None,
+               loudness: tuple[float, float] | None | str = "profile") -> list[Requirement]:
+    """Every requirement of `profile` checked on the file. `size`, `rate` are what a profile that leaves them open
+    is checked for (None: any); `timecode` and `loudness` override the profile's (loudness None: not leveled)."""
+    facts = read_facts(path)
+    v, a = profile.video, profile.audio
+    out: list[Requirement] = []
+
+    def req(name: str, ok: bool, expected: str, measured: str) -> None:
+        out.append(Requirement(name, bool(ok), expected, measured))
+
+    req("container", facts.container == profile.container, profile.container, facts.container)
+    video = facts.video
+    if video is None:
+        req("video", False, v.codec, "no video stream")
+        return out
+    req("codec", video.codec == v.codec, v.codec, video.codec)      # the profile's codec names are ffmpeg's
+    _profile_level(req, facts, profile)
+    seconds = video.packets / float(_rate(video) or 1)
+    if v.bitrate is not None and seconds > 0:
+        measured = 8 * video.bytes / seconds
+        req("bitrate", abs(measured / v.bitrate - 1) <= BITRATE_TOLERANCE, f"{v.bitrate / 1e6:g} Mb/s constant",
+            f"{measured / 1e6:.2f} Mb/s")
+    keys = [round(t * float(_rate(video) or 1)) for t in facts.keyframe_times]
+    gaps = [b - k for k, b in zip(keys, keys[1:] + [video.packets])]
+    req("gop", bool(keys) and keys[0] == 0 and max(gaps) <= v.gop, f"key frame every {v.gop} frames or less",
+        f"key frames at {keys[:6]}{'...' if len(keys) > 6 else ''}, longest gap {max(gaps) if gaps else '-'}")
+    _scan(req, facts, profile)
+    got_size = re.search(r"(\d{2,5})x(\d{2,5})", video.detail)
+    got = (int(got_size.group(1)), int(got_size.group(2))) if got_size else None
+    want = v.size or size
+    req("frame size", got is not None and (want is None or got == tuple(want)),
+        "x".join(map(str, want)) if want else "any", "x".join(map(str, got)) if got else "?")
+    want_rate = v.rate or rate
+    got_rate = _rate(video)
+    req("frame rate", got_rate is not None and (want_rate is None or got_rate == want_rate),
+        f"{float(want_rate):.3f} fps" if want_rate else "any", f"{float(got_rate or 0):.3f} fps")
+    colour = re.search(r"\((tv|pc)[^)]*\)", video.detail)
+    tags = colour.group(0) if colour else "untagged"
+    req("colour", colour is not None and "tv" in tags and "bt709" in tags, "tv range, BT.709", tags)
+    req("pixel format", re.search(rf"\b{v.pix_fmt}\b", video.detail) is not None, v.pix_fmt,
+        (re.search(r"\b(yuv\w+|rgb\w+)", video.detail) or [None, "?"])[1] if video.detail else "?")
+    _audio(req, facts, profile, path, profile.loudness if loudness == "profile" else loudness)
+    want_tc = timecode or profile.timecode
+    req("timecode", want_tc is None or facts.timecode == want_tc, want_tc or "none", facts.timecode or "none")
+    if facts.audio:
+        diff = abs(facts.audio[0].seconds - seconds)
+        req("duration A/V", diff <= 1 / float(_rate(video) or 25) + 1e-6, "audio as long as video (one frame)",
+            f"video {seconds:.3f} s, audio {facts.audio[0].seconds:.3f} s")
+    return out
+
+
+def failures(requirements: list[Requirement]) -> list[Requirement]:
+    """The requirements that fail."""
+    return [r for r in requirements if not r.ok]
+
+
+def require(path: str | Path, profile: DeliveryProfile, shown: str | Path | None = None,
+            **expected) -> list[Requirement]:
+    """check_file, raising QCError (one line naming the output and what failed) when any requirement fails."""
+    result = check_file(path, profile, **expected)
+    bad = failures(result)
+    if bad:
+        what = "; ".join(f"{r.name} {r.measured} (expected {r.expected})" for r in bad)
+        raise QCError(f"{shown or path}: fails delivery profile {profile.name}: {what}; nothing was written there")
+    return result
+
+
+def as_json(requirements: list[Requirement]) -> list[dict]:
+    """The requirements as plain dicts (name, ok, expected, measured)."""
+    return [asdict(r) for r in requirements]
+
+
+def _rate(stream) -> Fraction | None:
+    """The stream's frame rate as ffmpeg reads it, exact for the broadcast rates."""
+    m = re.search(r"([\d.]+) fps", stream.detail)
+    return None if m is None else from_stream(float(m.group(1)))
+
+
+def _profile_level(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
+    v = profile.video
+    if v.codec == "mpeg2video":
+        pl = (facts.mpeg2 or {}).get("profile_level")
+        got = MPEG2_PL.get(pl, (f"0x{pl:02x}" if pl is not None else "?", ""))
+        want = (v.profile or "422", v.level or "high")
+        chroma = (facts.mpeg2 or {}).get("chroma_format", "?")
+        req("profile/level", got == want, f"{want[0]}@{want[1]}", f"{got[0]}@{got[1]} ({chroma}, from the bitstream)")
+    elif v.profile and v.codec in FFMPEG_PROFILE:
+        name = FFMPEG_PROFILE[v.codec][v.profile]
+        req("profile", f"({name})" in facts.video.detail, name,
+            (re.search(r"^\s*\(([^)]*)\)", facts.video.detail) or [None, "?"])[1])
+
+
+def _scan(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
+    v = profile.video
+    detail = facts.video.detail
+    got = "top first" if "top first" in detail else "bottom first" if "bottom first" in detail else \
+        "progressive" if "progressive" in detail else "unflagged"
+    want = {"tff": "top first", "bff": "bottom first"}.get(v.field_order, "progressive")
+    ok = got == want or (want == "progressive" and got == "unflagged")
+    if v.codec == "mpeg2video" and facts.mpeg2:
+        bits = facts.mpeg2
+        stream_says = "progressive" if bits.get("progressive_sequence") else \
+            "top first" if bits.get("top_field_first") else "bottom first"
+        ok = ok and stream_says == want
+        got = f"container/codec: {got}; bitstream: {stream_says}"
+    req("scan", ok, "interlaced, " + want if v.interlaced else want, got)
+
+
+def _audio(req, facts: MediaFacts, profile: DeliveryProfile, path, loudness) -> None:
+    a = profile.audio
+    tracks = facts.audio
+    layout = "stereo" if a.channels == 2 else "mono"
+    shapes = [f"{s.codec} {_field(s.detail, HZ)} Hz {_channels(s.detail)}" for s in tracks]
+    want = f"{a.tracks} x {a.codec} {a.rate} Hz {layout}"
+    req("audio tracks", len(tracks) == a.tracks and all(s == f"{a.codec} {a.rate} Hz {layout}" for s in shapes),
+        want, f"{len(tracks)}: " + (", ".join(sorted(set(shapes), key=shapes.index)) or "none"))
+    if len(tracks) != a.tracks:
+        return
+    quiet = [t for t in range(1, a.tracks + 1) if t not in a.speech]
+    if quiet:
+        peaks = [measure(path, f"[0:a:{t - 1}]aformat=sample_fmts=fltp").true_peak for t in quiet]
+        req("silent tracks", all(p <= SILENT_DBFS for p in peaks), f"tracks {quiet} silent",
+            f"loudest peak {max(peaks):.1f} dBTP")
+    if loudness is not None:
+        if len(a.speech) == 2:
+            graph = f"[0:a:{a.speech[0] - 1}][0:a:{a.speech[1] - 1}]amerge=inputs=2"
+        else:
+            graph = f"[0:a:{a.speech[0] - 1}]anull"
+        got = measure(path, graph)
+        target, ceiling = loudness
+        req("loudness", abs(got.integrated - target) <= LOUDNESS_TOLERANCE, f"{target:g} LUFS ±{LOUDNESS_TOLERANCE}",
+            f"{got.integrated:.1f} LUFS")
+        req("true peak", got.true_peak <= ceiling, f"<= {ceiling:g} dBTP", f"{got.true_peak:.1f} dBTP")
+
+
+def _field(text: str, pattern: str) -> str:
+    m = re.search(pattern, text)
+    return m.group(1) if m else "?"
+
+
+def _channels(detail: str) -> str:
+    m = re.search(r"Hz, ([^,]+)", detail)
+    return m.group(1).strip() if m else "?"

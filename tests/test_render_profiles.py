@@ -1,0 +1,104 @@
+"""Delivery profiles: the shipped ones read and check, a user's file of the same shape is refused key by key with
+one line naming the file, and configs/ is where the package finds (and a wheel installs) them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from ditto_fast.core.config import CONFIG_DIR, DEFAULT_YAML
+from ditto_fast.core.errors import UsageError
+from ditto_fast.render.profiles import check_timecode, load_profile, shipped_profiles
+
+SHIPPED = ("xdcam-hd422-1080i50", "xdcam-hd422-1080i5994", "dnxhd-1080i50", "prores-hq-1080p", "web-h264")
+
+
+def test_configs_live_at_the_top_level_only():
+    assert CONFIG_DIR == REPO / "configs" and DEFAULT_YAML == REPO / "configs" / "default.yaml"
+    assert not (REPO / "ditto_fast" / "configs").exists()       # no second copy in the tree
+    assert set(SHIPPED) <= set(shipped_profiles())
+
+
+def test_shipped_profiles_say_what_stations_take():
+    x = load_profile("xdcam-hd422-1080i50")
+    assert (x.container, x.video.codec, x.video.profile, x.video.level, x.video.bitrate) == \
+        ("mxf", "mpeg2video", "422", "high", 50_000_000)
+    assert x.video.interlaced and x.video.field_order == "tff" and x.video.rate == 25 and x.video.gop == 12
+    assert (x.audio.tracks, x.audio.channels, x.audio.codec, x.audio.speech) == (8, 1, "pcm_s24le", (1, 2))
+    assert x.loudness == (-23.0, -1.0) and x.timecode == "10:00:00:00" and x.extension == ".mxf"
+    n = load_profile("xdcam-hd422-1080i5994")
+    assert n.video.rate == Fraction(30000, 1001) and n.drop_frame and n.loudness == (-24.0, -2.0)
+    w = load_profile("web-h264")
+    assert (w.container, w.audio.codec, w.audio.channels, w.loudness[0], w.video.interlaced) == \
+        ("mp4", "aac", 2, -16.0, False)
+    assert load_profile("prores-hq-1080p").loudness is None
+
+
+def _user(tmp_path: Path, change) -> Path:
+    data = yaml.safe_load((CONFIG_DIR / "delivery" / "xdcam-hd422-1080i50.yaml").read_text())
+    change(data)
+    path = tmp_path / "house.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda d: d["video"].update(sharpness=3), "video.sharpness"),
+    (lambda d: d.update(container="mp4"), "video.codec"),                 # MPEG-2 in MP4: not made here
+    (lambda d: d["audio"].update(codec="aac"), "audio.codec"),            # AAC in MXF
+    (lambda d: d["loudness"].update(target=-3), "loudness.target"),
+    (lambda d: d["loudness"].update(target=-41), "loudness.target"),
+    (lambda d: d["video"].update(pix_fmt="yuv444p"), "video.pix_fmt"),
+    (lambda d: d["audio"].update(speech=[9]), "audio.speech"),
+    (lambda d: d["audio"].update(channels=2), "audio.channels"),
+    (lambda d: d["timecode"].update(start="10:00:00;00"), "timecode.start"),   # drop-frame at 25
+    (lambda d: d["video"].update(scan="interlaced", field_order=None), "video.field_order"),
+])
+def test_a_bad_user_profile_is_refused_naming_file_and_key(tmp_path, change, key):
+    path = _user(tmp_path, change)
+    with pytest.raises(UsageError) as e:
+        load_profile(path)
+    assert str(e.value).startswith(f"{path}: {key} ") and "\n" not in str(e.value)
+
+
+def test_a_good_user_profile_reads(tmp_path):
+    path = _user(tmp_path, lambda d: d["loudness"].update(target=-24, true_peak=-2))
+    assert load_profile(path).loudness == (-24.0, -2.0)
+
+
+def test_unknown_names_and_missing_files_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="unknown delivery profile 'xdcam'"):
+        load_profile("xdcam")
+    with pytest.raises(UsageError, match="not found"):
+        load_profile(tmp_path / "none.yaml")
+
+
+def test_timecodes():
+    assert check_timecode("01:00:00;00", Fraction(30000, 1001)) == "01:00:00;00"
+    for bad, rate in (("10:00:00;00", Fraction(25)), ("10:00:00:25", Fraction(25)), ("1:00:00:00", None),
+                      ("00:01:00;00", Fraction(30000, 1001))):
+        with pytest.raises(ValueError):
+            check_timecode(bad, rate)
+
+
+def test_cli_refuses_a_bad_profile_before_anything_loads(run_cli, tmp_path):
+    path = _user(tmp_path, lambda d: d["loudness"].update(target=0))
+    r = run_cli(["render", "--avatar", "nobody", "--audio", tmp_path / "none.wav", "--delivery", path])
+    assert r.returncode == 2 and f"{path}: loudness.target" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_wheel_installs_configs(tmp_path):
+    """`pip wheel .` (what a plain `pip install .` installs) carries configs/ as ditto_fast/configs/."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(REPO)], check=True, capture_output=True)
+    names = zipfile.ZipFile(next(tmp_path.glob("ditto_fast-*.whl"))).namelist()
+    assert "ditto_fast/configs/default.yaml" in names
+    assert {f"ditto_fast/configs/delivery/{n}.yaml" for n in SHIPPED} <= set(names)
