@@ -4,7 +4,7 @@ ffmpeg, no mediapipe), on this machine's pinned .venv:
 
     .venv/bin/python scripts/gpu_bundle.py [--out gpu_bundle] [--limit-mib 64]
 
-The bundle is self-contained: the project's files (ditto_fast/, scripts/, the test speech), the putback
+The bundle is self-contained: the project's files (ditto_fast/, configs/, scripts/, the test speech), the putback
 kernel built for every CPython 3.10-3.13 found here, `bundle/ffmpeg.xz` (imageio-ffmpeg's ffmpeg, with
 libx264 and NVENC), `bundle/site/` (the small pure-Python packages and soxr that such an image lacks; the
 machine's own copies win), and two 1920x1080 image avatars registered here, since registration needs
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
-PROJECT = ("ditto_fast", "scripts", "pyproject.toml", "setup.py", "README.md", "tests/data/speech_en_16k.wav")
+PROJECT = ("ditto_fast", "configs", "scripts", "pyproject.toml", "setup.py", "README.md", "tests/data/speech_en_16k.wav")
 PURE_SITE = ("click", "threadpoolctl", "imageio_ffmpeg", "tqdm", "yaml")   # copied from this environment
 SOXR_PYTHONS = ("3.10", "3.11", "3.12")                                   # soxr's 3.12 wheel is abi3: 3.12+
 CACHE = Path(os.environ.get("DITTO_FAST_BENCH_CACHE", REPO / "bench_out" / "cache"))
