@@ -154,27 +154,25 @@ class YuvPutback:
         # OpenBLAS thread that then spun beside every frame's render, 15 ms of CPU a frame)
         mask_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
         mask_of_chroma = mask_of_luma @ self._c2l           # region chroma sample -> mask coordinates
+        crop = np.ascontiguousarray(crop)
         if self.blend == "seamless":
-            self._seamless(np.ascontiguousarray(crop), M_c2o, (luma, chroma), (h, w), roi, roi_c,
-                           (mask_of_luma, mask_of_chroma), (x0, y0), x_s, x_d, cut)
-            return frame
-        luma_crop, uv = self._crop_planes(np.ascontiguousarray(crop))
+            luma_crop, uv, mask, inner, outer = self._seamless_planes(crop, M_c2o, (luma, chroma), x_s, x_d, cut)
+        else:
+            (luma_crop, uv), mask, (lo, hi) = self._crop_planes(crop), self.mask, self._inner
+            inner, outer = np.array([lo, hi, lo, hi], np.float64), np.array([-1.0, self.dsize, -1.0, self.dsize])
         flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-        ch = h // layout.chroma_rows
+        rows = layout.chroma_rows
         y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
-        uv_roi = cv2.warpAffine(uv, roi_c[:2], (w // 2, ch), **flags)
+        uv_roi = np.ascontiguousarray(cv2.warpAffine(uv, roi_c[:2], (w // 2, h // rows), **flags))
         if self.use_kernel:
-            lo, hi = self._inner
-            _blend.blend_feathered_planes(y_roi, self.mask, np.ascontiguousarray(mask_of_luma[:2]).ravel(),
-                                          lo, hi, luma, y0, x0)
-            _blend.blend_feathered_planes(np.ascontiguousarray(uv_roi), self.mask,
-                                          np.ascontiguousarray(mask_of_chroma[:2]).ravel(), lo, hi,
-                                          chroma, y0 // layout.chroma_rows, x0 // 2)
+            flat = lambda m: np.ascontiguousarray(m[:2]).ravel()      # noqa: E731
+            _blend.blend_masked_planes(y_roi, mask, flat(mask_of_luma), inner, outer, luma, y0, x0)
+            _blend.blend_masked_planes(uv_roi, mask, flat(mask_of_chroma), inner, outer, chroma, y0 // rows, x0 // 2)
             return frame
-        m_y = cv2.warpAffine(self.mask, roi[:2], (w, h), **flags)
-        m_c = cv2.warpAffine(self.mask, cv2.invertAffineTransform(mask_of_chroma[:2]), (w // 2, ch), **flags)
+        m_y = cv2.warpAffine(mask, roi[:2], (w, h), **flags)
+        m_c = cv2.warpAffine(mask, cv2.invertAffineTransform(mask_of_chroma[:2]), (w // 2, h // rows), **flags)
         _blend_planes_numpy(y_roi, m_y, luma, y0, x0)
-        _blend_planes_numpy(uv_roi, m_c, chroma, y0 // layout.chroma_rows, x0 // 2)
+        _blend_planes_numpy(uv_roi, m_c, chroma, y0 // rows, x0 // 2)
         return frame
 
     def _crop_planes(self, crop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -190,10 +188,10 @@ class YuvPutback:
         uv = cv2.transform(cv2.resize(rgb, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
         return tuple(np.clip(np.rint(p), 0, top).astype(self.layout.dtype) for p in (luma, uv))
 
-    def _seamless(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, shape: tuple[int, int],
-                  roi: np.ndarray, roi_c: np.ndarray, to_crop: tuple, origin: tuple[int, int],
-                  x_s: np.ndarray | None, x_d: np.ndarray | None, cut: bool) -> None:
-        """Blend through the face mask, the seam's colour correction added to the crop's planes (see seam.py)."""
+    def _seamless_planes(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, x_s: np.ndarray | None,
+                         x_d: np.ndarray | None, cut: bool) -> tuple:
+        """(luma, chroma, mask, inner, outer) of the seamless paste: the crop's planes with the seam's colour
+        correction added (see seam.py), the face mask at crop size and the kernel's rectangles for it."""
         if cut:
             self.face_mask.reset()
             self.seam.reset()
@@ -212,23 +210,8 @@ class YuvPutback:
         if self.layout.bits > 8:
             np.minimum(luma, int(self.top), out=luma)
             np.minimum(uv, int(self.top), out=uv)
-        (h, w), (luma_p, chroma_p) = shape, planes
-        flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-        y_roi = cv2.warpAffine(luma, roi[:2], (w, h), **flags)[..., None]
-        uv_roi = np.ascontiguousarray(cv2.warpAffine(uv, roi_c[:2], (w // 2, h // rows), **flags))
         mask = cv2.resize(grid, (d, d), interpolation=cv2.INTER_LINEAR)                      # [d, d]
-        inner, outer = self._inner_rect, _support(grid, d)
-        (of_luma, of_chroma), (x0, y0) = to_crop, origin
-        if self.use_kernel:
-            flat = lambda m: np.ascontiguousarray(m[:2]).ravel()      # noqa: E731
-            _blend.blend_masked_planes(y_roi, mask, flat(of_luma), inner, outer, luma_p, y0, x0)
-            _blend.blend_masked_planes(uv_roi, mask, flat(of_chroma), inner, outer, chroma_p, y0 // rows, x0 // 2)
-            return
-        m_y = cv2.warpAffine(mask, roi[:2], (w, h), **flags)
-        m_c = cv2.warpAffine(mask, cv2.invertAffineTransform(of_chroma[:2]), (w // 2, h // rows), **flags)
-        _blend_planes_numpy(y_roi, m_y, luma_p, y0, x0)
-        _blend_planes_numpy(uv_roi, m_c, chroma_p, y0 // rows, x0 // 2)
-
+        return luma, uv, mask, self._inner_rect, _support(grid, d)
 
 def _support(grid: np.ndarray, dsize: int) -> np.ndarray:
     """(x0, x1, y0, y1) in crop pixels outside which the mask upsampled from `grid` is 0."""
