@@ -413,8 +413,9 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
 # ----------------------------------------------------------------------------- qc
 @cli.command("qc")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--delivery", required=True, metavar="NAME|FILE",
-              help="The delivery profile to check against: a name from configs/delivery or a FILE.yaml.")
+@click.option("--delivery", metavar="NAME|FILE",
+              help="The delivery profile to check against: a name from configs/delivery or a FILE.yaml. "
+                   "Default: the shipped profile for the file's container and codec it comes closest to.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def qc_cmd(file, delivery, as_json):
     """Check FILE (any video file) against a delivery profile, one line per requirement: ok or FAIL with the
@@ -423,16 +424,23 @@ def qc_cmd(file, delivery, as_json):
     from ditto_fast.render import qc
     from ditto_fast.render.profiles import load_profile
 
-    requirements = qc.check_file(file, load_profile(delivery))
+    if delivery:
+        profile = load_profile(delivery)
+        requirements = qc.check_file(file, profile)
+    else:
+        profile, requirements, among = qc.closest_profile(file)
+        click.echo(f"ditto-fast: note: {file}: checked against {profile.name}, the closest of "
+                   f"{', '.join(among)} (name another with --delivery)", err=True)
     bad = qc.failures(requirements)
     if as_json:
-        click.echo(json.dumps({"file": str(file), "profile": delivery, "ok": not bad,
+        click.echo(json.dumps({"file": str(file), "profile": profile.name, "ok": not bad,
                                "requirements": qc.as_json(requirements)}, indent=2))
     else:
         for r in requirements:
             click.echo(r.line())
     if bad:
-        click.echo(f"ditto-fast: {file}: {len(bad)} of {len(requirements)} requirements of {delivery} fail", err=True)
+        click.echo(f"ditto-fast: {file}: {len(bad)} of {len(requirements)} requirements of {profile.name} fail",
+                   err=True)
         sys.exit(QCError.exit_code)
 
 

@@ -87,3 +87,17 @@ def test_ray_cli_and_a_missing_ray(local_ray, video_avatar, clips, tmp_path, tin
         main(args)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "pip install" in err and "[ray]" in err
+
+
+def test_ray_delivers_to_a_profile(local_ray, video_avatar, clips, engine, tmp_path, tiny_checkpoints):
+    """A delivery job on an actor: the same file as the engine's (digest), leveled, its QC run there and reported."""
+    from ditto_fast.batch.ray_actors import run_batch_ray
+
+    jobs = [Job(0, RenderRequest("anchor", clips[0], tmp_path / "d.mxf", delivery="xdcam-hd422-1080i50", steps=2))]
+    run_batch_ray(jobs, {"checkpoints": str(tiny_checkpoints), "device": "cpu"}, workers=1, report=tmp_path / "r.json")
+    (row,) = json.loads((tmp_path / "r.json").read_text())["jobs"]
+    assert row["status"] == "done" and row["delivery"]["qc"].endswith("ok"), row
+    assert abs(row["delivery"]["loudness"]["output"]["integrated_lufs"] + 23) <= 0.5
+    ref = engine.render(RenderRequest("anchor", clips[0], tmp_path / "ref.mxf", delivery="xdcam-hd422-1080i50",
+                                      steps=2))
+    assert container_comment(tmp_path / "d.mxf") == ref.profile["digest"]

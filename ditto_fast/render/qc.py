@@ -10,10 +10,10 @@ from fractions import Fraction
 from pathlib import Path
 
 from ditto_fast.audio.loudness import measure
-from ditto_fast.core.errors import QCError
+from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.media.rates import from_stream
 from ditto_fast.render.probe import MediaFacts, read_facts
-from ditto_fast.render.profiles import DeliveryProfile
+from ditto_fast.render.profiles import DeliveryProfile, load_profile, shipped_profiles
 
 BITRATE_TOLERANCE = 0.05        # CBR within 5 % of nominal
 LOUDNESS_TOLERANCE = 0.5        # LU
@@ -41,7 +41,7 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
     """Every requirement of `profile` checked on the file. `size`, `rate` are what a profile that leaves them open
     is checked for (None: any); `timecode` and `loudness` override the profile's (loudness None: not leveled)."""
     facts = read_facts(path)
-    v, a = profile.video, profile.audio
+    v = profile.video
     out: list[Requirement] = []
 
     def req(name: str, ok: bool, expected: str, measured: str) -> None:
@@ -86,6 +86,21 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
         req("duration A/V", diff <= 1 / float(_rate(video) or 25) + 1e-6, "audio as long as video (one frame)",
             f"video {seconds:.3f} s, audio {facts.audio[0].seconds:.3f} s")
     return out
+
+
+def closest_profile(path: str | Path) -> tuple[DeliveryProfile, list[Requirement], list[str]]:
+    """The shipped profile a file comes closest to: of those for its container and video codec, the one with the
+    fewest failing requirements; with its requirements and the names it was chosen from. UsageError for none."""
+    facts = read_facts(path)
+    codec = facts.video.codec if facts.video else "no video"
+    candidates = [p for p in map(load_profile, shipped_profiles())
+                  if p.container == facts.container and p.video.codec == codec]
+    if not candidates:
+        raise UsageError(f"{path}: no shipped delivery profile is for {facts.container} files of {codec}; "
+                         "name the one to check with --delivery NAME|FILE.yaml")
+    checked = [(p, check_file(path, p)) for p in candidates]
+    best, result = min(checked, key=lambda pr: len(failures(pr[1])))
+    return best, result, [p.name for p in candidates]
 
 
 def failures(requirements: list[Requirement]) -> list[Requirement]:
