@@ -35,6 +35,7 @@ SUITES = {
     "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
     "render": ["bench_putback", "bench_seam", "bench_render", "bench_cli_render"],
     "picture": ["bench_picture"],
+    "delivery": ["bench_delivery"],
     "batch": ["bench_batch"],
     "cpu": ["bench_cpu_speed"],
 }
