@@ -6,7 +6,7 @@ alter the plate's own crop as decoders fail; `measure()` pastes a faulty crop wi
   ring      mean |output - plate| on a ring 8 px wide just outside the face mask (levels, the worst of Y, U, V)
   step      colour step across the pasted region's own edge (mean over 32 sectors of |inside - outside| in 10 px
             bands), minus the plate's own step there (levels, worst plane; <= 0: no more than the plate's)
-  untouched share of the crop square's pixels outside the face mask that equal the plate exactly
+  untouched share of the crop square's pixels outside the face mask (their whole 2x2 block: a chroma sample's) that equal the plate exactly
   detail    mean |gradient of output - gradient of the faulty crop| inside the face mask (levels)
 `flicker()` gives the frame-to-frame change of the seamless correction on a static plate.
 """
@@ -138,7 +138,10 @@ def measure(blend: str, fault, size: tuple[int, int] = (960, 540), plate_rgb: np
     centre = M[:2, :2] @ np.array([256.0, 320.0]) + M[:2, 2]
     step = _sector_step(got, inner, outer, centre) - _sector_step(want, inner, outer, centre)
     square = cv2.warpAffine(np.ones((512, 512), np.float32), M[:2], size) > 0.999
-    outside_face = square & (face <= 0)
+    # outside the face: pixels whose whole 2x2 block (a 4:2:0 chroma sample's) lies outside the face mask
+    h2, w2 = size[1] // 2, size[0] // 2
+    blocks = (face[:2 * h2, :2 * w2] <= 0).reshape(h2, 2, w2, 2).all(axis=(1, 3))
+    outside_face = square & np.kron(blocks, np.ones((2, 2), bool))
     untouched = float((got[outside_face] == want[outside_face]).all(axis=1).mean())
     warped = cv2.warpAffine(cv2.transform(crop.astype(np.float32), _luma_row()), M[:2], size, flags=cv2.INTER_LINEAR)
     core = cv2.erode((face >= 0.999).astype(np.uint8), np.ones((5, 5), np.uint8)) > 0

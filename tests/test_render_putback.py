@@ -101,10 +101,13 @@ def test_crop_bbox_is_tight_and_clipped():
 def test_kernel_rejects_bad_regions(blend_kernel):
     mask = feathered_mask(512)
     inv = np.array([1.0, 0, 0, 0, 1.0, 0])
+    rect = np.array([26.0, 485.0, 26.0, 485.0])
     planes = np.zeros((1, 10, 10), np.uint8)
     with pytest.raises(ValueError, match="outside the frame"):
-        blend_kernel.blend_feathered_planes(np.zeros((5, 5, 1), np.uint8), mask, inv, 26, 485, planes, 8, 0)
+        blend_kernel.blend_masked_planes(np.zeros((5, 5, 1), np.uint8), mask, inv, rect, rect, planes, 8, 0)
     with pytest.raises(ValueError, match="planes"):
-        blend_kernel.blend_feathered_planes(np.zeros((5, 5, 2), np.uint8), mask, inv, 26, 485, planes, 0, 0)
+        blend_kernel.blend_masked_planes(np.zeros((5, 5, 2), np.uint8), mask, inv, rect, rect, planes, 0, 0)
     with pytest.raises(ValueError, match="6 values"):
-        blend_kernel.blend_feathered_planes(np.zeros((5, 5, 1), np.uint8), mask, inv[:4], 26, 485, planes, 0, 0)
+        blend_kernel.blend_masked_planes(np.zeros((5, 5, 1), np.uint8), mask, inv[:4], rect, rect, planes, 0, 0)
+
+

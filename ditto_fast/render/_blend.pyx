@@ -138,38 +138,17 @@ cdef int _check_region(const pixel_t[:, :, ::1] src, pixel_t[:, :, ::1] planes, 
     return 0
 
 
-def blend_feathered_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
-                           Py_ssize_t inner_lo, Py_ssize_t inner_hi, pixel_t[:, :, ::1] planes,
-                           Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """Blend a warped src [h,w,C] (C samples per pixel, interleaved) into C planes [C,H,W] at (y0, x0), e.g.
-    Y alone (C=1) or U and V together (C=2, a frame's chroma), sampling the unwarped mask [S,S] bilinearly;
-    src and planes both uint8 or both uint16.
-
-    inv (2x3, row-major) maps a region pixel (x, y) to mask coordinates; outside the mask counts as 0,
-    and mask[inner_lo..inner_hi, inner_lo..inner_hi] must be 1. Per row, the run of pixels whose
-    mask value is 1 is copied, pixels off the mask are skipped, and only the feathered band is
-    interpolated and blended. Replaces a separate warp of the mask.
-    """
-    cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1]
-    if inv.shape[0] != 6:
-        raise ValueError("inv must hold 6 values (a 2x3 affine matrix)")
-    if sh != sw:
-        raise ValueError("mask must be square")
-    if mask.shape[0] < 2 or not (0 <= inner_lo <= inner_hi < sw):
-        raise ValueError("inner range must lie inside the mask")
-    _check_region(src, planes, y0, x0)
-    _blend_region(src, mask, inv, inner_lo, inner_hi, inner_lo, inner_hi, -1.0, <double>sw, -1.0, <double>sw,
-                  planes, y0, x0)
-
-
 def blend_masked_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
                         const double[::1] inner, const double[::1] outer, pixel_t[:, :, ::1] planes,
                         Py_ssize_t y0, Py_ssize_t x0) -> None:
-    """blend_feathered_planes for a mask of any shape: `inner` (x0, x1, y0, y1, mask coordinates) is a rectangle
-    where the mask is 1 (copied), `outer` one outside which it is 0 (skipped); between them the mask is sampled
-    bilinearly and blended."""
+    """Blend a warped src [h,w,C] (C samples per pixel, interleaved) into C planes [C,H,W] at (y0, x0), e.g. Y alone
+    (C=1) or U and V together (C=2), src and planes both uint8 or both uint16. `inv` (2x3, row-major) maps a region
+    pixel (x, y) to coordinates of the unwarped mask [S,S] (sampled bilinearly, 0 outside it): `inner` (x0, x1, y0,
+    y1, mask coordinates) is a rectangle where the mask is 1 (copied), `outer` one outside which it is 0 (skipped);
+    between them the mask is sampled and blended. Replaces a separate warp of the mask."""
     if inv.shape[0] != 6 or inner.shape[0] != 4 or outer.shape[0] != 4:
         raise ValueError("inv must hold 6 values (a 2x3 affine matrix), inner and outer 4 (x0, x1, y0, y1)")
     _check_region(src, planes, y0, x0)
     _blend_region(src, mask, inv, inner[0], inner[1], inner[2], inner[3], outer[0], outer[1], outer[2], outer[3],
                   planes, y0, x0)
+

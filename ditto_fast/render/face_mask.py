@@ -114,9 +114,9 @@ class FaceMask:
             self._square = None
         self._affine: np.ndarray | None = None
 
-    def inner_rect(self) -> np.ndarray:
-        """(x0, x1, y0, y1) in crop pixels of a rectangle where every frame's mask (upsampled bilinearly to the crop)
-        is 1: inside the undriven face's whole part, which every mask contains."""
+    def inner_cells(self) -> np.ndarray:
+        """(x0, x1, y0, y1), mask grid cells, of a rectangle where every frame's mask is 1 (sampled anywhere inside,
+        bilinearly): inside the undriven face's whole part, which every mask contains."""
         whole = self._source >= 1.0                          # [G, G] cells of value 1
         cell = self.dsize / GRID
         cx, cy = int(self.ellipse[0] / cell), int(self.ellipse[1] / cell)
@@ -129,10 +129,7 @@ class FaceMask:
                 a, b, c, d = x0 + dx0, x1 + dx1, y0 + dy0, y1 + dy1
                 if 0 <= a and b < GRID and 0 <= c and d < GRID and whole[c:d + 1, a:b + 1].all():
                     x0, x1, y0, y1, grown = a, b, c, d, True
-        # upsampled (cv2.resize), crop pixel j is cell (j + 0.5) / cell - 0.5: 1 where that lies among whole cells
-        first = np.ceil(np.array([x0, y0]) * cell + cell / 2 - 0.5)
-        last = np.floor(np.array([x1, y1]) * cell + cell / 2 - 0.5)
-        return np.array([first[0], last[0], first[1], last[1]])
+        return np.array([x0, x1, y0, y1], np.float64)
 
     def reset(self) -> None:
         """Forget the running mean of the head's move (a cut, or the plate's mirror loop turning)."""

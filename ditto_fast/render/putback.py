@@ -118,7 +118,7 @@ class YuvPutback:
         if blend == "seamless":
             self.face_mask = FaceMask(dsize, square=self.mask)
             self.seam = SeamMatch(layout, dsize)
-            self._inner_rect = self.face_mask.inner_rect()
+            self._inner_cells = self.face_mask.inner_cells()
 
     def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
         """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change; None if off-frame."""
@@ -144,54 +144,63 @@ class YuvPutback:
         box = self.box(M_c2o, luma.shape[1:])
         if box is None:
             return frame
+        crop = np.ascontiguousarray(crop)
+        source = _affine3(np.asarray(M_c2o, np.float64))    # crop pixel -> frame pixel
+        if self.blend == "seamless":
+            # the corrected part of the crop the face mask covers, its offset in the crop, the mask grid, and the
+            # part of the box it can touch
+            (luma_crop, uv), offset, mask, inner, outer, to_mask, box = self._seamless_planes(
+                crop, M_c2o, (luma, chroma), box, x_s, x_d, cut)
+            if box is None:
+                return frame
+            shift = np.array([[1.0, 0.0, offset[0]], [0.0, 1.0, offset[1]], [0.0, 0.0, 1.0]])
+            source, to_mask = source @ shift, to_mask @ shift
+        else:
+            (luma_crop, uv), mask, (lo, hi), to_mask = self._crop_planes(crop), self.mask, self._inner, np.eye(3)
+            inner, outer = np.array([lo, hi, lo, hi], np.float64), np.array([-1.0, self.dsize, -1.0, self.dsize])
         x0, y0, x1, y1 = box
         w, h = x1 - x0, y1 - y0
-        roi = _affine3(np.asarray(M_c2o, np.float64))       # crop -> region (luma pixels)
+        roi = source.copy()                                 # (part of the) crop -> region (luma pixels)
         roi[0, 2] -= x0
         roi[1, 2] -= y0
         roi_c = self._l2c @ roi @ self._c2l                 # crop chroma -> region chroma
-        # region luma pixel -> mask coordinates (OpenCV's closed form: numpy's LAPACK inverse woke an
-        # OpenBLAS thread that then spun beside every frame's render, 15 ms of CPU a frame)
-        mask_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
-        mask_of_chroma = mask_of_luma @ self._c2l           # region chroma sample -> mask coordinates
-        crop = np.ascontiguousarray(crop)
-        if self.blend == "seamless":
-            luma_crop, uv, mask, inner, outer = self._seamless_planes(crop, M_c2o, (luma, chroma), x_s, x_d, cut)
-        else:
-            (luma_crop, uv), mask, (lo, hi) = self._crop_planes(crop), self.mask, self._inner
-            inner, outer = np.array([lo, hi, lo, hi], np.float64), np.array([-1.0, self.dsize, -1.0, self.dsize])
+        # region luma pixel -> crop pixel (OpenCV's closed form: numpy's LAPACK inverse woke an OpenBLAS thread that
+        # then spun beside every frame's render, 15 ms of CPU a frame), then -> mask coordinates
+        crop_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
+        mask_of_luma = to_mask @ crop_of_luma
+        mask_of_chroma = to_mask @ crop_of_luma @ self._c2l     # region chroma sample -> mask coordinates
         flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-        rows = layout.chroma_rows
         y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
         uv_roi = np.ascontiguousarray(cv2.warpAffine(uv, roi_c[:2], (w // 2, h // rows), **flags))
         if self.use_kernel:
-            flat = lambda m: np.ascontiguousarray(m[:2]).ravel()      # noqa: E731
-            _blend.blend_masked_planes(y_roi, mask, flat(mask_of_luma), inner, outer, luma, y0, x0)
-            _blend.blend_masked_planes(uv_roi, mask, flat(mask_of_chroma), inner, outer, chroma, y0 // rows, x0 // 2)
+            _blend.blend_masked_planes(y_roi, mask, _flat(mask_of_luma), inner, outer, luma, y0, x0)
+            _blend.blend_masked_planes(uv_roi, mask, _flat(mask_of_chroma), inner, outer, chroma, y0 // rows, x0 // 2)
             return frame
-        m_y = cv2.warpAffine(mask, roi[:2], (w, h), **flags)
+        m_y = cv2.warpAffine(mask, cv2.invertAffineTransform(mask_of_luma[:2]), (w, h), **flags)
         m_c = cv2.warpAffine(mask, cv2.invertAffineTransform(mask_of_chroma[:2]), (w // 2, h // rows), **flags)
         _blend_planes_numpy(y_roi, m_y, luma, y0, x0)
         _blend_planes_numpy(uv_roi, m_c, chroma, y0 // rows, x0 // 2)
         return frame
 
     def _crop_planes(self, crop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The crop's luma [d, d] and chroma [d/cv, d/2, 2], averaged over the pixels a chroma sample covers
-        (the conversion is linear: the same as averaging converted chroma), at the planes' depth."""
-        d, rows = self.dsize, self.layout.chroma_rows
+        """The crop's (or an even-sized part's) luma [h, w] and chroma [h/cv, w/2, 2], averaged over the pixels a chroma
+        sample covers (the conversion is linear: the same as averaging converted chroma), at the planes' depth."""
+        half = (crop.shape[1] // 2, crop.shape[0] // self.layout.chroma_rows)
         if self.layout.bits == 8:
             return (cv2.transform(crop, self.to_yuv[:1]),
-                    cv2.transform(cv2.resize(crop, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:]))
+                    cv2.transform(cv2.resize(crop, half, interpolation=cv2.INTER_AREA), self.to_yuv[1:]))
         top = self.top
         rgb = crop.astype(np.float32)
         luma = cv2.transform(rgb, self.to_yuv[:1])
-        uv = cv2.transform(cv2.resize(rgb, (d // 2, d // rows), interpolation=cv2.INTER_AREA), self.to_yuv[1:])
+        uv = cv2.transform(cv2.resize(rgb, half, interpolation=cv2.INTER_AREA), self.to_yuv[1:])
         return tuple(np.clip(np.rint(p), 0, top).astype(self.layout.dtype) for p in (luma, uv))
 
-    def _seamless_planes(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, x_s: np.ndarray | None,
-                         x_d: np.ndarray | None, cut: bool) -> tuple:
-        """(luma, chroma, mask, inner, outer) of the seamless paste: the crop's planes with the seam's colour
-        correction added (see seam.py), the face mask at crop size and the kernel's rectangles for it."""
+    def _seamless_planes(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, box: tuple,
+                         x_s: np.ndarray | None, x_d: np.ndarray | None, cut: bool) -> tuple:
+        """The seamless paste's inputs: the part of the crop the face mask covers as planes with the seam's colour
+        correction added (seam.py) and its offset (x, y) in the crop, the face mask grid [G, G] with the rectangles
+        (grid cells) where it is 1 and outside which 0, the map from crop pixels to grid cells, and the part of
+        `box` the mask can touch (None: none)."""
         if cut:
             self.face_mask.reset()
             self.seam.reset()
@@ -202,24 +211,69 @@ class YuvPutback:
         g = grid.shape[0]
         small = cv2.resize(crop, (g, g), interpolation=cv2.INTER_AREA).astype(np.float32)
         corr = self.seam(grid, cv2.transform(small, self.to_yuv), planes, M_c2o)            # [K, K, 3]
+        outer = _support_cells(grid)
+        cx0, cy0, cx1, cy1 = _support_pixels(outer, g, d)
         # the crop's planes as the feather pastes them, the correction added (rounded, saturated) at their depth
-        luma, uv = self._crop_planes(crop)
+        luma, uv = self._crop_planes(crop[cy0:cy1, cx0:cx1])
         depth = cv2.CV_8U if self.layout.bits == 8 else cv2.CV_16U
-        luma = cv2.add(luma, cv2.resize(corr[..., 0], (d, d), interpolation=cv2.INTER_LINEAR), dtype=depth)
-        uv = cv2.add(uv, cv2.resize(corr[..., 1:], (d // 2, d // rows), interpolation=cv2.INTER_LINEAR), dtype=depth)
+        up = cv2.resize(corr[..., 0], (d, d), interpolation=cv2.INTER_LINEAR)[cy0:cy1, cx0:cx1]
+        up_uv = cv2.resize(corr[..., 1:], (d // 2, d // rows), interpolation=cv2.INTER_LINEAR)[
+            cy0 // rows:cy1 // rows, cx0 // 2:cx1 // 2]
+        luma = cv2.add(luma, np.ascontiguousarray(up), dtype=depth)
+        uv = cv2.add(uv, np.ascontiguousarray(up_uv), dtype=depth)
         if self.layout.bits > 8:
             np.minimum(luma, int(self.top), out=luma)
             np.minimum(uv, int(self.top), out=uv)
-        mask = cv2.resize(grid, (d, d), interpolation=cv2.INTER_LINEAR)                      # [d, d]
-        return luma, uv, mask, self._inner_rect, _support(grid, d)
+        return ((luma, uv), (cx0, cy0), grid, self._inner_cells, outer, _crop_to_grid(g, d),
+                _face_box(box, M_c2o, outer, g, d))
 
-def _support(grid: np.ndarray, dsize: int) -> np.ndarray:
-    """(x0, x1, y0, y1) in crop pixels outside which the mask upsampled from `grid` is 0."""
-    cell = dsize / grid.shape[0]
+
+def _flat(m: np.ndarray) -> np.ndarray:
+    """The top two rows of an affine matrix as the kernel takes them: 6 float64 values, row-major."""
+    return np.ascontiguousarray(np.asarray(m, np.float64)[:2]).ravel()
+
+
+def _crop_to_grid(n: int, dsize: int) -> np.ndarray:
+    """3x3 map from a crop pixel to the cell coordinates of an n x n grid over the crop, as cv2.resize places them
+    (crop pixel j is cell (j + 0.5) * n / dsize - 0.5)."""
+    s = n / dsize
+    return np.array([[s, 0.0, 0.5 * s - 0.5], [0.0, s, 0.5 * s - 0.5], [0.0, 0.0, 1.0]])
+
+
+def _face_box(box: tuple, M_c2o: np.ndarray, outer: np.ndarray, g: int, dsize: int) -> tuple | None:
+    """The part of `box` (x0, y0, x1, y1) that the mask's support (`outer`, grid cells) can touch, even-aligned;
+    None when it is empty."""
+    if outer[1] < outer[0]:
+        return None
+    cell = dsize / g
+    xs = (outer[:2] + 0.5) * cell - 0.5                     # grid cells -> crop pixels
+    ys = (outer[2:] + 0.5) * cell - 0.5
+    corners = np.array([[x, y, 1.0] for x in xs for y in ys]) @ np.asarray(M_c2o, np.float64)[:2].T
+    bx0, by0, bx1, by1 = box
+    x0 = max(bx0, int(math.floor(corners[:, 0].min())) - 1) & ~1
+    y0 = max(by0, int(math.floor(corners[:, 1].min())) - 1) & ~1
+    x1 = min(bx1, int(math.ceil(corners[:, 0].max())) + 2)
+    y1 = min(by1, int(math.ceil(corners[:, 1].max())) + 2)
+    x1, y1 = min(bx1, x1 + (x1 & 1)), min(by1, y1 + (y1 & 1))
+    return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
+
+
+def _support_pixels(outer: np.ndarray, g: int, dsize: int) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1), even, of the crop pixels a mask whose support is `outer` (grid cells) needs, with a pixel
+    beside them for the warp's bilinear samples; the whole crop when the support is empty."""
+    if outer[1] < outer[0]:
+        return 0, 0, dsize, dsize
+    cell = dsize / g
+    lo = np.floor((outer[[0, 2]] + 0.5) * cell - 0.5) - 2
+    hi = np.ceil((outer[[1, 3]] + 0.5) * cell - 0.5) + 3
+    x0, y0 = (max(0, int(v)) & ~1 for v in lo)
+    x1, y1 = (min(dsize, int(v) + (int(v) & 1)) for v in hi)
+    return x0, y0, x1, y1
+
+
+def _support_cells(grid: np.ndarray) -> np.ndarray:
+    """(x0, x1, y0, y1) in grid coordinates outside which the grid sampled bilinearly is 0."""
     cols, rows = np.flatnonzero(grid.any(axis=0)), np.flatnonzero(grid.any(axis=1))
     if not len(cols):
         return np.array([0.0, -1.0, 0.0, -1.0])
-    # upsampled (cv2.resize), crop pixel j is cell (j + 0.5) / cell - 0.5: 0 from the zero cells beside the outermost
-    # non-zero ones on; a pixel more for the bilinear sample between two pixels
-    return np.array([(cols[0] - 1) * cell + cell / 2 - 1.5, (cols[-1] + 1) * cell + cell / 2 + 0.5,
-                     (rows[0] - 1) * cell + cell / 2 - 1.5, (rows[-1] + 1) * cell + cell / 2 + 0.5])
+    return np.array([cols[0] - 1.0, cols[-1] + 1.0, rows[0] - 1.0, rows[-1] + 1.0])
