@@ -204,3 +204,27 @@ def test_blend_is_a_setting_of_the_cli_the_config_and_job_lines(tmp_path, video_
     r = subprocess.run([*cli, "render", "--avatar", "anchor", "--audio", str(clips[0]), "-o", str(tmp_path / "x.mp4"),
                         "--blend", "square"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "seamless, feather" in r.stderr and not (tmp_path / "x.mp4").exists()
+
+
+
+@pytest.mark.parametrize("blend", ["feather", "seamless"])
+@pytest.mark.parametrize("pix_fmt", ["yuv420p", "yuv422p"])
+def test_a_paste_changes_the_chroma_where_it_changes_the_luma(blend_kernel, blend, pix_fmt):
+    """A crop of red and blue stripes pasted on a grey plate: the chroma samples it changes cover the same part of
+    the frame as the luma pixels it changes (each chroma row standing for its 2 or 1 luma rows)."""
+    lay = Layout(pix_fmt)
+    _, _, M = scene()
+    plate = np.full(lay.shape(960, 540), 128, np.uint8)
+    crop = np.zeros((512, 512, 3), np.uint8)
+    crop[...] = (200, 40, 40)
+    crop[:, ::32] = crop[:, 1::32] = crop[:, 2::32] = crop[:, 3::32] = (40, 40, 200)
+    out = YuvPutback(blend=blend, layout=lay)(plate.copy(), crop, M)
+    (luma, chroma), (luma0, chroma0) = lay.planes(out), lay.planes(plate)
+
+    def bbox(changed: np.ndarray, sx: int, sy: int) -> np.ndarray:
+        ys, xs = np.nonzero(changed)
+        return np.array([xs.min() * sx, ys.min() * sy, (xs.max() + 1) * sx, (ys.max() + 1) * sy])
+
+    got = bbox((chroma != chroma0).any(axis=0), 2, lay.chroma_rows)
+    want = bbox(luma[0] != luma0[0], 1, 1)
+    assert np.abs(got - want).max() <= 4, (got, want)

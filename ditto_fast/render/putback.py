@@ -134,10 +134,11 @@ class YuvPutback:
         Seamless: `x_s`, `x_d` are the frame's source and driven keypoints [21, 3] (the mask follows the face they
         move; None: the face where the crop rule puts it), `cut` a plate jump (the running means restart)."""
         layout = self.layout
-        rows = layout.chroma_rows + 1
-        if frame.dtype != layout.dtype or frame.ndim != 2 or frame.shape[0] % rows or not frame.flags.c_contiguous:
+        rows = layout.chroma_rows                           # luma rows per chroma row
+        if frame.dtype != layout.dtype or frame.ndim != 2 or frame.shape[0] % (rows + 1) or \
+                not frame.flags.c_contiguous:
             raise ValueError(f"frame must be a C-contiguous {layout.pix_fmt} {np.dtype(layout.dtype)} "
-                             f"[H*{rows}/{rows - 1}, W], got {frame.dtype} {frame.shape}")
+                             f"[H*{rows + 1}/{rows}, W], got {frame.dtype} {frame.shape}")
         if crop.dtype != np.uint8 or crop.shape != (self.dsize, self.dsize, 3):
             raise ValueError(f"crop must be uint8 [{self.dsize},{self.dsize},3], got {crop.dtype} {crop.shape}")
         luma, chroma = layout.planes(frame)
