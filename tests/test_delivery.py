@@ -297,7 +297,7 @@ def test_encoders_software_by_default_on_cpu_and_nvenc_refused_where_it_does_not
     assert RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="software").nvenc is False
     assert Format("mp4", "hevc", nvenc=True).encoder == "hevc_nvenc"
     assert "-cq" in Format("mp4", "h264", nvenc=True).video_args(18, "veryfast")
-    assert Format("mov", "prores", nvenc=True).encoder == "prores_ks"
+    assert Format("mov", "prores", nvenc=True).encoder == "prores_aw"
     works, why = nvenc_works("h264")
     if works:
         assert RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="nvenc").nvenc is True
@@ -325,4 +325,4 @@ def test_nvenc_options_crf_zero_and_a_codec_whose_nvenc_fails(tiny_checkpoints):
     for codec in ("h264", "hevc"):
         clip = SimpleNamespace(format=Format("mp4", codec))
         assert setup.output_format(clip).nvenc is nvenc_works(codec)[0]
-    assert setup.output_format(SimpleNamespace(format=Format("mov", "prores"))).encoder == "prores_ks"
+    assert setup.output_format(SimpleNamespace(format=Format("mov", "prores"))).encoder == "prores_aw"

@@ -43,7 +43,7 @@ class DeliveryFormat:
 
     @property
     def encoder(self) -> str:
-        return {"prores": "prores_ks", "h264": "libx264"}.get(self.codec, self.codec)
+        return {"prores": "prores_aw", "h264": "libx264"}.get(self.codec, self.codec)
 
     @property
     def pix_fmt(self) -> str:
@@ -79,7 +79,7 @@ class DeliveryFormat:
         elif v.codec == "dnxhd":
             args = ["-c:v", "dnxhd", "-b:v", str(v.bitrate)]
         elif v.codec == "prores":
-            args = ["-c:v", "prores_ks", "-profile:v", "3", "-vendor", "apl0"]
+            args = ["-c:v", "prores_aw", "-profile:v", "3", "-vendor", "apl0"]     # as formats.Format's ProRes
         else:
             quality = ["-crf", str(v.crf if v.crf is not None else crf)] if v.bitrate is None else \
                 ["-b:v", str(v.bitrate), "-maxrate", str(v.bitrate), "-bufsize", str(2 * v.bitrate)]
