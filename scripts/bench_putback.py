@@ -116,7 +116,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
         pool_yuv = [rgb_to_i420(f) for f in pool]
         for pix_fmt, frames in (("rgb24", pool), ("yuv420p", pool_yuv)):
             t0 = time.perf_counter()
-            with VideoWriter(Path(tmp) / "out.mp4", (W, H), audio_path=wav, pix_fmt=pix_fmt) as vw:
+            with VideoWriter(Path(tmp) / "out.mp4", (W, H), audio_path=wav, pix_fmt=pix_fmt, frames=n_write) as vw:
                 for k in range(n_write):
                     vw.write(frames[k % len(frames)])
             key = "writer_ms_per_frame" if pix_fmt == "rgb24" else "writer_yuv420p_ms_per_frame"

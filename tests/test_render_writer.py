@@ -60,7 +60,7 @@ def leftovers(directory: Path, keep: set[str]) -> list[str]:
 def test_writes_h264_with_aac_of_video_length(tmp_path, audio_s):
     wav = write_sine_wav(tmp_path / "speech.wav", audio_s)
     out = tmp_path / "out.mp4"
-    with VideoWriter(out, (W, H), fps=25, audio_path=wav) as vw:
+    with VideoWriter(out, (W, H), fps=25, audio_path=wav, frames=50) as vw:
         for f in frames(50):
             vw.write(f)
     assert out.is_file()
@@ -107,7 +107,7 @@ def test_replaces_existing_output_only_on_success(tmp_path):
 
 
 def test_abort_leaves_nothing(tmp_path):
-    vw = VideoWriter(tmp_path / "out.mp4", (W, H), audio_path=write_sine_wav(tmp_path / "a.wav", 1.0))
+    vw = VideoWriter(tmp_path / "out.mp4", (W, H), audio_path=write_sine_wav(tmp_path / "a.wav", 1.0), frames=3)
     for f in frames(3):
         vw.write(f)
     proc = vw._proc
@@ -189,9 +189,13 @@ def test_output_names_starting_with_a_dot_are_refused(tmp_path, name, better):
         VideoWriter(tmp_path / name, (W, H))
     assert list(tmp_path.iterdir()) == []
 
+
 def test_bad_arguments(tmp_path):
     with pytest.raises(InputError, match="audio file not found"):
         VideoWriter(tmp_path / "o.mp4", (W, H), audio_path=tmp_path / "nope.wav")
+    with pytest.raises(ValueError, match="give frames="):          # the audio's length must be known up front
+        VideoWriter(tmp_path / "o.mp4", (W, H), audio_path=write_sine_wav(tmp_path / "a.wav", 0.2))
+    (tmp_path / "a.wav").unlink()
     with pytest.raises(ValueError, match="even"):
         VideoWriter(tmp_path / "o.mp4", (63, 48))
     with VideoWriter(tmp_path / "o.mp4", (W, H)) as vw:

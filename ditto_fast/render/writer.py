@@ -66,8 +66,9 @@ class VideoWriter:
 
     The container comes from the output's extension and the codec from `fmt` (see render/formats.py;
     default: H.264 in the container the name says). Output duration: the video has exactly the frames
-    written; given the number of `frames` to come, the audio is cut or padded to exactly their length
-    (the same bytes every run); without it, ffmpeg's -shortest stops it near the video's end.
+    written; with audio, the number of `frames` to come must be given and the audio is cut or padded to
+    exactly their length (the same bytes every run; ffmpeg's -shortest, used before, overshot by up to a
+    quarter of a second on a loaded machine).
     `fps` is exact as a Fraction (30000/1001 is written as such in the stream).
     `comment` goes into the container's comment tag (batch records what a file was made from there).
     `soundtrack` says what the audio carries (see render/soundtrack.py); without it the writer plans it from the
@@ -96,6 +97,9 @@ class VideoWriter:
             raise ValueError(f"frame size must be positive and even for yuv420p, got {width}x{height}")
         if audio_path is not None and not Path(audio_path).is_file():
             raise InputError(f"{audio_path}: audio file not found; pass an existing WAV/MP3/... file")
+        if audio_path is not None and frames is None:
+            raise ValueError("with audio_path, give frames= (the number of frames to come): the audio is cut or "
+                             "padded to exactly their length")
         if audio_path is not None and soundtrack is None:
             soundtrack = plan_soundtrack(audio_path, *audio_layout(audio_path), self.format)
         self.soundtrack = soundtrack
@@ -147,19 +151,14 @@ class VideoWriter:
         if audio_path is not None:
             mixed = self.soundtrack.filters()               # the channels mixed first (5.1 to stereo, say)
         if delivery and audio_path is not None:
-            # the profile's tracks, each exactly the video's length (frames given) or as long as the speech
-            seconds = float(frames / self.fps) if frames is not None else None
-            cmd += fmt.audio_args(1, seconds, mixed) + ([] if seconds is not None else ["-shortest"])
-        elif audio_path is not None and frames is not None:
+            # the profile's tracks, each exactly the video's length
+            cmd += fmt.audio_args(1, float(frames / self.fps), mixed)
+        elif audio_path is not None:
             audio = fmt.audio_args(self.soundtrack.channels)
             # audio padded with silence or cut to exactly the video's length, the same bytes every run
             # (-shortest cuts wherever the muxer happens to be when the video ends)
             dur = f"{float(frames / self.fps):.6f}"
             cmd += [*audio, "-af", ",".join([*mixed, f"apad=whole_dur={dur}", f"atrim=end={dur}"])]
-        elif audio_path is not None:
-            # pad the audio with silence, then stop at the end of the video
-            audio = fmt.audio_args(self.soundtrack.channels)
-            cmd += [*audio, "-af", ",".join([*mixed, "apad"]), "-shortest"]
         if comment:
             cmd += ["-metadata", f"comment={comment}"]
             if fmt.container == "mxf":      # MXF keeps no comment: the identification's version string carries it
