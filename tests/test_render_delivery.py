@@ -92,10 +92,17 @@ needs_mediainfo = pytest.mark.skipif(shutil.which("mediainfo") is None,
 
 @pytest.mark.slow
 @needs_mediainfo
-def test_mediainfo_reports_xdcam_hd422(rendered):
-    out, _, _ = rendered("xdcam-hd422-1080i50")
+def test_mediainfo_reports_xdcam_hd422(engine, video_avatar, speech_wav, tmp_path):
+    """2.4 s (60 frames, five GOPs: MediaInfo names the format only once it has seen a whole GOP)."""
+    speech, sr = sf.read(speech_wav, dtype="float32")
+    sf.write(tmp_path / "s.wav", speech[sr:int(3.4 * sr)], sr)
+    out = tmp_path / "x.mxf"
+    engine.render(RenderRequest(avatar="anchor", audio=tmp_path / "s.wav", output=out,
+                                delivery="xdcam-hd422-1080i50", steps=2))
     info = _mediainfo(out)
     general, video, audio = info["General"][0], info["Video"][0], info["Audio"]
+    assert general["Commercial name"] == video["Commercial name"] == "XDCAM HD422"
+    assert video["Format settings, GOP"] == "M=3, N=12"
     assert (general["Format"], general["Format profile"]) == ("MXF", "OP-1a")
     assert (video["Format"], video["Format version"], video["Format profile"]) == ("MPEG Video", "Version 2",
                                                                                   "4:2:2@High")
