@@ -48,11 +48,14 @@ def feathered_mask(size: int = 512, inner: float = 0.9) -> np.ndarray:
     return (1.0 - np.clip(radial, 0.0, 1.0)).astype(np.float32)
 
 
-def crop_bbox(M_c2o: np.ndarray, dsize: int, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
-    """(x0, y0, x1, y1) of the frame region the warped crop can touch (clipped), or None if off-frame."""
+def crop_bbox(M_c2o: np.ndarray, dsize: int | tuple[int, int], frame_hw: tuple[int, int]
+              ) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1) of the frame region the warped crop (dsize square, or (width, height)) can touch (clipped),
+    or None if off-frame."""
     h, w = frame_hw
+    cw, chh = (dsize, dsize) if isinstance(dsize, int) else dsize
     # one pixel beyond the crop on each side covers bilinear spill-over
-    corners = np.array([[-1, -1, 1], [dsize, -1, 1], [-1, dsize, 1], [dsize, dsize, 1]], dtype=np.float64)
+    corners = np.array([[-1, -1, 1], [cw, -1, 1], [-1, chh, 1], [cw, chh, 1]], dtype=np.float64)
     pts = corners @ np.asarray(M_c2o, dtype=np.float64)[:2].T      # [4, 2] (x, y) in the frame
     x0 = max(0, int(math.floor(pts[:, 0].min())))
     y0 = max(0, int(math.floor(pts[:, 1].min())))
@@ -120,9 +123,11 @@ class YuvPutback:
             self.seam = SeamMatch(layout, dsize)
             self._inner_cells = self.face_mask.inner_cells()
 
-    def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
-        """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change; None if off-frame."""
-        bbox = crop_bbox(np.asarray(M_c2o, np.float64), self.dsize, frame_hw)
+    def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int], size: tuple[int, int] | None = None
+            ) -> tuple[int, int, int, int] | None:
+        """(x0, y0, x1, y1), all even, of the only pixels a paste with M_c2o may change (of the crop, or of a part
+        of it `size` (width, height) that M_c2o places); None if off-frame."""
+        bbox = crop_bbox(np.asarray(M_c2o, np.float64), size or self.dsize, frame_hw)
         if bbox is None:
             return None
         x0, y0, x1, y1 = bbox
@@ -148,14 +153,17 @@ class YuvPutback:
         crop = np.ascontiguousarray(crop)
         source = _affine3(np.asarray(M_c2o, np.float64))    # crop pixel -> frame pixel
         if self.blend == "seamless":
-            # the corrected part of the crop the face mask covers, its offset in the crop, the mask grid, and the
-            # part of the box it can touch
-            (luma_crop, uv), offset, mask, inner, outer, to_mask, box = self._seamless_planes(
-                crop, M_c2o, (luma, chroma), box, x_s, x_d, cut)
-            if box is None:
+            # the corrected part of the crop the face mask covers and its offset in the crop, the mask grid; only
+            # the box that part can touch is pasted
+            planes = self._seamless_planes(crop, M_c2o, (luma, chroma), x_s, x_d, cut)
+            if planes is None:
                 return frame
+            (luma_crop, uv), offset, mask, inner, outer, to_mask = planes
             shift = np.array([[1.0, 0.0, offset[0]], [0.0, 1.0, offset[1]], [0.0, 0.0, 1.0]])
             source, to_mask = source @ shift, to_mask @ shift
+            box = self.box(source, luma.shape[1:], luma_crop.shape[::-1])
+            if box is None:
+                return frame
         else:
             (luma_crop, uv), mask, (lo, hi), to_mask = self._crop_planes(crop), self.mask, self._inner, np.eye(3)
             inner, outer = np.array([lo, hi, lo, hi], np.float64), np.array([-1.0, self.dsize, -1.0, self.dsize])
@@ -169,7 +177,7 @@ class YuvPutback:
         # then spun beside every frame's render, 15 ms of CPU a frame), then -> mask coordinates
         crop_of_luma = _affine3(cv2.invertAffineTransform(roi[:2]))
         mask_of_luma = to_mask @ crop_of_luma
-        mask_of_chroma = to_mask @ crop_of_luma @ self._c2l     # region chroma sample -> mask coordinates
+        mask_of_chroma = mask_of_luma @ self._c2l           # region chroma sample -> mask coordinates
         flags = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
         y_roi = cv2.warpAffine(luma_crop, roi[:2], (w, h), **flags)[..., None]
         uv_roi = np.ascontiguousarray(cv2.warpAffine(uv, roi_c[:2], (w // 2, h // rows), **flags))
@@ -196,12 +204,12 @@ class YuvPutback:
         uv = cv2.transform(cv2.resize(rgb, half, interpolation=cv2.INTER_AREA), self.to_yuv[1:])
         return tuple(np.clip(np.rint(p), 0, top).astype(self.layout.dtype) for p in (luma, uv))
 
-    def _seamless_planes(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, box: tuple,
-                         x_s: np.ndarray | None, x_d: np.ndarray | None, cut: bool) -> tuple:
+    def _seamless_planes(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, x_s: np.ndarray | None,
+                         x_d: np.ndarray | None, cut: bool) -> tuple | None:
         """The seamless paste's inputs: the part of the crop the face mask covers as planes with the seam's colour
         correction added (seam.py) and its offset (x, y) in the crop, the face mask grid [G, G] with the rectangles
-        (grid cells) where it is 1 and outside which 0, the map from crop pixels to grid cells, and the part of
-        `box` the mask can touch (None: none)."""
+        (grid cells) where it is 1 and outside which 0, and the map from crop pixels to grid cells; None for an
+        empty mask."""
         if cut:
             self.face_mask.reset()
             self.seam.reset()
@@ -213,6 +221,8 @@ class YuvPutback:
         small = cv2.resize(crop, (g, g), interpolation=cv2.INTER_AREA).astype(np.float32)
         corr = self.seam(grid, cv2.transform(small, self.to_yuv), planes, M_c2o)            # [K, K, 3]
         outer = _support_cells(grid)
+        if outer[1] < outer[0]:
+            return None
         cx0, cy0, cx1, cy1 = _support_pixels(outer, g, d)
         # the crop's planes as the feather pastes them, the correction added (rounded, saturated) at their depth
         luma, uv = self._crop_planes(crop[cy0:cy1, cx0:cx1])
@@ -225,8 +235,7 @@ class YuvPutback:
         if self.layout.bits > 8:
             np.minimum(luma, int(self.top), out=luma)
             np.minimum(uv, int(self.top), out=uv)
-        return ((luma, uv), (cx0, cy0), grid, self._inner_cells, outer, _crop_to_grid(g, d),
-                _face_box(box, M_c2o, outer, g, d))
+        return (luma, uv), (cx0, cy0), grid, self._inner_cells, outer, _crop_to_grid(g, d)
 
 
 def _flat(m: np.ndarray) -> np.ndarray:
@@ -241,29 +250,9 @@ def _crop_to_grid(n: int, dsize: int) -> np.ndarray:
     return np.array([[s, 0.0, 0.5 * s - 0.5], [0.0, s, 0.5 * s - 0.5], [0.0, 0.0, 1.0]])
 
 
-def _face_box(box: tuple, M_c2o: np.ndarray, outer: np.ndarray, g: int, dsize: int) -> tuple | None:
-    """The part of `box` (x0, y0, x1, y1) that the mask's support (`outer`, grid cells) can touch, even-aligned;
-    None when it is empty."""
-    if outer[1] < outer[0]:
-        return None
-    cell = dsize / g
-    xs = (outer[:2] + 0.5) * cell - 0.5                     # grid cells -> crop pixels
-    ys = (outer[2:] + 0.5) * cell - 0.5
-    corners = np.array([[x, y, 1.0] for x in xs for y in ys]) @ np.asarray(M_c2o, np.float64)[:2].T
-    bx0, by0, bx1, by1 = box
-    x0 = max(bx0, int(math.floor(corners[:, 0].min())) - 1) & ~1
-    y0 = max(by0, int(math.floor(corners[:, 1].min())) - 1) & ~1
-    x1 = min(bx1, int(math.ceil(corners[:, 0].max())) + 2)
-    y1 = min(by1, int(math.ceil(corners[:, 1].max())) + 2)
-    x1, y1 = min(bx1, x1 + (x1 & 1)), min(by1, y1 + (y1 & 1))
-    return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
-
-
 def _support_pixels(outer: np.ndarray, g: int, dsize: int) -> tuple[int, int, int, int]:
-    """(x0, y0, x1, y1), even, of the crop pixels a mask whose support is `outer` (grid cells) needs, with a pixel
-    beside them for the warp's bilinear samples; the whole crop when the support is empty."""
-    if outer[1] < outer[0]:
-        return 0, 0, dsize, dsize
+    """(x0, y0, x1, y1), even, of the crop pixels a mask whose (non-empty) support is `outer` (grid cells) needs,
+    with a pixel beside them for the warp's bilinear samples."""
     cell = dsize / g
     lo = np.floor((outer[[0, 2]] + 0.5) * cell - 0.5) - 2
     hi = np.ceil((outer[[1, 3]] + 0.5) * cell - 0.5) + 3
