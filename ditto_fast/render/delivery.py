@@ -100,15 +100,14 @@ class DeliveryFormat:
         """The programme is mono or stereo: a file of more channels is mixed to stereo first (soundtrack.py)."""
         return 2
 
-    def audio_args(self, audio_input: int, seconds: float | None, mixed: list[str] | None = None) -> list[str]:
+    def audio_args(self, audio_input: int, seconds: float, mixed: list[str] | None = None) -> list[str]:
         """The audio graph and its streams: the speech (resampled, leveled, cut or padded to exactly `seconds`) on
         the profile's speech tracks, silence of the same length on the others, each track encoded as named;
         `mixed`: the soundtrack's filters that come first (a 5.1 file mixed to stereo)."""
         a = self.profile.audio
         layout = "stereo" if a.channels == 2 else "mono"
-        length = [f"apad=whole_dur={seconds:.6f}", f"atrim=end={seconds:.6f}"] if seconds is not None else []
-        chain = [*(mixed or []), programme_chain(self.profile), *([self.gain] if self.gain else []), *length,
-                 f"asplit={a.tracks}"]
+        chain = [*(mixed or []), programme_chain(self.profile), *([self.gain] if self.gain else []),
+                 f"apad=whole_dur={seconds:.6f}", f"atrim=end={seconds:.6f}", f"asplit={a.tracks}"]
         graph = [f"[{audio_input}:a:0]{','.join(chain)}" + "".join(f"[s{t}]" for t in range(1, a.tracks + 1))]
         maps = []
         for t in range(1, a.tracks + 1):

@@ -134,11 +134,11 @@ class VideoWriter:
                "-i", "pipe:0"]
         if audio_path is not None:
             cmd += ["-i", str(audio_path)]
+        delivery = isinstance(fmt, DeliveryFormat)
         cmd += ["-map", "0:v:0"]
-        if audio_path is not None and not isinstance(fmt, DeliveryFormat):   # a delivery maps its own tracks
+        if audio_path is not None and not delivery:     # a delivery maps its own tracks
             cmd += ["-map", "1:a:0"]
         tags = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
-        delivery = isinstance(fmt, DeliveryFormat)
         if delivery:                        # scaled to the profile's size, its pixel format and field order
             rgb = "" if self._layout is not None else "scale=out_color_matrix=bt709:out_range=tv,"
             vf = f"{rgb}{tags},{fmt.video_filters(self.size)}"
@@ -149,16 +149,14 @@ class VideoWriter:
             vf = f"scale=out_color_matrix=bt709:out_range=tv,format={fmt.pix_fmt},{tags}"
         cmd += ["-vf", vf, *fmt.video_args(crf, preset)]
         if audio_path is not None:
-            mixed = self.soundtrack.filters()               # the channels mixed first (5.1 to stereo, say)
-        if delivery and audio_path is not None:
-            # the profile's tracks, each exactly the video's length
-            cmd += fmt.audio_args(1, float(frames / self.fps), mixed)
-        elif audio_path is not None:
-            audio = fmt.audio_args(self.soundtrack.channels)
-            # audio padded with silence or cut to exactly the video's length, the same bytes every run
-            # (-shortest cuts wherever the muxer happens to be when the video ends)
-            dur = f"{float(frames / self.fps):.6f}"
-            cmd += [*audio, "-af", ",".join([*mixed, f"apad=whole_dur={dur}", f"atrim=end={dur}"])]
+            # audio padded with silence or cut to exactly the video's length, the same bytes every run (-shortest
+            # cuts wherever the muxer happens to be when the video ends); the channels mixed first (5.1 to stereo)
+            mixed, seconds = self.soundtrack.filters(), float(frames / self.fps)
+            if delivery:                                # the profile's tracks, each of that length
+                cmd += fmt.audio_args(1, seconds, mixed)
+            else:
+                cmd += [*fmt.audio_args(self.soundtrack.channels), "-af",
+                        ",".join([*mixed, f"apad=whole_dur={seconds:.6f}", f"atrim=end={seconds:.6f}"])]
         if comment:
             cmd += ["-metadata", f"comment={comment}"]
             if fmt.container == "mxf":      # MXF keeps no comment: the identification's version string carries it
