@@ -37,10 +37,12 @@ class Requirement:
 
 def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, int] | None = None,
                rate: Fraction | None = None, timecode: str | None = None,
-               loudness: tuple[float, float] | None | str = "profile") -> list[Requirement]:
+               loudness: tuple[float, float] | None | str = "profile",
+               facts: MediaFacts | None = None) -> list[Requirement]:
     """Every requirement of `profile` checked on the file. `size`, `rate` are what a profile that leaves them open
-    is checked for (None: any); `timecode` and `loudness` override the profile's (loudness None: not leveled)."""
-    facts = read_facts(path)
+    is checked for (None: any); `timecode` and `loudness` override the profile's (loudness None: not leveled);
+    `facts`: the file's, when already read."""
+    facts = facts or read_facts(path)
     v = profile.video
     out: list[Requirement] = []
 
@@ -98,7 +100,7 @@ def closest_profile(path: str | Path) -> tuple[DeliveryProfile, list[Requirement
     if not candidates:
         raise UsageError(f"{path}: no shipped delivery profile is for {facts.container} files of {codec}; "
                          "name the one to check with --delivery NAME|FILE.yaml")
-    checked = [(p, check_file(path, p)) for p in candidates]
+    checked = [(p, check_file(path, p, facts=facts)) for p in candidates]       # the file read once
     best, result = min(checked, key=lambda pr: len(failures(pr[1])))
     return best, result, [p.name for p in candidates]
 
