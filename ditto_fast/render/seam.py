@@ -58,8 +58,8 @@ class SeamMatch:
 
     def __call__(self, mask: np.ndarray, crop_yuv: np.ndarray, planes: tuple[np.ndarray, np.ndarray],
                  M_c2o: np.ndarray) -> np.ndarray:
-        """The correction for a frame: `mask` the face mask grid [G, G], `crop_yuv` the crop's Y, U, V per mask cell
-        [G, G, 3] float32 (code values), `planes` the plate's luma [1, H, W] and chroma [2, H/cv, W/2]."""
+        """The correction for a frame: `mask` the face mask grid [G, G], `crop_yuv` the crop's Y, U, V at each mask
+        cell's centre [G, G, 3] float32 (code values), `planes` the plate's luma [1, H, W] and chroma [2, H/cv, W/2]."""
         g = mask.shape[0]
         rows, cols = np.nonzero((mask > EDGE[0]) & (mask < EDGE[1]))
         if len(rows) < 8:
@@ -94,15 +94,26 @@ class SeamMatch:
 
 
 def _sample_planes(planes: tuple[np.ndarray, np.ndarray], fx: np.ndarray, fy: np.ndarray, layout: Layout) -> np.ndarray:
-    """The plate's Y, U, V at frame positions (fx, fy) [K] (nearest sample; NaN off the frame): [K, 3] float."""
+    """The plate's Y, U, V at frame positions (fx, fy) [K], bilinear (each chroma plane at its own sample positions;
+    NaN off the frame): [K, 3] float."""
     luma, chroma = planes
     h, w = luma.shape[1:]
-    ix, iy = np.rint(fx).astype(np.int64), np.rint(fy).astype(np.int64)
-    on = (ix >= 0) & (iy >= 0) & (ix < w) & (iy < h)
+    on = (fx >= 0) & (fy >= 0) & (fx <= w - 1) & (fy <= h - 1)
     out = np.full((len(fx), 3), np.nan)
-    ix, iy = ix[on], iy[on]
-    out[on, 0] = luma[0, iy, ix]
-    cx, cy = np.minimum(ix // 2, chroma.shape[2] - 1), np.minimum(iy // layout.chroma_rows, chroma.shape[1] - 1)
-    out[on, 1] = chroma[0, cy, cx]
-    out[on, 2] = chroma[1, cy, cx]
+    fx, fy = fx[on], fy[on]
+    out[on, 0] = _bilinear(luma[0], fx, fy)
+    cx, cy = (fx - 0.5) / 2, (fy - 0.5 * (layout.chroma_rows - 1)) / layout.chroma_rows
+    out[on, 1] = _bilinear(chroma[0], cx, cy)
+    out[on, 2] = _bilinear(chroma[1], cx, cy)
     return out
+
+
+def _bilinear(plane: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """plane [h, w] sampled bilinearly at (x, y) [K] (clamped to its edge samples)."""
+    h, w = plane.shape
+    x, y = np.clip(x, 0, w - 1), np.clip(y, 0, h - 1)
+    x0, y0 = np.minimum(x.astype(np.int64), w - 2), np.minimum(y.astype(np.int64), h - 2)
+    ax, ay = x - x0, y - y0
+    top = plane[y0, x0] * (1 - ax) + plane[y0, x0 + 1] * ax
+    bottom = plane[y0 + 1, x0] * (1 - ax) + plane[y0 + 1, x0 + 1] * ax
+    return top * (1 - ay) + bottom * ay
