@@ -4,6 +4,7 @@ Planes of 8 bits (uint8) or of 10 in 16 (uint16)."""
 
 from libc.math cimport ceil, floor
 from libc.stdint cimport uint8_t, uint16_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 ctypedef fused pixel_t:
@@ -66,16 +67,26 @@ cdef inline void _span_rect(double a0, double rx, double b0, double ry, double x
 
 
 cdef inline void _blend_band_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask,
-                                    pixel_t[:, :, ::1] planes, Py_ssize_t y, Py_ssize_t x,
+                                    const uint8_t* kind, pixel_t[:, :, ::1] planes, Py_ssize_t y, Py_ssize_t x,
                                     Py_ssize_t py0, Py_ssize_t px0, double sx, double sy) noexcept nogil:
-    """Bilinear mask value at (sx, sy) (zero outside), then blend one pixel of every plane."""
+    """Bilinear mask value at (sx, sy) (zero outside), then blend one pixel of every plane. `kind` (or NULL): per
+    mask cell (see _cell_kinds), 0 skips the pixel and 1 copies it, as the bilinear value would (0, or 1 in effect)."""
     cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1], ix, iy, c
     cdef double fx, fy
     cdef float m, m00, m01, m10, m11
+    cdef uint8_t k
     if sx <= -1.0 or sy <= -1.0 or sx >= sw or sy >= sh:
         return
     ix = <Py_ssize_t>(sx + 1.0) - 1
     iy = <Py_ssize_t>(sy + 1.0) - 1
+    if kind != NULL:
+        k = kind[(iy + 1) * (sw + 1) + ix + 1]
+        if k == 0:
+            return
+        if k == 1:
+            for c in range(src.shape[2]):
+                planes[c, py0 + y, px0 + x] = src[y, x, c]
+            return
     fx = sx - ix
     fy = sy - iy
     m00 = mask[iy, ix] if iy >= 0 and ix >= 0 else 0.0
@@ -91,11 +102,31 @@ cdef inline void _blend_band_planes(const pixel_t[:, :, ::1] src, const float[:,
         planes[c, py0 + y, px0 + x] = _mix(planes[c, py0 + y, px0 + x], src[y, x, c], m)
 
 
-cdef void _blend_region(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const double[::1] inv,
-                        double ix0, double ix1, double iy0, double iy1, double ox0, double ox1, double oy0,
-                        double oy1, pixel_t[:, :, ::1] planes, Py_ssize_t y0, Py_ssize_t x0) noexcept:
+cdef void _cell_kinds(const float[:, ::1] mask, uint8_t* kind) noexcept nogil:
+    """Per cell of the bilinear mask (the square between samples (iy, ix) and (iy + 1, ix + 1), ix and iy from -1 to
+    S-1, samples outside the mask 0), at kind[(iy + 1) * (S + 1) + ix + 1]: 0 where all four corners are 0, 1 where
+    all are at least 1, else 2."""
+    cdef Py_ssize_t sh = mask.shape[0], sw = mask.shape[1], ix, iy, jx, jy, lo, hi
+    cdef float v
+    for iy in range(-1, sh):
+        for ix in range(-1, sw):
+            lo = 0
+            hi = 0
+            for jy in range(iy, iy + 2):
+                for jx in range(ix, ix + 2):
+                    v = mask[jy, jx] if 0 <= jy < sh and 0 <= jx < sw else 0.0
+                    if v > 0.0:
+                        lo += 1
+                    if v >= 1.0:
+                        hi += 1
+            kind[(iy + 1) * (sw + 1) + ix + 1] = 0 if lo == 0 else (1 if hi == 4 else 2)
+
+
+cdef void _blend_region(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, const uint8_t* kind,
+                        const double[::1] inv, double ix0, double ix1, double iy0, double iy1, double ox0, double ox1,
+                        double oy0, double oy1, pixel_t[:, :, ::1] planes, Py_ssize_t y0, Py_ssize_t x0) noexcept:
     """The blend of a checked region: per row, the run inside the inner rectangle (mask 1) copied, pixels outside
-    the outer one skipped, the rest blended with the bilinear mask."""
+    the outer one skipped, the rest blended with the bilinear mask (through `kind`, when not NULL)."""
     cdef Py_ssize_t h = src.shape[0], w = src.shape[1], nc = src.shape[2]
     cdef Py_ssize_t y, x, c, o_first, o_last, i_first, i_last
     cdef double a0 = inv[0], a1 = inv[1], a2 = inv[2], b0 = inv[3], b1 = inv[4], b2 = inv[5]
@@ -116,7 +147,7 @@ cdef void _blend_region(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, 
                 i_first = o_last + 1
                 i_last = o_last
             for x in range(o_first, i_first):
-                _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
+                _blend_band_planes(src, mask, kind, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
             if nc == 1 and i_last >= i_first:
                 memcpy(&planes[0, y0 + y, x0 + i_first], &src[y, i_first, 0],
                        (i_last - i_first + 1) * sizeof(pixel_t))
@@ -125,7 +156,7 @@ cdef void _blend_region(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, 
                     for c in range(nc):
                         planes[c, y0 + y, x0 + x] = src[y, x, c]
             for x in range(i_last + 1, o_last + 1):
-                _blend_band_planes(src, mask, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
+                _blend_band_planes(src, mask, kind, planes, y, x, y0, x0, a0 * x + rx, b0 * x + ry)
 
 
 cdef int _check_region(const pixel_t[:, :, ::1] src, pixel_t[:, :, ::1] planes, Py_ssize_t y0,
@@ -149,6 +180,16 @@ def blend_masked_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, 
     if inv.shape[0] != 6 or inner.shape[0] != 4 or outer.shape[0] != 4:
         raise ValueError("inv must hold 6 values (a 2x3 affine matrix), inner and outer 4 (x0, x1, y0, y1)")
     _check_region(src, planes, y0, x0)
-    _blend_region(src, mask, inv, inner[0], inner[1], inner[2], inner[3], outer[0], outer[1], outer[2], outer[3],
-                  planes, y0, x0)
+    cdef Py_ssize_t cells = (mask.shape[0] + 1) * (mask.shape[1] + 1)
+    cdef uint8_t* kind = NULL
+    if 4 * cells < src.shape[0] * src.shape[1]:    # a coarse mask over a large region: classify its cells once
+        kind = <uint8_t*>malloc(cells)
+        if kind == NULL:
+            raise MemoryError()
+        _cell_kinds(mask, kind)
+    try:
+        _blend_region(src, mask, kind, inv, inner[0], inner[1], inner[2], inner[3], outer[0], outer[1], outer[2],
+                      outer[3], planes, y0, x0)
+    finally:
+        free(kind)
 
