@@ -15,7 +15,7 @@ import pytest
 
 from ditto_fast.media.yuv import I420, Layout
 from ditto_fast.render import face_mask as fm
-from ditto_fast.render.putback import YuvPutback
+from ditto_fast.render.putback import YuvPutback, _upsampled
 from ditto_fast.render.seam import push_pull
 from seam_faults import FAULTS, coverage, flicker, measure, own_crop, scene
 from test_render_putback import blend_kernel  # noqa: F401 - a fixture
@@ -128,6 +128,18 @@ def test_push_pull_fills_smoothly_from_the_known_cells():
     assert np.allclose(filled[0], 10.0) and np.allclose(filled[-1], -10.0)
     column = filled[:, 16]
     assert (np.diff(column) <= 1e-6).all() and abs(column[15] + column[16]) < 2.0   # falls steadily between them
+
+
+@pytest.mark.parametrize("size", [(512, 512), (256, 256), (256, 512)])
+def test_the_correction_upsampled_over_a_part_is_that_part_of_the_whole(size):
+    rng = np.random.default_rng(1)
+    for grid in (rng.normal(0, 5, (32, 32)), rng.normal(0, 5, (32, 32, 2))):
+        grid = grid.astype(np.float32)
+        whole = cv2.resize(grid, size, interpolation=cv2.INTER_LINEAR)
+        for _ in range(100):
+            (x0, x1), (y0, y1) = np.sort(rng.integers(0, size[0], 2)), np.sort(rng.integers(0, size[1], 2))
+            x1, y1 = x1 + 1, y1 + 1
+            assert np.array_equal(_upsampled(grid, size, (x0, y0, x1, y1)), whole[y0:y1, x0:x1]), (x0, y0, x1, y1)
 
 
 def test_the_mask_is_the_face_not_the_square():

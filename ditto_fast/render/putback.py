@@ -231,15 +231,32 @@ class YuvPutback:
         # the crop's planes as the feather pastes them, the correction added (rounded, saturated) at their depth
         luma, uv = self._crop_planes(crop[cy0:cy1, cx0:cx1])
         depth = cv2.CV_8U if self.layout.bits == 8 else cv2.CV_16U
-        up = cv2.resize(corr[..., 0], (d, d), interpolation=cv2.INTER_LINEAR)[cy0:cy1, cx0:cx1]
-        up_uv = cv2.resize(corr[..., 1:], (d // 2, d // rows), interpolation=cv2.INTER_LINEAR)[
-            cy0 // rows:cy1 // rows, cx0 // 2:cx1 // 2]
+        up = _upsampled(corr[..., 0], (d, d), (cx0, cy0, cx1, cy1))
+        up_uv = _upsampled(corr[..., 1:], (d // 2, d // rows), (cx0 // 2, cy0 // rows, cx1 // 2, cy1 // rows))
         luma = cv2.add(luma, np.ascontiguousarray(up), dtype=depth)
         uv = cv2.add(uv, np.ascontiguousarray(up_uv), dtype=depth)
         if self.layout.bits > 8:
             np.minimum(luma, int(self.top), out=luma)
             np.minimum(uv, int(self.top), out=uv)
         return (luma, uv), (cx0, cy0), grid, self._inner_cells, outer, _crop_to_grid(g, d)
+
+
+def _upsampled(grid: np.ndarray, size: tuple[int, int], part: tuple[int, int, int, int]) -> np.ndarray:
+    """grid [K, K(, C)] resized bilinearly to `size` (w, h; multiples of K) as cv2.resize does, cut to `part` (x0, y0,
+    x1, y1): the same values, from a resize of only the cells the part needs."""
+    k = grid.shape[0]
+    (w, h), (x0, y0, x1, y1) = size, part
+    (ax, bx), (ay, by) = _cells(x0, x1, w // k, k), _cells(y0, y1, h // k, k)
+    up = cv2.resize(grid[ay:by, ax:bx], ((bx - ax) * (w // k), (by - ay) * (h // k)), interpolation=cv2.INTER_LINEAR)
+    ox, oy = ax * (w // k), ay * (h // k)
+    return up[y0 - oy:y1 - oy, x0 - ox:x1 - ox]
+
+
+def _cells(lo: int, hi: int, scale: int, k: int) -> tuple[int, int]:
+    """The cells [a, b) a bilinear upsampling by `scale` reads for output pixels lo..hi-1 (cell of pixel x: (x + 0.5)
+    / scale - 0.5 and the next)."""
+    return (max(0, math.floor((lo + 0.5) / scale - 0.5)),
+            min(k, math.floor((hi - 0.5) / scale - 0.5) + 2))
 
 
 def _flat(m: np.ndarray) -> np.ndarray:
