@@ -48,6 +48,28 @@ def test_kernel_and_numpy_fallback_agree(blend_kernel):
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01
 
 
+@pytest.mark.parametrize("shift", [0.0, -380.0], ids=["whole", "half-off-frame"])
+@pytest.mark.parametrize("pix_fmt", ["yuv420p", "yuv422p10le"])
+def test_the_kernels_correction_is_the_numpy_one(blend_kernel, pix_fmt, shift):
+    from ditto_fast.render import _blend
+    from ditto_fast.render.seam import SeamMatch
+    from test_avatar_plate_fidelity import _planes_of
+
+    lay = Layout(pix_fmt)
+    rgb, _, M = scene()
+    M = M + np.array([[0, 0, shift], [0, 0, 0], [0, 0, 0]])
+    planes = lay.planes(_planes_of(rgb, lay))
+    pb = YuvPutback(blend="seamless", layout=lay)
+    kps = np.random.default_rng(2).uniform(-0.4, 0.4, (21, 3))
+    grid = pb.face_mask(kps, kps * 1.03 + 0.01)
+    for fault in FAULTS.values():
+        small = cv2.resize(fault(own_crop(rgb, M)), (64, 64), interpolation=cv2.INTER_AREA).astype(np.float32)
+        crop_yuv = cv2.transform(small, pb.to_yuv)
+        fast = SeamMatch(lay, kernel=_blend.seam_correction)(grid, crop_yuv, planes, M)
+        slow = SeamMatch(lay)(grid, crop_yuv, planes, M)
+        assert np.abs(fast - slow).max() < 1e-4 * lay.scale and np.abs(slow).max() > 0.5
+
+
 @pytest.mark.parametrize("pix_fmt", ["yuv422p", "yuv422p10le", "yuv420p10le"])
 def test_seamless_works_in_the_plates_own_planes(blend_kernel, pix_fmt):
     from test_avatar_plate_fidelity import _planes_of

@@ -2,9 +2,9 @@
 """Blend a warped face crop into a region of a planar frame in place: plane = mask*crop + (1-mask)*plane, rounded.
 Planes of 8 bits (uint8) or of 10 in 16 (uint16)."""
 
-from libc.math cimport ceil, floor
+from libc.math cimport ceil, fabs, floor
 from libc.stdint cimport uint8_t, uint16_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcpy
 
 ctypedef fused pixel_t:
@@ -193,3 +193,180 @@ def blend_masked_planes(const pixel_t[:, :, ::1] src, const float[:, ::1] mask, 
     finally:
         free(kind)
 
+
+
+cdef int _cmp_double(const void* a, const void* b) noexcept nogil:
+    cdef double x = (<const double*>a)[0], y = (<const double*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef double _median(double* v, Py_ssize_t n) noexcept nogil:
+    """The median of v[0:n] (n > 0; the mean of the middle two for an even n), sorting v in place."""
+    qsort(v, n, sizeof(double), _cmp_double)
+    if n % 2:
+        return v[n // 2]
+    return 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+cdef inline double _sample(const pixel_t[:, :, ::1] planes, Py_ssize_t p, double x, double y) noexcept nogil:
+    """Plane p sampled bilinearly at (x, y), clamped to its edge samples (planes at least 2x2)."""
+    cdef Py_ssize_t h = planes.shape[1], w = planes.shape[2], x0, y0
+    cdef double ax, ay
+    x = 0.0 if x < 0.0 else (w - 1.0 if x > w - 1.0 else x)
+    y = 0.0 if y < 0.0 else (h - 1.0 if y > h - 1.0 else y)
+    x0 = <Py_ssize_t>x
+    y0 = <Py_ssize_t>y
+    if x0 > w - 2:
+        x0 = w - 2
+    if y0 > h - 2:
+        y0 = h - 2
+    ax = x - x0
+    ay = y - y0
+    return ((planes[p, y0, x0] * (1 - ax) + planes[p, y0, x0 + 1] * ax) * (1 - ay)
+            + (planes[p, y0 + 1, x0] * (1 - ax) + planes[p, y0 + 1, x0 + 1] * ax) * ay)
+
+
+cdef void _pull(const double* coarse, Py_ssize_t n, double* up) noexcept nogil:
+    """coarse [n, n, 3] upsampled 2x bilinearly into up [2n, 2n, 3], as cv2.resize does (edge samples repeated)."""
+    cdef Py_ssize_t m = 2 * n, x, y, c, ix, iy
+    cdef double f, ax, ay
+    for y in range(m):
+        f = (y + 0.5) * 0.5 - 0.5
+        iy = <Py_ssize_t>floor(f)
+        ay = f - iy
+        if iy < 0:
+            iy, ay = 0, 0.0
+        if iy >= n - 1:
+            iy, ay = n - 1, 0.0
+        for x in range(m):
+            f = (x + 0.5) * 0.5 - 0.5
+            ix = <Py_ssize_t>floor(f)
+            ax = f - ix
+            if ix < 0:
+                ix, ax = 0, 0.0
+            if ix >= n - 1:
+                ix, ax = n - 1, 0.0
+            for c in range(3):
+                up[(y * m + x) * 3 + c] = (
+                    (1 - ay) * ((1 - ax) * coarse[(iy * n + ix) * 3 + c]
+                                + (ax * coarse[(iy * n + ix + 1) * 3 + c] if ax > 0 else 0.0))
+                    + (ay * ((1 - ax) * coarse[((iy + 1) * n + ix) * 3 + c]
+                             + (ax * coarse[((iy + 1) * n + ix + 1) * 3 + c] if ax > 0 else 0.0)) if ay > 0 else 0.0))
+
+
+cdef void _push_pull(double* values, double* weights, Py_ssize_t k) noexcept nogil:
+    """values [k, k, 3] (weighted sums) and weights [k, k] filled where the weights are 0 (seam.push_pull's rule), in
+    place: values end as the filled grid. k a power of two."""
+    cdef Py_ssize_t n, h, x, y, c, j
+    cdef double* v
+    cdef double* w
+    cdef double* up
+    cdef double keep, s
+    if k == 1:
+        s = weights[0] if weights[0] > 1e-12 else 1e-12
+        for c in range(3):
+            values[c] /= s
+        return
+    h = k // 2
+    v = <double*>calloc(h * h * 3, sizeof(double))
+    w = <double*>calloc(h * h, sizeof(double))
+    up = <double*>malloc(k * k * 3 * sizeof(double))
+    for y in range(k):
+        for x in range(k):
+            j = (y // 2) * h + x // 2
+            w[j] += weights[y * k + x]
+            for c in range(3):
+                v[j * 3 + c] += values[(y * k + x) * 3 + c]
+    _push_pull(v, w, h)
+    _pull(v, h, up)
+    for j in range(k * k):
+        s = weights[j] if weights[j] > 1e-12 else 1e-12
+        keep = weights[j] if weights[j] < 1.0 else 1.0
+        for c in range(3):
+            values[j * 3 + c] = keep * (values[j * 3 + c] / s) + (1.0 - keep) * up[j * 3 + c]
+    free(v)
+    free(w)
+    free(up)
+
+
+def seam_correction(const float[:, ::1] mask, const float[:, :, ::1] crop_yuv, const pixel_t[:, :, ::1] luma,
+                    const pixel_t[:, :, ::1] chroma, const double[::1] m, Py_ssize_t chroma_rows, double cell,
+                    double edge_lo, double edge_hi, double bound, float[:, :, ::1] out) -> int:
+    """seam.SeamMatch's correction of one frame, before its running mean, into out [K, K, 3] (K a power of two):
+    plate - crop at the mask's edge cells (lo < mask < hi; `cell` crop pixels per mask cell, `m` the 2x3 crop ->
+    frame matrix), samples further than `bound` from their median left out, binned, push-pulled, held within the
+    bound of the median (0 where no edge sample is on the frame). Returns the number of edge cells."""
+    cdef Py_ssize_t g = mask.shape[0], k = out.shape[0], i, r, q, n = 0, used = 0, c, j, edges = 0
+    cdef Py_ssize_t fh = luma.shape[1], fw = luma.shape[2]
+    cdef double xs, ys, fx, fy, cx, cy, lo, hi
+    cdef double centre[3]
+    cdef double* diff
+    cdef double* tmp
+    cdef double* values
+    cdef double* weights
+    if crop_yuv.shape[0] != g or crop_yuv.shape[1] != g or crop_yuv.shape[2] != 3 or mask.shape[1] != g or \
+            out.shape[1] != k or out.shape[2] != 3 or k & (k - 1) or m.shape[0] != 6 or luma.shape[0] != 1 or \
+            chroma.shape[0] != 2 or fh < 2 or fw < 2 or chroma.shape[1] < 2 or chroma.shape[2] < 2:
+        raise ValueError("seam_correction: mismatched shapes")
+    diff = <double*>malloc(g * g * 3 * sizeof(double))
+    tmp = <double*>malloc(g * g * sizeof(double))
+    values = <double*>calloc(k * k * 3, sizeof(double))
+    weights = <double*>calloc(k * k, sizeof(double))
+    cdef Py_ssize_t* where = <Py_ssize_t*>malloc(g * g * sizeof(Py_ssize_t))
+    try:
+        with nogil:
+            for r in range(g):
+                for q in range(g):
+                    if not (edge_lo < mask[r, q] < edge_hi):
+                        continue
+                    edges += 1
+                    xs = (q + 0.5) * cell - 0.5
+                    ys = (r + 0.5) * cell - 0.5
+                    fx = m[0] * xs + m[1] * ys + m[2]
+                    fy = m[3] * xs + m[4] * ys + m[5]
+                    if fx < 0 or fy < 0 or fx > fw - 1 or fy > fh - 1:
+                        continue
+                    cx = (fx - 0.5) / 2
+                    cy = (fy - 0.5 * (chroma_rows - 1)) / chroma_rows
+                    diff[n * 3] = _sample(luma, 0, fx, fy) - crop_yuv[r, q, 0]
+                    diff[n * 3 + 1] = _sample(chroma, 0, cx, cy) - crop_yuv[r, q, 1]
+                    diff[n * 3 + 2] = _sample(chroma, 1, cx, cy) - crop_yuv[r, q, 2]
+                    where[n] = (r * k // g) * k + q * k // g
+                    n += 1
+            if n == 0:
+                for j in range(k * k):
+                    for c in range(3):
+                        out[j // k, j % k, c] = 0.0
+            else:
+                for c in range(3):
+                    for i in range(n):
+                        tmp[i] = diff[i * 3 + c]
+                    centre[c] = _median(tmp, n)
+                for i in range(n):
+                    if fabs(diff[i * 3] - centre[0]) <= bound and fabs(diff[i * 3 + 1] - centre[1]) <= bound and \
+                            fabs(diff[i * 3 + 2] - centre[2]) <= bound:
+                        j = where[i]
+                        weights[j] += 1.0
+                        for c in range(3):
+                            values[j * 3 + c] += diff[i * 3 + c]
+                        used += 1
+                if used:
+                    for j in range(k * k):      # a cell's mean with weight 1 (seam.py's rule)
+                        if weights[j] > 0:
+                            for c in range(3):
+                                values[j * 3 + c] /= weights[j]
+                            weights[j] = 1.0
+                    _push_pull(values, weights, k)
+                for j in range(k * k):
+                    for c in range(3):
+                        lo = centre[c] - bound
+                        hi = centre[c] + bound
+                        fx = values[j * 3 + c] if used else 0.0
+                        out[j // k, j % k, c] = <float>(lo if fx < lo else (hi if fx > hi else fx))
+        return edges
+    finally:
+        free(diff)
+        free(tmp)
+        free(values)
+        free(weights)
+        free(where)

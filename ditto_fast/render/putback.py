@@ -101,7 +101,7 @@ class YuvPutback:
         if dsize % 2:
             raise ValueError(f"the crop size must be even, got {dsize}")
         self.dsize = dsize
-        built = hasattr(_blend, "blend_masked_planes")        # False for no build or a stale one
+        built = hasattr(_blend, "seam_correction")            # False for no build or a stale one
         self.use_kernel = use_kernel and built
         if use_kernel and not built and not _warned_fallback:
             _warned_fallback = True
@@ -120,7 +120,7 @@ class YuvPutback:
         self.blend = blend
         if blend == "seamless":
             self.face_mask = FaceMask(dsize, square=self.mask)
-            self.seam = SeamMatch(layout, dsize)
+            self.seam = SeamMatch(layout, dsize, kernel=_blend.seam_correction if self.use_kernel else None)
             self._inner_cells = self.face_mask.inner_cells()
 
     def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int], size: tuple[int, int] | None = None

@@ -9,6 +9,8 @@ dark hair across the edge) are left out, and the correction itself is held withi
 
 from __future__ import annotations
 
+from typing import Callable
+
 import cv2
 import numpy as np
 
@@ -46,8 +48,9 @@ class SeamMatch:
     inside the mask; `reset()` at a plate jump. Cell i covers crop pixels i * dsize / CELLS onwards (as cv2.resize
     sees it)."""
 
-    def __init__(self, layout: Layout, dsize: int = 512, bound: float = BOUND, smooth: float = SMOOTH):
-        self.layout, self.dsize = layout, dsize
+    def __init__(self, layout: Layout, dsize: int = 512, bound: float = BOUND, smooth: float = SMOOTH,
+                 kernel: Callable | None = None):
+        self.layout, self.dsize, self.kernel = layout, dsize, kernel      # kernel: _blend.seam_correction, or numpy
         self.bound = bound * layout.scale
         self.smooth = smooth
         self._last: np.ndarray | None = None
@@ -61,6 +64,12 @@ class SeamMatch:
         """The correction for a frame: `mask` the face mask grid [G, G], `crop_yuv` the crop's Y, U, V at each mask
         cell's centre [G, G, 3] float32 (code values), `planes` the plate's luma [1, H, W] and chroma [2, H/cv, W/2]."""
         g = mask.shape[0]
+        if self.kernel is not None:
+            raw = np.empty((CELLS, CELLS, 3), np.float32)
+            m = np.ascontiguousarray(np.asarray(M_c2o, np.float64)[:2]).ravel()
+            edges = self.kernel(mask, crop_yuv, planes[0], planes[1], m, self.layout.chroma_rows, self.dsize / g,
+                                EDGE[0], EDGE[1], self.bound, raw)
+            return self._running(raw if edges >= 8 else np.zeros_like(raw))
         rows, cols = np.nonzero((mask > EDGE[0]) & (mask < EDGE[1]))
         if len(rows) < 8:
             raw = np.zeros((CELLS, CELLS, 3), np.float32)
