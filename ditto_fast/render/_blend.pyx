@@ -226,32 +226,31 @@ cdef inline double _sample(const pixel_t[:, :, ::1] planes, Py_ssize_t p, double
             + (planes[p, y0 + 1, x0] * (1 - ax) + planes[p, y0 + 1, x0 + 1] * ax) * ay)
 
 
+cdef inline void _tap(Py_ssize_t i, Py_ssize_t n, Py_ssize_t* at, Py_ssize_t* nxt, double* a) noexcept nogil:
+    """Output sample i of a 2x bilinear upsampling of n samples, as cv2.resize places it: source samples at, nxt
+    and the weight a of nxt (edge samples repeated)."""
+    cdef double f = (i + 0.5) * 0.5 - 0.5
+    at[0] = <Py_ssize_t>floor(f)
+    a[0] = f - at[0]
+    if at[0] < 0:
+        at[0], a[0] = 0, 0.0
+    if at[0] >= n - 1:
+        at[0], a[0] = n - 1, 0.0
+    nxt[0] = at[0] + 1 if at[0] < n - 1 else at[0]
+
+
 cdef void _pull(const double* coarse, Py_ssize_t n, double* up) noexcept nogil:
     """coarse [n, n, 3] upsampled 2x bilinearly into up [2n, 2n, 3], as cv2.resize does (edge samples repeated)."""
-    cdef Py_ssize_t m = 2 * n, x, y, c, ix, iy
-    cdef double f, ax, ay
+    cdef Py_ssize_t m = 2 * n, x, y, c, ix, jx, iy, jy
+    cdef double ax, ay
     for y in range(m):
-        f = (y + 0.5) * 0.5 - 0.5
-        iy = <Py_ssize_t>floor(f)
-        ay = f - iy
-        if iy < 0:
-            iy, ay = 0, 0.0
-        if iy >= n - 1:
-            iy, ay = n - 1, 0.0
+        _tap(y, n, &iy, &jy, &ay)
         for x in range(m):
-            f = (x + 0.5) * 0.5 - 0.5
-            ix = <Py_ssize_t>floor(f)
-            ax = f - ix
-            if ix < 0:
-                ix, ax = 0, 0.0
-            if ix >= n - 1:
-                ix, ax = n - 1, 0.0
+            _tap(x, n, &ix, &jx, &ax)
             for c in range(3):
                 up[(y * m + x) * 3 + c] = (
-                    (1 - ay) * ((1 - ax) * coarse[(iy * n + ix) * 3 + c]
-                                + (ax * coarse[(iy * n + ix + 1) * 3 + c] if ax > 0 else 0.0))
-                    + (ay * ((1 - ax) * coarse[((iy + 1) * n + ix) * 3 + c]
-                             + (ax * coarse[((iy + 1) * n + ix + 1) * 3 + c] if ax > 0 else 0.0)) if ay > 0 else 0.0))
+                    (1 - ay) * ((1 - ax) * coarse[(iy * n + ix) * 3 + c] + ax * coarse[(iy * n + jx) * 3 + c])
+                    + ay * ((1 - ax) * coarse[(jy * n + ix) * 3 + c] + ax * coarse[(jy * n + jx) * 3 + c]))
 
 
 cdef void _push_pull(double* values, double* weights, Py_ssize_t k) noexcept nogil:
