@@ -36,26 +36,48 @@ _timed(PlateReader, "frame", "plate_read")
 _timed(VideoWriter, "write", "encoder_write")
 """
 
+# the putback split into its parts (ms inside YuvPutback.__call__): where a render's putback goes beyond
+# bench_putback's figure (the real crops, the driven face mask, the plate's cache state)
+SPLIT_PUTBACK = """
+from ditto_fast.render import putback as _pb, face_mask as _fm, seam as _seam
+putback_s = {{}}
+def _part(owner, name, key):
+    inner = getattr(owner, name)
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            putback_s[key] = putback_s.get(key, 0.0) + time.perf_counter() - t
+    setattr(owner, name, timed)
+for _owner, _name, _key in ((_pb.YuvPutback, "_crop_planes", "crop_conversion"), (_fm.FaceMask, "__call__", "face_mask"),
+                            (_seam.SeamMatch, "__call__", "seam_correction"), (_pb, "_upsampled", "correction_upsampling"),
+                            (_pb.cv2, "warpAffine", "warps"), (_pb._blend, "blend_masked_planes", "blend_kernel")):
+    _part(_owner, _name, _key)
+"""
+
 CHILD = """
 import json
-""" + CLI_MALLOC + SPLIT_WRITE + """
+""" + CLI_MALLOC + SPLIT_WRITE + SPLIT_PUTBACK + """
 from ditto_fast.engine.renderer import Renderer, stage_table
 from ditto_fast.engine.request import RenderRequest
 import torch
 threads_used = torch.get_num_threads()
 engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_size={batch!r})
-res = engine.render(RenderRequest("bench", {audio!r}, {out!r}))
+res = engine.render(RenderRequest("bench", {audio!r}, {out!r}, blend={blend!r}))
 import resource
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)     # the ffmpeg processes: audio decode, plate decode, encode
 res.profile["ffmpeg_cpu_s"] = ru.ru_utime + ru.ru_stime
 res.profile["io_s"] = io_s
+res.profile["putback_split_s"] = putback_s
 res.profile["torch_threads"] = threads_used
 print(stage_table(res.profile), flush=True)
 print(json.dumps(res.profile))
 """
 
 
-def _render(video, ckpt, audio, device, precision, batch="auto", threads=0) -> tuple[dict, float]:
+def _render(video, ckpt, audio, device, precision, batch="auto", threads=0, blend="seamless"
+            ) -> tuple[dict, float]:
     """Register in one child, render in another; returns the render's profile and its peak RSS (MiB).
     `threads`: torch's intra-op threads in the render (0 = torch's choice), given to it as OMP_NUM_THREADS.
     Each run has a fresh store but shares the probes' verdicts (precision, batch size), as one machine does."""
@@ -64,31 +86,37 @@ def _render(video, ckpt, audio, device, precision, batch="auto", threads=0) -> t
         Path(home, "probes").symlink_to(CACHE / "probes")
         run_child(REGISTER.format(video=str(video), ckpt=str(ckpt), device=device), {"DITTO_FAST_HOME": home})
         return run_child(CHILD.format(video=str(video), ckpt=str(ckpt), audio=str(audio), device=device,
-                                      precision=precision, batch=batch, out=f"{home}/out.mp4"),
+                                      precision=precision, batch=batch, blend=blend,
+                                      out=f"{home}/out.mp4"),
                          {"DITTO_FAST_HOME": home, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
 
 
-def _main_thread(threads: int) -> dict:
+def _main_thread(threads: int, blend: str = "seamless") -> dict:
     """The loop's own work around the networks: tiny networks, a 1080p video avatar, 100 frames, with
-    `threads` intra-op threads for torch (0 = torch's choice); prints and returns the figures."""
-    profile, _ = _render(anchor(50), checkpoints(True), speech(4.0), "cpu", "fp32", batch=1, threads=threads)
+    `threads` intra-op threads for torch (0 = torch's choice) and `blend`; prints and returns the figures."""
+    profile, _ = _render(anchor(50), checkpoints(True), speech(4.0), "cpu", "fp32", batch=1, threads=threads,
+                         blend=blend)
     n, st = profile["frames"], profile["stages"]
     main = {k: round(1000 * st[k] / n, 2) for k in ("stitch", "putback", "write")}
     cpu = {k: round(1000 * profile["stages_cpu"][k] / n, 2) for k in main}
-    r = {"torch_threads": profile["torch_threads"], "frames": n, "ms_per_frame": main,
+    r = {"torch_threads": profile["torch_threads"], "blend": profile["blend"], "frames": n, "ms_per_frame": main,
          "sum_ms": round(sum(main.values()), 2), "thread_cpu_ms_per_frame": cpu,
          "thread_cpu_sum_ms": round(sum(cpu.values()), 2),
          "ffmpeg_cpu_ms_per_frame": round(1000 * profile["ffmpeg_cpu_s"] / n, 2),
          "render_ms_per_frame": round(1000 * st["render"] / n, 2),
          "write_split_ms_per_frame": {k: round(1000 * v / n, 2) for k, v in profile["io_s"].items()},
+         "putback_split_ms_per_frame": {k: round(1000 * v / n, 2) for k, v in profile["putback_split_s"].items()},
          "wall_ms_per_frame": round(1000 * profile["wall_seconds"] / n, 2), "target_ms": 12.0}
-    print(f"\nmain thread outside the networks (tiny networks, torch on {r['torch_threads']} thread(s), "
+    print(f"\nmain thread outside the networks ({blend} putback, tiny networks, torch on {r['torch_threads']} thread(s), "
           f"1920x1080 video avatar, {n} frames), ms/frame:")
     print("  wall:              " + ", ".join(f"{k} {v:.1f}" for k, v in main.items())
           + f" = {r['sum_ms']:.1f} (target <= 12)")
     print("  the thread's CPU:  " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
           + f" = {r['thread_cpu_sum_ms']:.1f} (write's wall less its CPU = waiting for ffmpeg)")
     print("  write, split:      " + ", ".join(f"{k} {v:.1f}" for k, v in r["write_split_ms_per_frame"].items()))
+    split = r["putback_split_ms_per_frame"]
+    print("  putback, split:    " + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
+          + f"; the rest (Python, small arrays) {main['putback'] - sum(split.values()):.2f}")
     print(f"  ffmpeg's own CPU (plate decode + encode): {r['ffmpeg_cpu_ms_per_frame']:.1f}")
     print(f"  the whole render: {r['wall_ms_per_frame']:.1f} ms/frame wall, of it the tiny networks "
           f"{r['render_ms_per_frame']:.1f}")
@@ -125,8 +153,9 @@ def run(out_json: str | None, quick: bool = False, memory: bool = True, speed: b
         print("  (write = ffmpeg I/O: frames to the encoder and background frames from the plate decoder)")
         print(f"  per-frame work other than warp+decode: {result[precision]['non_render_loop_ms']:.1f} ms/frame")
     if speed:       # torch's own choice of threads, and one thread where its choice is more
-        runs = [_main_thread(0)] + ([_main_thread(1)] if torch.get_num_threads() > 1 else [])
-        result["main_thread_tiny"] = {f"threads_{r['torch_threads']}": r for r in runs}
+        one = torch.get_num_threads() > 1
+        runs = [_main_thread(0)] + ([_main_thread(1)] if one else []) + [_main_thread(1 if one else 0, "feather")]
+        result["main_thread_tiny"] = {f"threads_{r['torch_threads']}_{r['blend']}": r for r in runs}
     if memory:
         tiny_ckpt = checkpoints(True)
         small = anchor(25, size=(640, 360))
