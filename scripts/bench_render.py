@@ -51,7 +51,8 @@ def _part(owner, name, key):
             putback_s[key] = putback_s.get(key, 0.0) + time.perf_counter() - t
     setattr(owner, name, timed)
 for _owner, _name, _key in ((_pb.YuvPutback, "_crop_planes", "crop_conversion"), (_fm.FaceMask, "__call__", "face_mask"),
-                            (_seam.SeamMatch, "__call__", "seam_correction"), (_pb, "_upsampled", "correction_upsampling"),
+                            (_seam.SeamMatch, "__call__", "seam_correction"), (_seam.GainMatch, "__call__", "colour_gain"),
+                            (_pb, "_upsampled", "correction_upsampling"),
                             (_pb.cv2, "warpAffine", "warps"), (_pb._blend, "blend_masked_planes", "blend_kernel")):
     _part(_owner, _name, _key)
 """

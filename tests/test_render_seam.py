@@ -27,7 +27,7 @@ COLOUR_FAULTS = ["colour cast", "brightness +8", "lighting ramp", "new backgroun
 def test_seamless_meets_the_seam_goals_on_each_fault(blend_kernel, fault):
     got = measure("seamless", FAULTS[fault])
     assert got["ring"] <= 1.0, got                  # just outside the face: the plate's own values
-    assert got["step"] <= 1.0, got                  # across the pasted edge: the plate's own step, within a level
+    assert got["step"] <= 0.0, got                  # across the pasted edge: no more than the plate's own step
     assert got["untouched"] == 1.0, got             # the square outside the face: the plate's bytes
     assert got["detail"] <= 1.0, got                # inside: the generated face's own gradients
 
@@ -36,6 +36,24 @@ def test_seamless_meets_the_seam_goals_on_each_fault(blend_kernel, fault):
 def test_feather_fails_the_seam_goal_on_the_colour_faults(blend_kernel, fault):
     got = measure("feather", FAULTS[fault])
     assert got["ring"] > 1.0 and got["untouched"] < 0.5, got
+
+
+def test_a_cast_is_matched_by_a_gain_and_a_new_background_is_not():
+    """The cast multiplies red by 1.06: the gain fitted on the edge undoes it (1/1.06), and green, which the cast
+    left alone, keeps 1. The re-synthesised background also reads as a gain on the edge, but the real face inside
+    must not take it: its gains stay within 2 % of 1. Off by a cut, the running mean starts afresh."""
+    rgb, plate, M = scene()
+    gains, putbacks = {}, {}
+    for fault in ("colour cast", "new background", "brightness +8"):
+        pb = putbacks[fault] = YuvPutback(blend="seamless")
+        pb(plate.copy(), FAULTS[fault](own_crop(rgb, M)), M)
+        gains[fault] = pb.gain._last.copy()
+    assert abs(gains["colour cast"][0] - 1 / 1.06) < 0.01 and gains["colour cast"][1] == 1.0, gains
+    assert np.abs(gains["new background"] - 1).max() < 0.02, gains
+    assert (gains["brightness +8"] == 1.0).all(), gains      # an offset is the membrane's
+    pb = putbacks["colour cast"]
+    pb(plate.copy(), FAULTS["brightness +8"](own_crop(rgb, M)), M, cut=True)     # after a cut, the new frame's own
+    assert (pb.gain._last == 1.0).all(), pb.gain._last
 
 
 def test_kernel_and_numpy_fallback_agree(blend_kernel):

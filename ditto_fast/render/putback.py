@@ -17,7 +17,7 @@ import numpy as np
 from ditto_fast.core.config import BLENDS
 from ditto_fast.media.yuv import I420, Layout, rgb_to_yuv_matrix
 from ditto_fast.render.face_mask import FaceMask
-from ditto_fast.render.seam import SeamMatch
+from ditto_fast.render.seam import GainMatch, SeamMatch
 
 try:  # the Cython kernel, built by `python setup.py build_ext --inplace`
     from ditto_fast.render import _blend
@@ -121,6 +121,7 @@ class YuvPutback:
         if blend == "seamless":
             self.face_mask = FaceMask(dsize, square=self.mask)
             self.seam = SeamMatch(layout, dsize, kernel=_blend.seam_correction if self.use_kernel else None)
+            self.gain = GainMatch(layout, self.to_yuv)
             self._inner_cells = self.face_mask.inner_cells()
 
     def box(self, M_c2o: np.ndarray, frame_hw: tuple[int, int], size: tuple[int, int] | None = None
@@ -191,17 +192,19 @@ class YuvPutback:
         _blend_planes_numpy(uv_roi, m_c, chroma, y0 // rows, x0 // 2)
         return frame
 
-    def _crop_planes(self, crop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _crop_planes(self, crop: np.ndarray, to_yuv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The crop's (or an even-sized part's) luma [h, w] and chroma [h/cv, w/2, 2], averaged over the pixels a chroma
-        sample covers (the conversion is linear: the same as averaging converted chroma), at the planes' depth."""
+        sample covers (the conversion is linear: the same as averaging converted chroma), at the planes' depth;
+        `to_yuv` a [3, 4] conversion other than the putback's."""
+        to_yuv = self.to_yuv if to_yuv is None else to_yuv
         half = (crop.shape[1] // 2, crop.shape[0] // self.layout.chroma_rows)
         if self.layout.bits == 8:
-            return (cv2.transform(crop, self.to_yuv[:1]),
-                    cv2.transform(cv2.resize(crop, half, interpolation=cv2.INTER_AREA), self.to_yuv[1:]))
+            return (cv2.transform(crop, to_yuv[:1]),
+                    cv2.transform(cv2.resize(crop, half, interpolation=cv2.INTER_AREA), to_yuv[1:]))
         top = self.top
         rgb = crop.astype(np.float32)
-        luma = cv2.transform(rgb, self.to_yuv[:1])
-        uv = cv2.transform(cv2.resize(rgb, half, interpolation=cv2.INTER_AREA), self.to_yuv[1:])
+        luma = cv2.transform(rgb, to_yuv[:1])
+        uv = cv2.transform(cv2.resize(rgb, half, interpolation=cv2.INTER_AREA), to_yuv[1:])
         return tuple(np.clip(np.rint(p), 0, top).astype(self.layout.dtype) for p in (luma, uv))
 
     def _seamless_planes(self, crop: np.ndarray, M_c2o: np.ndarray, planes: tuple, x_s: np.ndarray | None,
@@ -213,6 +216,7 @@ class YuvPutback:
         if cut:
             self.face_mask.reset()
             self.seam.reset()
+            self.gain.reset()
         if x_s is None or x_d is None:
             x_s = x_d = np.zeros((1, 3))            # degenerate: the face where the crop rule puts it
         d, rows = self.dsize, self.layout.chroma_rows
@@ -223,13 +227,15 @@ class YuvPutback:
         n, a = d // g, d // g // 2 - 1
         small = (crop[a::n, a::n].astype(np.float32) + crop[a + 1::n, a::n] + crop[a::n, a + 1::n]
                  + crop[a + 1::n, a + 1::n]) * np.float32(0.25)
-        corr = self.seam(grid, cv2.transform(small, self.to_yuv), planes, M_c2o)            # [K, K, 3]
+        gains = self.gain(grid, small, planes, M_c2o, d)                                   # R, G, B; 1: none
+        to_yuv = self.to_yuv if (gains == 1.0).all() else self.to_yuv * np.append(gains, 1.0).astype(np.float32)
+        corr = self.seam(grid, cv2.transform(small, to_yuv), planes, M_c2o)                 # [K, K, 3]
         outer = _support_cells(grid)
         if outer[1] < outer[0]:
             return None
         cx0, cy0, cx1, cy1 = _support_pixels(outer, g, d)
         # the crop's planes as the feather pastes them, the correction added (rounded, saturated) at their depth
-        luma, uv = self._crop_planes(crop[cy0:cy1, cx0:cx1])
+        luma, uv = self._crop_planes(crop[cy0:cy1, cx0:cx1], to_yuv)
         depth = cv2.CV_8U if self.layout.bits == 8 else cv2.CV_16U
         up = _upsampled(corr[..., 0], (d, d), (cx0, cy0, cx1, cy1))
         up_uv = _upsampled(corr[..., 1:], (d // 2, d // rows), (cx0 // 2, cy0 // rows, cx1 // 2, cy1 // rows))

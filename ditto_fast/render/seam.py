@@ -5,6 +5,11 @@ mask, so the face keeps its own detail and meets the plate at the plate's own va
 
 Bounded against smear: edge samples further than BOUND levels from the edge's median (a hand, a microphone or
 dark hair across the edge) are left out, and the correction itself is held within BOUND of that median.
+
+A cast multiplies, so no additive correction matches it on the skin and on the edge at once: `GainMatch` fits a
+gain per RGB channel to the same edge samples and takes it only as far as it explains the edge far better than an
+offset does (a re-synthesised background also reads as a gain, but one that leaves the edge's spread; see
+docs/putback.md); the putback folds it into the crop's RGB -> YUV matrix, the membrane corrects what is left.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ CELLS = 32                  # correction cells across the crop (16 px each at 51
 BOUND = 24.0                # 8-bit levels (see the module docstring; measured in tests/test_render_seam.py)
 SMOOTH = 0.35               # weight of the new frame's correction in the running mean (1: no smoothing)
 EDGE = (0.02, 0.98)         # mask values that count as its edge
+GAIN = (0.9, 1.1)           # the gains GainMatch may take
+GAIN_GATE = (0.3, 0.5)      # ... wholly where they leave the edge's mean deviation under the first share of an
+                            # offset's, not at all past the second, in proportion between (no switching on noise)
 
 
 def push_pull(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -100,6 +108,72 @@ class SeamMatch:
     def _running(self, raw: np.ndarray) -> np.ndarray:
         self._last = raw if self._last is None else self._last + np.float32(self.smooth) * (raw - self._last)
         return np.ascontiguousarray(self._last, np.float32)
+
+
+class GainMatch:
+    """Per output frame, gains [3] for the crop's R, G, B that bring it to the plate along the mask's edge (1 where a
+    gain would not explain the edge), smoothed over frames; `reset()` at a plate jump."""
+
+    def __init__(self, layout: Layout, to_yuv: np.ndarray, bound: float = BOUND, smooth: float = SMOOTH):
+        self.layout, self.bound, self.smooth = layout, bound, smooth
+        self._yuv_to_rgb = cv2.invert(np.asarray(to_yuv[:, :3], np.float64))[1]     # the planes' code values -> RGB
+        self._offset = np.asarray(to_yuv[:, 3], np.float64)
+        self._last: np.ndarray | None = None
+
+    def reset(self) -> None:
+        """Forget the running mean (a cut, or the plate's mirror loop turning)."""
+        self._last = None
+
+    def __call__(self, mask: np.ndarray, crop_rgb: np.ndarray, planes: tuple[np.ndarray, np.ndarray],
+                 M_c2o: np.ndarray, dsize: int) -> np.ndarray:
+        """The gains for a frame: `mask` the face mask grid [G, G], `crop_rgb` the crop at each cell's centre [G, G, 3]."""
+        rows, cols = np.nonzero((mask > EDGE[0]) & (mask < EDGE[1]))
+        gains = np.ones(3)
+        if len(rows) >= 8:
+            cell = dsize / mask.shape[0]
+            xs, ys = (cols + 0.5) * cell - 0.5, (rows + 0.5) * cell - 0.5
+            m = np.asarray(M_c2o, np.float64)
+            plate = _remap_planes(planes, m[0, 0] * xs + m[0, 1] * ys + m[0, 2], m[1, 0] * xs + m[1, 1] * ys + m[1, 2],
+                                  self.layout)
+            if plate is not None:
+                plate, on = plate                                                      # channels first: [3, K]
+                plate = self._yuv_to_rgb @ (plate - self._offset[:, None])             # RGB
+                crop = np.ascontiguousarray(crop_rgb[rows[on], cols[on]].T, np.float64)
+                diff = plate - crop
+                ok = (np.abs(diff - np.median(diff, axis=1, keepdims=True)) <= self.bound).all(axis=0)
+                if ok.sum() >= 8:
+                    gains = _gains(crop[:, ok], plate[:, ok])
+        self._last = gains if self._last is None else self._last + self.smooth * (gains - self._last)
+        return self._last
+
+
+def _gains(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per channel of samples x -> y [3, K]: the regression's slope (bounded to GAIN) as far as y - slope * x spreads (mean
+    absolute deviation) less than y - x does, by GAIN_GATE (wholly at the first share, not at all at the second)."""
+    xc, yc = x - x.mean(axis=1, keepdims=True), y - y.mean(axis=1, keepdims=True)
+    slope = np.clip((xc * yc).sum(axis=1) / np.maximum((xc * xc).sum(axis=1), 1e-6), *GAIN)
+    spread = [np.abs(d - d.mean(axis=1, keepdims=True)).mean(axis=1) for d in (yc - xc, yc - slope[:, None] * xc)]
+    share = spread[1] / np.maximum(spread[0], 1e-6)
+    weight = np.clip((GAIN_GATE[1] - share) / (GAIN_GATE[1] - GAIN_GATE[0]), 0.0, 1.0)
+    return 1.0 + weight * (slope - 1.0)
+
+
+def _remap_planes(planes: tuple[np.ndarray, np.ndarray], fx: np.ndarray, fy: np.ndarray, layout: Layout
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The plate's Y, U, V [3, K'] float64 at the frame positions (fx, fy) [K] on the frame, by OpenCV's bilinear remap
+    (three calls, where _sample_planes takes a dozen numpy ones), and which positions those are; None under 8."""
+    luma, chroma = planes
+    h, w = luma.shape[1:]
+    on = (fx >= 0) & (fy >= 0) & (fx <= w - 1) & (fy <= h - 1)
+    if on.sum() < 8:
+        return None
+    fx, fy = fx[on], fy[on]
+    rows = layout.chroma_rows
+    at = (fx.astype(np.float32)[None], fy.astype(np.float32)[None])
+    at_c = (((fx - 0.5) / 2).astype(np.float32)[None], ((fy - 0.5 * (rows - 1)) / rows).astype(np.float32)[None])
+    flags = dict(interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    return np.vstack([cv2.remap(luma[0], *at, **flags), cv2.remap(chroma[0], *at_c, **flags),
+                      cv2.remap(chroma[1], *at_c, **flags)]).astype(np.float64), on
 
 
 def _sample_planes(planes: tuple[np.ndarray, np.ndarray], fx: np.ndarray, fy: np.ndarray, layout: Layout) -> np.ndarray:
