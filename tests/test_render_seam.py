@@ -41,7 +41,7 @@ def test_feather_fails_the_seam_goal_on_the_colour_faults(blend_kernel, fault):
 def test_a_cast_is_matched_by_a_gain_and_a_new_background_is_not():
     """The cast multiplies red by 1.06: the gain fitted on the edge undoes it (1/1.06), and green, which the cast
     left alone, keeps 1. The re-synthesised background also reads as a gain on the edge, but the real face inside
-    must not take it: its gains stay within 2 % of 1. Off by a cut, the running mean starts afresh."""
+    must not take it: its gains stay within 2 % of 1. After a cut, the running mean starts afresh."""
     rgb, plate, M = scene()
     gains, putbacks = {}, {}
     for fault in ("colour cast", "new background", "brightness +8"):

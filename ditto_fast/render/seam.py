@@ -115,7 +115,8 @@ class GainMatch:
     gain would not explain the edge), smoothed over frames; `reset()` at a plate jump."""
 
     def __init__(self, layout: Layout, to_yuv: np.ndarray, bound: float = BOUND, smooth: float = SMOOTH):
-        self.layout, self.bound, self.smooth = layout, bound, smooth
+        self.layout, self.smooth = layout, smooth
+        self.bound = bound              # 8-bit RGB levels at any plane depth: the fit is in RGB (SeamMatch's is scaled)
         self._yuv_to_rgb = cv2.invert(np.asarray(to_yuv[:, :3], np.float64))[1]     # the planes' code values -> RGB
         self._offset = np.asarray(to_yuv[:, 3], np.float64)
         self._last: np.ndarray | None = None
@@ -133,11 +134,11 @@ class GainMatch:
             cell = dsize / mask.shape[0]
             xs, ys = (cols + 0.5) * cell - 0.5, (rows + 0.5) * cell - 0.5
             m = np.asarray(M_c2o, np.float64)
-            plate = _remap_planes(planes, m[0, 0] * xs + m[0, 1] * ys + m[0, 2], m[1, 0] * xs + m[1, 1] * ys + m[1, 2],
-                                  self.layout)
-            if plate is not None:
-                plate, on = plate                                                      # channels first: [3, K]
-                plate = self._yuv_to_rgb @ (plate - self._offset[:, None])             # RGB
+            sampled = _remap_planes(planes, m[0, 0] * xs + m[0, 1] * ys + m[0, 2], m[1, 0] * xs + m[1, 1] * ys + m[1, 2],
+                                    self.layout)
+            if sampled is not None:
+                yuv, on = sampled                                                      # channels first: [3, K]
+                plate = self._yuv_to_rgb @ (yuv - self._offset[:, None])               # RGB
                 crop = np.ascontiguousarray(crop_rgb[rows[on], cols[on]].T, np.float64)
                 diff = plate - crop
                 ok = (np.abs(diff - np.median(diff, axis=1, keepdims=True)) <= self.bound).all(axis=0)
