@@ -14,7 +14,7 @@ import click
 
 from ditto_fast.core.config import check_setting, declaration, default
 from ditto_fast.engine.request import FIELDS
-from ditto_fast.core.errors import DittoError, Terminated
+from ditto_fast.core.errors import DittoError, Terminated, one_line
 
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
 
@@ -221,13 +221,6 @@ def _bar(label: str, quiet: bool):
         report.close()
 
 
-def _write_json(path: Path, data: dict) -> None:
-    """Write `data` as JSON to `path` atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 # ----------------------------------------------------------------------------- register
 @cli.command()
 @click.argument("source", type=click.Path(path_type=Path))
@@ -291,6 +284,8 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
     from ditto_fast.engine.request import RenderRequest
     from ditto_fast.engine.setup import RenderSetup
     from ditto_fast.media.claims import claimed
+    from ditto_fast.media.outputs import check_writes, write_json
+    from ditto_fast.render.writer import check_output_path
 
     request = RenderRequest(**fields)
     config = load_config(config_path)
@@ -303,6 +298,10 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
         from ditto_fast.preview.paths import check_png_path
 
         check_png_path(preview)
+    if profile is not None:
+        check_output_path(profile)
+    check_writes([("output", clip.output), ("timings file (--profile)", profile), ("preview", preview)],
+                 [*clip.inputs, config_path, cs.root])
     with claimed(clip.output):      # taken before the networks load: a second writer of this output fails fast
         reuse_freed_memory()
         renderer = Renderer(setup=RenderSetup.resolve(cs, device, precision, config, batch_size, crf, preset,
@@ -310,7 +309,7 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
         with _bar("render", quiet) as bar:
             result = renderer.render(clip, progress=bar)
     if profile:
-        _write_json(profile, result.profile)
+        write_json(profile, result.profile)
     for warning in result.warnings:
         click.echo(f"ditto-fast: warning: {warning}", err=True)
     if not quiet:
@@ -371,14 +370,21 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
         load_profile(defaults["delivery"])
     jobs = read_jobs(jobs_file, defaults) if jobs_file is not None else \
         jobs_from_dir(avatar, audio_dir, out_dir, defaults)
-    if report is not None:
-        from ditto_fast.render.writer import check_output_path
-
-        check_output_path(report)
     if workers is not None and ray_address is None:
         raise click.UsageError("--workers goes with --ray")
     if previews_dir is not None and ray_address is not None:
         raise click.UsageError("--previews does not work with --ray yet; render previews with `render --preview`")
+    if report is not None:
+        from ditto_fast.render.writer import check_output_path
+
+        check_output_path(report)
+    from ditto_fast.batch.jobs import check_side_files
+    from ditto_fast.checkpoints import resolve_root
+    from ditto_fast.preview.paths import preview_paths
+
+    previews = preview_paths(previews_dir, {j.index: j.output for j in jobs if j.output}) if previews_dir else {}
+    check_side_files(jobs, report, previews, [jobs_file, config_path, resolve_root(checkpoints_dir)],
+                     config.clip.emotion)
     if ray_address is not None:
         from ditto_fast.batch.ray_actors import run_batch_ray
 
@@ -403,7 +409,7 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
         click.echo(f"{'job':>4}  {'status':<8}{'frames':>7}{'seconds':>9}  output / error", err=True)
         for j in jobs:
             click.echo(f"{j.index:>4}  {j.status:<8}{j.frames:>7}{j.seconds:>9.1f}  "
-                       f"{j.error if j.status == 'failed' else j.output}", err=True)
+                       f"{one_line(str(j.error if j.status == 'failed' else j.output))}", err=True)
     counts = summary(jobs)
     click.echo(", ".join(f"{k} {v}" for k, v in counts.items()))
     if counts["failed"]:
@@ -499,6 +505,10 @@ def avatars_show(name, verify, preview):
         from ditto_fast.preview.paths import check_png_path
 
         check_png_path(preview)
+        from ditto_fast.avatar.store import avatars_dir
+        from ditto_fast.media.outputs import check_writes
+
+        check_writes([("preview", preview)], [avatars_dir() / name])
     info = avatar_info(name, verify=verify)
     if preview is not None:
         from ditto_fast.preview.avatar_sheet import write_avatar_preview

@@ -26,6 +26,7 @@ from ditto_fast.audio.declared import declared_seconds
 from ditto_fast.core.errors import InputError
 from ditto_fast.media.inputs import check_input_file, file_sha256
 
+AUDIO_FILE = "an audio file (wav, mp3, flac, m4a, ...)"    # what the fix of an audio error asks for
 SAMPLE_RATE = 16000
 SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
 RATE_RANGE = (4000, 1_000_000)   # source sample rates taken as audio (a header saying 1 Hz would mean hours)
@@ -41,7 +42,7 @@ def frame_count(num_samples_16k: int) -> int:
 
 
 def _check_path(path: Path) -> None:
-    check_input_file(path, "an audio file (wav, mp3, flac, m4a, ...)")
+    check_input_file(path, AUDIO_FILE)
 
 
 def _ffmpeg_failure(path: Path, stderr: str) -> InputError:

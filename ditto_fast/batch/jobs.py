@@ -4,24 +4,25 @@ found by their digest, and the report of every job's outcome."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ditto_fast.avatar import Avatar, load_avatar
-from ditto_fast.core.errors import DittoError, InputError, UsageError
-from ditto_fast.engine.clip import Clip, check_clip
+from ditto_fast.avatar.store import NAME_RE, avatars_dir
+from ditto_fast.core.errors import DittoError, InputError, UsageError, one_line
+from ditto_fast.core.files import MIB, read_bounded
+from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.media.ffpipe import container_comment
-from ditto_fast.media.filemode import give_usual_mode
-from ditto_fast.media.partfiles import create_locked
+from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.motion.conditions import schedule_file
 from ditto_fast.render.formats import default_suffix
 
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
 EXIT_SOME_FAILED = 7
+JOBS_MAX_BYTES = 64 * MIB       # a night of jobs is kilobytes to a few megabytes
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Job:
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     named: dict[str, Any] = field(default_factory=dict)    # what a bad line named: its avatar, the files it reads
+    where: str = ""                     # the job line it came from (jobs.jsonl:N), named in each of its errors
 
     @property
     def avatar(self) -> str:
@@ -53,7 +55,10 @@ class Job:
 
     def fail(self, error: DittoError | str, exit_code: int | None = None) -> None:
         """Mark the job failed with a one-line error."""
-        self.status, self.error = "failed", str(error).splitlines()[0] if str(error) else type(error).__name__
+        text = str(error) if isinstance(error, DittoError) else str(error).split("\n")[0]
+        if self.where and not text.startswith(self.where):
+            text = f"{self.where}: {text}"
+        self.status, self.error = "failed", one_line(text) or type(error).__name__
         self.exit_code = exit_code if exit_code is not None else getattr(error, "exit_code", 1)
 
     def row(self) -> dict[str, Any]:
@@ -69,11 +74,12 @@ def _str(p: Path | None) -> str | None:
 
 def _job_from_line(index: int, line: str, base: Path, where: str, defaults: dict[str, Any]) -> Job:
     """A job from one JSON line; paths relative to `base`. A bad line gives a failed job, not an exception."""
-    job = Job(index)
+    job = Job(index, where=where)
     try:
         data = json.loads(line)
-    except json.JSONDecodeError as e:
-        job.fail(UsageError(f"{where}: not valid JSON ({e.msg}); write one JSON object per line"))
+    except (json.JSONDecodeError, RecursionError) as e:
+        why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deep"
+        job.fail(UsageError(f"{where}: not valid JSON ({why}); write one JSON object per line"))
         return job
     try:
         job.request = RenderRequest.from_json(data, base, where, defaults)
@@ -99,7 +105,7 @@ def read_jobs(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
     request fields a line leaves out (a line's own values win)."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_bounded(path, JOBS_MAX_BYTES, "a JSON-lines jobs file").decode("utf-8").splitlines()
     except FileNotFoundError:
         raise UsageError(f"{path}: jobs file not found; give a JSON-lines file or --audio-dir") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -159,26 +165,25 @@ def summary(jobs: list[Job]) -> dict[str, int]:
 
 def write_report(path: str | Path, jobs: list[Job]) -> None:
     """The report JSON, replaced atomically (a reader never sees half of it)."""
-    path = Path(path)
-    tmp, lock = create_locked(path, "tmp")         # a killed batch's leftover is removed by the next write
-    try:
-        with open(tmp, "w") as f:
-            json.dump({"jobs": [j.row() for j in jobs], "summary": summary(jobs)}, f, indent=2)
-            f.write("\n")
-        give_usual_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    finally:
-        os.close(lock)
+    write_json(path, {"jobs": [j.row() for j in jobs], "summary": summary(jobs)})
+
+
+def check_side_files(jobs: list[Job], report: Path | None, previews: dict[int, Path], reads: list[Path | None],
+                     default_emotion: str) -> None:
+    """UsageError unless the report and the previews overwrite no input of the batch (`reads`: the jobs file, the
+    config, the checkpoints; and every job's audio, controls, schedule, profile and avatar) and no job's output."""
+    inputs = [*reads, *(p for j in jobs for p in (request_inputs(j.request, default_emotion) if j.request else
+                                                   j.named.get("inputs", [])))]
+    inputs += [avatars_dir() / name for name in {j.avatar for j in jobs} if name and NAME_RE.fullmatch(name)]
+    check_writes([("report", report), *((f"preview of job {i}", p) for i, p in previews.items())], inputs,
+                 [(f"output of job {j.index}", j.output) for j in jobs if j.output])
 
 
 def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
     """Check every pending job without loading a network; failed ones are marked, the rest get their Clip."""
     avatars: dict[str, Avatar | DittoError] = {}
     emotion = setup.config.clip.emotion
-    inputs = {p.resolve() for j in jobs for p in (_inputs(j.request, emotion) if j.request else
+    inputs = {p.resolve() for j in jobs for p in (request_inputs(j.request, emotion) if j.request else
                                                   j.named.get("inputs", []))}
     outputs: dict[Path, int] = {}
     clips: dict[int, Clip] = {}
@@ -196,7 +201,7 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             if isinstance(avatar, DittoError):
                 raise avatar
             out = request.output.resolve()
-            own = {p.resolve() for p in _inputs(request, emotion)}
+            own = {p.resolve() for p in request_inputs(request, emotion)}
             others = {a.dir.resolve() for a in avatars.values() if isinstance(a, Avatar) and a is not avatar}
             if out in inputs - own or others & set(out.parents):   # the job's own inputs: check_clip says so
                 raise UsageError(f"{request.output}: is an input of this batch; choose another output path")
@@ -210,12 +215,6 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
         except DittoError as e:
             job.fail(e)
     return clips
-
-
-def _inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
-    """The files a request reads: its audio, controls and emotion schedule."""
-    schedule = schedule_file(request.emotion or default_emotion)
-    return [p for p in (request.audio, request.controls, schedule) if p is not None]
 
 
 def is_finished(job: Job, clip: Clip, setup: RenderSetup) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from ditto_fast.core.errors import UsageError
+from ditto_fast.core.files import read_bounded, shown
 
 
 
@@ -99,23 +100,23 @@ def _check(value: Any, meta: dict, where: str) -> Any:
         return value
     if kind is bool:
         if not isinstance(value, bool):
-            raise UsageError(f"{where} must be true or false, got {value!r}")
+            raise UsageError(f"{where} must be true or false, got {shown(value)}")
         return value
     if kind is str and choices is None:
         if not isinstance(value, str) or not value.strip():
-            raise UsageError(f"{where} must be a non-empty string, got {value!r}")
+            raise UsageError(f"{where} must be a non-empty string, got {shown(value)}")
         return value
     if choices is not None:
         if value not in choices:
-            raise UsageError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+            raise UsageError(f"{where} must be one of {', '.join(choices)}, got {shown(value)}")
         return value
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not numeric or (kind is int and not float(value).is_integer()) or value != value:
         raise UsageError(f"{where} must be {'an integer' if kind is int else 'a number'} in {low}..{high}"
-                         f"{''.join(f' or {w}' for w in words)}, got {value!r}")
+                         f"{''.join(f' or {w}' for w in words)}, got {shown(value)}")
     value = kind(value)
     if not low <= value <= high:
-        raise UsageError(f"{where} must be in {low}..{high}{''.join(f' or {w}' for w in words)}, got {value}")
+        raise UsageError(f"{where} must be in {low}..{high}{''.join(f' or {w}' for w in words)}, got {shown(value)}")
     return value
 
 
@@ -131,13 +132,52 @@ def declaration(section: str, key: str) -> dict:
     return dict(fields[key].metadata)
 
 
+YAML_MAX_BYTES = 1 << 20            # a settings file or a delivery profile is a few kilobytes
+
+
+class _AliasFound(Exception):
+    """An alias (*name) in a settings file, at `args[0]` (a yaml Mark)."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml's safe loader less aliases: a few hundred bytes of nested aliases expand past any memory."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasFound(self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def read_yaml_file(path: Path, what: str, shown_as: str | None = None) -> Any:
+    """The parsed YAML of a settings file or delivery profile (`what`, for messages); UsageError naming the file
+    (as `shown_as`) for bad YAML or an alias (*name), InputError for a FIFO, a device or a file over 1 MiB.
+    FileNotFoundError passes through."""
+    name = shown_as or str(path)
+    try:
+        text = read_bounded(path, YAML_MAX_BYTES, what).decode("utf-8")
+        return yaml.load(text, Loader=_NoAliasLoader)      # noqa: S506 - a SafeLoader, less aliases
+    except _AliasFound as e:
+        raise UsageError(f"{name}: line {e.args[0].line + 1}: YAML aliases (*name) are not allowed in {what}; write "
+                         "the value out") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{name}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"{name}: not valid YAML (nested too deep)") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{name}: not valid YAML (not UTF-8 text)") from None
+    except IsADirectoryError:
+        raise UsageError(f"{name}: is a directory; give {what}") from None
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise UsageError(f"{name}: cannot read {what} ({e.strerror})") from None
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read the config file ({e.strerror})") from None
+        data = read_yaml_file(path, "a config file") or {}
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of sections ({', '.join(_SECTION_CLASSES)})")
     return data
@@ -148,13 +188,13 @@ def _merge(values: dict[str, dict], data: dict, path: Path) -> None:
     for section, entries in data.items():
         cls = _SECTION_CLASSES.get(section)
         if cls is None:
-            raise UsageError(f"{path}: unknown section {section!r}; known: {', '.join(_SECTION_CLASSES)}")
+            raise UsageError(f"{path}: unknown section {shown(section)}; known: {', '.join(_SECTION_CLASSES)}")
         if not isinstance(entries, dict):
             raise UsageError(f"{path}: {section} must be a mapping of settings")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, value in entries.items():
             if key not in fields:
-                raise UsageError(f"{path}: unknown setting {key!r} in {section}; known: {', '.join(fields)}")
+                raise UsageError(f"{path}: unknown setting {shown(key)} in {section}; known: {', '.join(fields)}")
             values[section][key] = _check(value, fields[key].metadata, f"{path}: {section}.{key}")
 
 
@@ -175,7 +215,5 @@ def load_config(path: str | Path | None = None) -> Config:
     values = {s: dict(v) for s, v in _defaults().items()}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise UsageError(f"{path}: config file not found")
         _merge(values, _read_yaml(path), path)
     return Config(**{s: cls(**values[s]) for s, cls in _SECTION_CLASSES.items()})

@@ -1,10 +1,26 @@
 """Error types a user can cause, one per failure class; cli.py maps each to its exit code."""
 
 
+MESSAGE_CHARS = 2000        # the longest message a user is shown; a longer one is cut in the middle
+
+
+def one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """`text` as one line (line breaks in a file's name shown as \\n) of at most `limit` characters."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) <= limit:
+        return text
+    half = (limit - 30) // 2
+    return f"{text[:half]} ...({len(text) - 2 * half} chars cut)... {text[-half:]}"
+
+
 class DittoError(Exception):
-    """Base class: a failure with a one-line message that names the file and the fix."""
+    """Base class: a failure with a one-line message that names the file and the fix (kept to one line of at most
+    MESSAGE_CHARS characters, whatever values went into it)."""
 
     exit_code = 1
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(one_line(str(message)), *args)
 
 
 class UsageError(DittoError):

@@ -12,19 +12,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_fast.audio.decode import DecodedAudio, decode_audio
+from ditto_fast.audio.decode import AUDIO_FILE, DecodedAudio, decode_audio
 from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.format import PKL_NAME
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.media.claims import check_unclaimed
+from ditto_fast.media.inputs import check_input_file
+from ditto_fast.media.outputs import check_writes
 from ditto_fast.media.rates import frames_for, parse_rate
 from ditto_fast.motion.conditions import emotion_schedule, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
 from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, default_suffix, output_format
-from ditto_fast.render.profiles import DeliveryProfile, check_timecode, load_profile
+from ditto_fast.render.profiles import DeliveryProfile, check_timecode, load_profile, profile_path
 from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
 from ditto_fast.render.writer import check_output_path
 
@@ -51,6 +53,7 @@ class Clip:
     delivery: DeliveryProfile | None = None     # the delivery profile (`format` is then its DeliveryFormat)
     loudness: tuple[float, float] | None = None  # (target LUFS, true-peak ceiling dBTP) the audio is leveled to
     soundtrack: Soundtrack | None = None        # the output's audio channels, mixed from the file's
+    inputs: tuple[Path, ...] = ()       # every file and folder the render reads (no file it writes may be one)
 
     @property
     def notes(self) -> list[str]:
@@ -72,12 +75,11 @@ def default_output(avatar: str, audio: Path, codec: str | None = None, suffix: s
     return Path.cwd() / f"{avatar}_{Path(audio).stem}{suffix or default_suffix(codec)}"
 
 
-def overwrites(output: Path, source: Path) -> bool:
-    """Whether writing `output` would replace `source` or a file inside it (symbolic links followed)."""
-    if not os.path.lexists(source):
-        return False
-    out, src = output.resolve(), source.resolve()
-    return out == src or src in out.parents
+def request_inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
+    """The files a request reads: its audio, controls, emotion schedule and delivery profile file."""
+    schedule = schedule_file(request.emotion or default_emotion)
+    profile = profile_path(request.delivery) if request.delivery else None
+    return [p for p in (request.audio, request.controls, schedule, profile) if p is not None]
 
 
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
@@ -95,12 +97,11 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
                                               profile.extension if profile else None)
     check_output_path(output)
     check_unclaimed(output)                     # not being written by another process now
+    check_input_file(request.audio, AUDIO_FILE)  # a folder or a FIFO is named as such, not as an overwritten input
     emotion = settings["emotion"]
     emotion_file = schedule_file(emotion)
-    for p in (request.audio, *([request.controls] if request.controls else []),
-              *([emotion_file] if emotion_file else []), avatar.dir):
-        if overwrites(output, p):
-            raise UsageError(f"{output}: the output would overwrite an input ({p}); choose another output path")
+    inputs = (*request_inputs(request, emotion), avatar.dir)
+    check_writes([("output", output)], inputs)
     if profile is None:
         fmt = output_format(output, settings["codec"])
         rate = avatar.rate if request.fps is None else parse_rate(request.fps)
@@ -118,7 +119,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
                 hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
-                profile, _loudness_target(request, profile), soundtrack)
+                profile, _loudness_target(request, profile), soundtrack, inputs)
 
 
 CODEC_OF_PROFILE = {"prores": "prores", "h264": "h264"}     # a profile codec that --codec also names

@@ -18,6 +18,7 @@ from typing import Any
 from ditto_fast.avatar.store import validate_name
 from ditto_fast.core.config import check_setting, declaration
 from ditto_fast.core.errors import UsageError
+from ditto_fast.core.files import shown
 from ditto_fast.media.rates import parse_rate
 from ditto_fast.render.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
 
@@ -80,10 +81,10 @@ class RenderRequest:
                              '{"avatar": "ruby", "audio": "a.wav", "output": "a.mp4"}')
         unknown = sorted(set(data) - set(JOB_KEYS))
         if unknown:
-            raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(JOB_KEYS)})")
+            raise UsageError(f"{where}: unknown key {shown(unknown[0])} (known: {', '.join(JOB_KEYS)})")
         for key in ("avatar", "audio", "output"):       # a job line names its output: batch writes no default names
             if not isinstance(data.get(key), str) or not data.get(key):
-                raise UsageError(f"{where}: {key!r} is missing or not a string")
+                raise UsageError(f"{where}: {shown(key)} is missing or not a string")
         values = {**(defaults or {}), **{k: v for k, v in data.items() if v is not None}}
         emotion = values.get("emotion")
         if isinstance(emotion, dict):               # a schedule written inline in the job line
@@ -121,11 +122,11 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
         return check_setting(*meta["setting"], value, f.name)
     if meta["kind"] == "path":
         if not isinstance(value, (str, Path)) or not str(value):
-            raise UsageError(f"{f.name} must be a file path, got {value!r}")
+            raise UsageError(f"{f.name} must be a file path, got {shown(value)}")
         return Path(value)
     if meta["kind"] == "rate":
         if isinstance(value, bool) or not isinstance(value, (str, int, float, Fraction)):
-            raise UsageError(f'{f.name} must be a rate such as "25" or "30000/1001", got {value!r}')
+            raise UsageError(f'{f.name} must be a rate such as "25" or "30000/1001", got {shown(value)}')
         try:
             parse_rate(value)
         except ValueError as e:
@@ -134,14 +135,14 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
     if meta["kind"] == "profile":
         if not isinstance(value, (str, Path)) or not str(value):
             raise UsageError(f"delivery must be a profile name ({', '.join(shipped_profiles())}) or a FILE.yaml, "
-                             f"got {value!r}")
+                             f"got {shown(value)}")
         load_profile(value)                     # read and checked now: a bad profile fails before anything loads
         return str(value)
     if meta["kind"] == "loudness":
         return _loudness(value)
     if meta["kind"] == "timecode":
         if not isinstance(value, str) or not TIMECODE.match(value):
-            raise UsageError(f"timecode must be HH:MM:SS:FF (HH:MM:SS;FF for drop-frame), got {value!r}")
+            raise UsageError(f"timecode must be HH:MM:SS:FF (HH:MM:SS;FF for drop-frame), got {shown(value)}")
         return value
     if f.name == "avatar":
         return validate_name(value)
@@ -158,7 +159,7 @@ def _loudness(value: Any) -> str | float:
         target = None
     low, high = LOUDNESS_RANGE
     if target is None or not low <= target <= high:
-        raise UsageError(f"loudness must be off or a target in {low:g}..{high:g} LUFS, got {value!r}")
+        raise UsageError(f"loudness must be off or a target in {low:g}..{high:g} LUFS, got {shown(value)}")
     return target
 
 

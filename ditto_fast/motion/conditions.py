@@ -10,10 +10,12 @@ import numpy as np
 
 from ditto_fast.media.rates import mirror_indices
 from ditto_fast.core.errors import CheckpointError, InputError, UsageError
+from ditto_fast.core.files import MIB, read_bounded, shown
 
 EMOTIONS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise", "contempt")
 PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
 PART_ORDER = ("emotion", "eye_open", "eye_ball", "sc")
+SCHEDULE_MAX_BYTES = 16 * MIB       # a schedule with a label per frame of a long programme stays far under this
 
 
 def condition_parts(cond_dim: int, audio_dim: int) -> tuple[str, ...]:
@@ -63,19 +65,20 @@ def schedule_file(emotion: str) -> Path | None:
 
 
 def _is_file(p: Path) -> bool:
-    """Path.is_file, False (not an error) for a name too long for a file or one holding a NUL byte."""
+    """Whether `p` names something other than a folder (a FIFO too: read_schedule_file refuses it by name); False,
+    not an error, for a name too long for a file or one holding a NUL byte."""
     try:
-        return p.is_file()
+        return p.exists() and not p.is_dir()
     except (OSError, ValueError):
         return False
 
 
 def read_schedule_file(p: Path) -> bytes:
     """The bytes of an emotion schedule file; InputError naming it when it is missing or unreadable."""
-    if not _is_file(p):
-        raise InputError(f"{p}: emotion schedule file not found")
     try:
-        return p.read_bytes()
+        return read_bounded(p, SCHEDULE_MAX_BYTES, "an emotion schedule (a JSON file)")
+    except FileNotFoundError:
+        raise InputError(f"{p}: emotion schedule file not found") from None
     except OSError as e:
         raise InputError(f"{p}: cannot read the emotion schedule ({e.strerror}); check the file") from None
 
@@ -87,8 +90,9 @@ def emotion_schedule(emotion: str, n: int, file_bytes: bytes | None = None) -> n
     if emotion.lstrip().startswith("{"):
         try:
             data = json.loads(emotion)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--emotion {emotion!r}: not valid JSON ({e.msg}); write a schedule like "
+        except (json.JSONDecodeError, RecursionError) as e:
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deep"
+            raise UsageError(f"--emotion {shown(emotion)}: not valid JSON ({why}); write a schedule like "
                              '\'{"default": "neutral", "frames": {"0-49": "happy"}}\'') from None
         return _schedule(data, n, "--emotion", UsageError)
     p = schedule_file(emotion)
@@ -96,8 +100,9 @@ def emotion_schedule(emotion: str, n: int, file_bytes: bytes | None = None) -> n
         return np.repeat(emotion_vector(emotion)[None], n, axis=0)
     try:
         data = json.loads(read_schedule_file(p) if file_bytes is None else file_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: not valid JSON ({e}); fix the emotion schedule") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        why = "nested too deep" if isinstance(e, RecursionError) else e
+        raise InputError(f"{p}: not valid JSON ({why}); fix the emotion schedule") from None
     return _schedule(data, n, str(p), InputError)
 
 

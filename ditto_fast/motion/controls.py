@@ -32,12 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from ditto_fast.core.errors import InputError
+from ditto_fast.core.files import MIB, read_bounded
 
 FRAME_KEYS = ("pitch", "yaw", "roll", "pose_scale", "exp_scale", "exp_offset")
 # allowed values of each per-frame key (inclusive; exp_offset: each of its 63 numbers): wide enough for any
 # sensible look, narrow enough that no value can overflow into inf/NaN keypoints downstream
 RANGES = {"pitch": (-90.0, 90.0), "yaw": (-90.0, 90.0), "roll": (-90.0, 90.0), "pose_scale": (0.0, 5.0),
           "exp_scale": (0.0, 5.0), "exp_offset": (-1.0, 1.0)}
+CONTROLS_MAX_BYTES = 16 * MIB       # kilobytes usually; per-frame offsets for a long programme stay far under this
 FILE_KEYS = ("default", "frames", "fade_in", "fade_out", "blinks")
 # Eye closure (0 open .. 1 closed) over the frames of one blink, starting at the blink's frame.
 BLINK_PROFILE = (0.35, 0.8, 1.0, 0.8, 0.55, 0.3, 0.1)
@@ -182,9 +184,10 @@ def parse_controls(data: object, n_frames: int, path: str | Path = "<controls>")
 
 
 def read_control_file(path: Path) -> bytes:
-    """The bytes of a control file; InputError naming it when it is missing or unreadable."""
+    """The bytes of a control file; InputError naming it when it is missing, unreadable, not a regular file or
+    larger than a control file can be."""
     try:
-        return path.read_bytes()
+        return read_bounded(path, CONTROLS_MAX_BYTES, "a JSON control file")
     except FileNotFoundError:
         raise InputError(f"{path}: control file not found; check the path") from None
     except OSError as e:
@@ -200,4 +203,6 @@ def load_controls(path: str | Path, n_frames: int, file_bytes: bytes | None = No
         raise InputError(f"{path}: cannot read the control file ({e}); check the file") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}); fix the file") from None
+    except RecursionError:
+        raise InputError(f"{path}: not valid JSON (nested too deep); fix the file") from None
     return parse_controls(data, n_frames, path)

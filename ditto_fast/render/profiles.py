@@ -16,9 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ditto_fast.core.config import CONFIG_DIR
+from ditto_fast.core.config import CONFIG_DIR, read_yaml_file
 from ditto_fast.core.errors import UsageError
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
 
@@ -118,7 +116,7 @@ def profile_path(name_or_file: str | Path) -> Path:
         return PROFILE_DIR / f"{text}.yaml"
     path = Path(text)
     if path.suffix.lower() in (".yaml", ".yml"):
-        if not path.is_file():
+        if not path.exists() or path.is_dir():     # a FIFO or device is refused by name when read
             raise UsageError(f"{path}: delivery profile not found; give a YAML file or one of "
                              f"{', '.join(shipped_profiles())}")
         return path
@@ -136,11 +134,9 @@ def load_profile(name_or_file: str | Path) -> DeliveryProfile:
 def _load(resolved: str, mtime_ns: int, shown: str) -> DeliveryProfile:
     path = Path(resolved)
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UsageError(f"{shown}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise UsageError(f"{shown}: cannot read the delivery profile ({e.strerror})") from None
+        data = read_yaml_file(path, "a delivery profile", shown)
+    except FileNotFoundError:
+        raise UsageError(f"{shown}: delivery profile not found") from None
     return check_profile(data, shown, path.stem)
 
 

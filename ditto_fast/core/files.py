@@ -1,0 +1,61 @@
+"""Reading a user's small file safely: a regular file only (a FIFO or a device would block or never end), read
+with a limit that fits what it is, and values cut short before they go into a message."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from ditto_fast.core.errors import InputError
+
+KIB, MIB = 1 << 10, 1 << 20
+SHOWN_CHARS = 80            # the most of a user's value a message repeats
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """repr(value) for a message, cut to `limit` characters (a 50 MB value is not echoed whole)."""
+    if isinstance(value, (list, dict, tuple, set)) and len(value) > limit:
+        return f"<a {type(value).__name__} of {len(value)} items>"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 12]}... ({len(text)} chars)"
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:g} MiB" if n >= MIB else f"{n / KIB:g} KiB" if n >= KIB else f"{n} bytes"
+
+
+def check_regular(path: Path, what: str) -> os.stat_result:
+    """The file's stat; InputError (exit 3) when `path` is a directory, a FIFO, a device or a socket.
+    FileNotFoundError passes through for the caller's own message."""
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: is a directory; give {what}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        raise InputError(f"{path}: is {kind}, not a regular file; give {what}")
+    return st
+
+
+def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them; InputError (exit 3) naming the file for a
+    directory, FIFO, device or a file larger than `limit`. FileNotFoundError passes through."""
+    path = Path(path)
+    st = check_regular(path, what)
+    if st.st_size > limit:
+        raise InputError(f"{path}: is {_size(st.st_size)}, more than {what} can be (at most {_size(limit)}); "
+                         "check the path")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # never blocks, even if swapped for a FIFO
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path}: is not a regular file; give {what}")
+        chunks, total = [], 0
+        while block := os.read(fd, min(limit + 1 - total, 1 << 20) or 1):
+            chunks.append(block)
+            total += len(block)
+            if total > limit:
+                raise InputError(f"{path}: is more than {what} can be (at most {_size(limit)}); check the path")
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
