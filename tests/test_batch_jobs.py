@@ -100,7 +100,7 @@ def test_report_is_written_whole_with_a_summary(tmp_path):
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["summary"] == summary(jobs) == {"done": 1, "skipped": 1, "failed": 1}
     row = data["jobs"][2]
-    assert row["status"] == "failed" and row["error"] == "x.wav: bad" and row["exit_code"] == 2
+    assert row["status"] == "failed" and row["error"] == "x.wav: bad\\nsecond line" and row["exit_code"] == 2
     assert set(data["jobs"][0]) >= {"index", "avatar", "audio", "output", "status", "error", "exit_code",
                                      "frames", "seconds"}
     assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644

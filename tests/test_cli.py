@@ -224,7 +224,8 @@ def test_audio_cut_short_is_refused_by_render_and_batch(video_avatar, session_ho
     jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(cut), "output": str(out)}) + "\n")
     r = run_cli(["batch", jobs, "--device", "cpu", "--quiet", "--report", report], env)
     row, = json.loads(report.read_text())["jobs"]
-    assert r.returncode == 7 and row["exit_code"] == 3 and row["error"] == line.split("error: ", 1)[1], r.stderr
+    assert r.returncode == 7 and row["exit_code"] == 3, r.stderr
+    assert row["error"] == f"{jobs}:1: " + line.split("error: ", 1)[1]
     assert list(out.parent.iterdir()) == []
 
 
@@ -283,7 +284,8 @@ def test_an_output_another_process_writes_is_refused_naming_it(video_avatar, ses
         jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(clips[0]), "output": str(out)}) + "\n")
         r = run_cli(["batch", jobs, "--device", "cpu", "--quiet", "--report", tmp_path / "r.json"], env)
         row, = json.loads((tmp_path / "r.json").read_text())["jobs"]
-        assert r.returncode == 7 and row["exit_code"] == 3 and row["error"] == busy_message(out, other.pid)
+        assert r.returncode == 7 and row["exit_code"] == 3
+        assert row["error"] == f"{jobs}:1: {busy_message(out, other.pid)}"
         assert sorted(p.name for p in tmp_path.iterdir()) == [".news.mp4.claim", "jobs.jsonl", "r.json"]
     finally:
         other.stdin.close()
