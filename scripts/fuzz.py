@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Fuzz campaign: mutated audio (WAV, MP3) into `render`, mutated sources (MP4, PNG, JPEG) into `register`.
+"""Fuzz campaign: mutated audio (WAV, MP3) into `render`, mutated sources (MP4, PNG, JPEG) into `register`, and a
+fixed list of hostile inputs (FIFOs, device files, YAML alias bombs, a pickle reference bomb, NaN features, deep
+JSON, side files named as inputs) each with the exit code it must give.
 
     python scripts/fuzz.py [--n 200] [--seed 0] [--timeout 180] [--jobs 1] [--json fuzz.json] [--keep DIR]
-    python scripts/fuzz.py --only render:17 --seed 0        # replay one case
+    python scripts/fuzz.py --only render:17 --seed 0        # replay one case (hostile:NAME for a hostile one)
 
 Mutations: byte flips, truncations, header fields set to extremes (WAV fmt/data, PNG IHDR, JPEG SOF, MP4
 boxes), zero-length streams, spliced bytes. Tiny random checkpoints, CPU. Each run is a real
@@ -16,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import random
+import resource
 import shutil
 import signal
 import struct
@@ -30,13 +34,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OK_CODES = (0, 3, 4)
+MEMORY_LIMIT = 6 << 30        # address space of each run: an unbounded read fails (exit 1) instead of filling the host
 MUTATIONS = ("flip", "truncate", "header", "zero", "splice")
 EXTREMES = (0, 1, 2, 3, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF)
 
 
 @dataclass
 class Case:
-    command: str          # render or register
+    command: str          # render, register or hostile
     index: int
     seed_file: str
     mutation: str
@@ -165,6 +170,120 @@ def mutate(data: bytes, suffix: str, mutation: str, rng: random.Random) -> tuple
     return bytes(b[:j]) + bytes(b[i:j]) + bytes(b[j:]), f"bytes {i}-{j} repeated"
 
 
+# ----------------------------------------------------------------------------- hostile inputs
+def _bomb_yaml(tail: str) -> str:
+    """A billion-laughs YAML (nine levels of nine aliases) ending in `tail`, which uses the last level (*i)."""
+    levels = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+    return levels + tail
+
+
+def _copy_avatar(store: Path, name: str) -> Path:
+    d = store / name
+    if not d.exists():
+        shutil.copytree(store / "base", d)
+    return d
+
+
+def hostile_cases(seeds: dict[str, list[Path]], work: Path) -> list[tuple[Case, list[str], tuple[int, ...], list[Path]]]:
+    """(case, CLI arguments, the exit codes it may end with, files that must be unchanged after it)."""
+    d, store = work / "hostile", work / "home" / "avatars"
+    d.mkdir(exist_ok=True)
+    speech = seeds["render"][0]
+    for name in ("fifo.json", "fifo.jsonl", "fifo.yaml", "fifo.wav"):
+        if not (d / name).exists():
+            os.mkfifo(d / name)
+    (d / "bomb.yaml").write_text(_bomb_yaml("render:\n  crf: *i\n"))
+    shipped = (REPO / "configs" / "delivery" / "web-h264.yaml").read_text()
+    (d / "bomb-profile.yaml").write_text(_bomb_yaml("") + shipped.replace("container: mp4", "container: *i", 1))
+    (d / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n" +
+                                  json.dumps({"avatar": "base", "audio": str(speech), "output": "x.mp4",
+                                              "emotion": "x" * 5_000_000}) + "\n")
+    (d / "jobs.jsonl").write_text(json.dumps({"avatar": "base", "audio": str(speech), "output": str(d / "j.mp4")})
+                                  + "\n")
+    bomb: list = []
+    for _ in range(60):
+        bomb = [bomb, bomb]
+    pkl = _copy_avatar(store, "refbomb") / "avatar.pkl"
+    pkl.write_bytes(pickle.dumps({"format": bomb}, protocol=4))
+    fifo_pkl = _copy_avatar(store, "fifopkl") / "avatar.pkl"
+    if not fifo_pkl.is_fifo():
+        fifo_pkl.unlink()
+        os.mkfifo(fifo_pkl)
+    import numpy as np
+
+    f_s = np.load(_copy_avatar(store, "nanfeat") / "f_s.npy", mmap_mode="r+")
+    f_s[len(f_s) // 2] = np.nan                 # a frame in the middle, as bytes overwritten on disk would be
+    f_s.flush()
+    del f_s
+    out = str(d / "out.mp4")
+    render = ["render", "--audio", str(speech), "-o", out, "--device", "cpu", "--quiet"]
+    base = ["--avatar", "base"]
+    cases = [
+        ("controls-fifo", [*render, *base, "--controls", str(d / "fifo.json")], (3,)),
+        ("controls-zero", [*render, *base, "--controls", "/dev/zero"], (3,)),
+        ("emotion-fifo", [*render, *base, "--emotion", str(d / "fifo.json")], (3,)),
+        ("config-fifo", ["config", "--config", str(d / "fifo.yaml")], (3,)),
+        ("config-zero", ["config", "--config", "/dev/zero"], (3,)),
+        ("config-bomb", ["config", "--config", str(d / "bomb.yaml")], (2,)),
+        ("profile-bomb", [*render, *base, "--delivery", str(d / "bomb-profile.yaml")], (2,)),
+        ("audio-fifo", ["render", "--audio", str(d / "fifo.wav"), "-o", out, *base, "--device", "cpu"], (3,)),
+        ("audio-zero", ["render", "--audio", "/dev/zero", "-o", out, *base, "--device", "cpu"], (3,)),
+        ("jobs-fifo", ["batch", str(d / "fifo.jsonl"), "--device", "cpu", "--quiet"], (3,)),
+        ("jobs-zero", ["batch", "/dev/zero", "--device", "cpu", "--quiet"], (3,)),
+        ("jobs-deep", ["batch", str(d / "deep.jsonl"), "--device", "cpu", "--quiet"], (7,)),
+        ("report-is-jobs", ["batch", str(d / "jobs.jsonl"), "--report", str(d / "jobs.jsonl"), "--device", "cpu"],
+         (2,)),
+        ("report-is-audio", ["batch", str(d / "jobs.jsonl"), "--report", str(speech), "--device", "cpu"], (2,)),
+        ("timings-is-audio", [*render, *base, "--profile", str(speech)], (2,)),
+        ("timings-is-output", [*render, *base, "--profile", out], (2,)),
+        ("pickle-refbomb", [*render, "--avatar", "refbomb"], (5,)),
+        ("pickle-refbomb-list", ["avatars"], (0,)),
+        ("pickle-fifo", [*render, "--avatar", "fifopkl"], (5,)),
+        ("features-nan", [*render, "--avatar", "nanfeat", "--steps", "2"], (5,)),
+    ]
+    watched = [speech, d / "jobs.jsonl", *(seeds["render"][1:])]
+    return [(Case("hostile", i, name, "hostile", " ".join(args)[:300]), args, codes, watched)
+            for i, (name, args, codes) in enumerate(cases)]
+
+
+def run_hostile(case: Case, args: list[str], codes: tuple[int, ...], watched: list[Path], work: Path, env: dict,
+                timeout: float) -> Case:
+    """Run one hostile case; it must end in time with one of `codes`, leave every watched file as it was, and put
+    nothing at the render's output."""
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in watched}
+    out = work / "hostile" / "out.mp4"
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT)))
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        case.exit_code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+    case.seconds = round(time.monotonic() - t0, 2)
+    case.stderr_tail = "\n".join((err or "").strip().splitlines()[-3:])[-600:]
+    problems = []
+    if case.exit_code is None:
+        case.verdict, problems = "hang", [f"no exit within {timeout:g} s"]
+    elif case.exit_code not in codes:
+        case.verdict, problems = "bad_exit", [f"exit {case.exit_code}, expected {codes}"]
+    if len((err or "").strip().splitlines()) > 1 and case.exit_code not in (0, 7):
+        problems.append("more than one line on stderr")
+    changed = [p.name for p in watched if (p.stat().st_size, p.stat().st_mtime_ns) != before[p]]
+    if changed:
+        problems.append(f"inputs changed: {changed}")
+    if out.exists():
+        problems.append("something at the output path")
+        out.unlink()
+    case.verdict = case.verdict or ("leftover" if problems else "ok")
+    case.problem = "; ".join(problems)
+    print(f"hostile:{case.seed_file} exit {case.exit_code} {case.verdict} ({case.seconds:.0f} s)", flush=True)
+    return case
+
+
 # ----------------------------------------------------------------------------- runs
 def _partials(folder: Path, stem: str) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(f".{stem}") and
@@ -282,17 +401,19 @@ def main(argv: list[str] | None = None) -> int:
                             "base", "--device", "cpu", "--quiet"], env=env, check=True, cwd=REPO,
                            stdout=subprocess.DEVNULL)
         cases = build_cases(seeds, args.n, args.seed, work, args.only)
+        hostile = [h for h in hostile_cases(seeds, work) if not args.only or args.only == f"hostile:{h[0].seed_file}"]
         t0 = time.monotonic()
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             done = list(pool.map(lambda cp: run_case(cp[0], cp[1], work, env, args.timeout), cases))
+        done += [run_hostile(*h, work, env, min(args.timeout, 120.0)) for h in hostile]
         wall = time.monotonic() - t0
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             for case, path in cases:
                 if case.verdict != "ok":
-                    shutil.copy(path, args.keep / path.name)
+                    shutil.copy(path, args.keep / path.name)     # hostile cases are rebuilt by the script itself
         summary = {}
-        for command in ("render", "register"):
+        for command in ("render", "register", "hostile"):
             mine = [c for c in done if c.command == command]
             summary[command] = {
                 "runs": len(mine),
