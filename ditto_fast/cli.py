@@ -416,6 +416,49 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
         sys.exit(EXIT_SOME_FAILED)
 
 
+# ----------------------------------------------------------------------------- serve
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything beyond this machine needs --token-file.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8750, show_default=True)
+@click.option("--token-file", type=click.Path(path_type=Path), default=None,
+              help="A file holding the bearer token every API request must carry.")
+@click.option("--root", "roots", type=click.Path(path_type=Path), multiple=True,
+              help="A folder the jobs' files may lie in (repeatable; the watch folders count) [default: the current "
+                   "folder].")
+@click.option("--watch", type=click.Path(path_type=Path), default=None,
+              help="A watch folder: each speech file dropped in it becomes a job once it stops growing.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="With --watch: where the outputs go.")
+@click.option("--settle", type=click.FloatRange(0.5, 600), default=5.0, show_default=True,
+              help="Seconds a dropped file's size and time must stay the same before it is taken.")
+@click.option("--poll", type=click.FloatRange(0.1, 60), default=2.0, show_default=True,
+              help="Seconds between looks at the watch folder.")
+@request_options(skip=("audio", "output"), job_default=True)
+@engine_options
+@click.option("--quiet", is_flag=True, help="Log errors only (one JSON line each).")
+@CONFIG
+def serve(host, port, token_file, roots, watch, out, settle, poll, device, precision, batch_size, crf, preset, encoder,
+          checkpoints_dir, quiet, config_path, **defaults):
+    """Keep one engine loaded and render jobs from a durable queue: an HTTP job API (POST /v1/jobs, GET
+    /v1/jobs/ID, DELETE, /healthz, /metrics, /docs) and an optional watch folder. One JSON log line per job state."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise click.UsageError('serve needs the [serve] extra: pip install -e ".[serve]"') from None
+    from ditto_fast.core.config import load_config
+    from ditto_fast.engine.setup import RenderSetup
+    from ditto_fast.serve.server import ServeOptions, check_options, serve as run_server
+
+    config = load_config(config_path)
+    opts = ServeOptions(host=host, port=port, token_file=token_file, roots=list(roots), watch=watch, out=out,
+                        defaults={k: (str(v.absolute()) if isinstance(v, Path) else v) for k, v in defaults.items()
+                                  if v is not None},
+                        settle_s=settle, poll_s=poll, quiet=quiet)
+    check_options(opts)                 # before the networks load
+    run_server(RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset, encoder), opts)
+
+
 # ----------------------------------------------------------------------------- qc
 @cli.command("qc")
 @click.argument("file", type=click.Path(path_type=Path))

@@ -219,4 +219,9 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
 
 def is_finished(job: Job, clip: Clip, setup: RenderSetup) -> bool:
     """Whether the job's output exists and was made from the same inputs and settings (its digest tag)."""
-    return job.output.exists() and container_comment(job.output) == setup.digest(clip)
+    return clip_is_finished(clip, setup)
+
+
+def clip_is_finished(clip: Clip, setup: RenderSetup) -> bool:
+    """Whether the clip's output exists and was made from the same inputs and settings (its digest tag)."""
+    return clip.output.exists() and container_comment(clip.output) == setup.digest(clip)

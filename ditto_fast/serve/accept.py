@@ -1,0 +1,85 @@
+"""Accepting a job: a job line's JSON (from the API or a watch folder's file and sidecar) checked as `render` checks
+its options, every path it names confined to the server's roots, then queued. Nothing is queued that `render`
+would refuse; the refusal is the line `render` prints and its exit code."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ditto_fast.avatar import load_avatar
+from ditto_fast.core.errors import UsageError
+from ditto_fast.core.files import shown
+from ditto_fast.engine.clip import check_clip, request_inputs
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
+
+EXTRA_KEYS = ("priority", "callback")     # what a job may carry beside the request's fields
+
+
+def parse_priority(value: Any) -> int:
+    """A job's priority: normal (0), breaking (100) or a whole number in PRIORITY_RANGE; UsageError otherwise."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and value in PRIORITIES:
+        return PRIORITIES[value]
+    low, high = PRIORITY_RANGE
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    raise UsageError(f"priority must be normal, breaking or a whole number in {low}..{high}, got {shown(value)}")
+
+
+def check_callback(url: Any) -> str | None:
+    """A callback URL: http(s) with a host; UsageError otherwise."""
+    if url is None:
+        return None
+    parsed = urlparse(url) if isinstance(url, str) and len(url) <= 2000 else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UsageError(f"callback must be an http:// or https:// URL, got {shown(url)}")
+    return url
+
+
+def confine(path: Path, roots: list[Path], what: str) -> None:
+    """UsageError unless `path` (symbolic links followed) lies under one of `roots`."""
+    real = path.resolve()
+    if not any(real == r or r in real.parents for r in roots):
+        raise UsageError(f"{path}: the {what} is outside the folders this server may use "
+                         f"({', '.join(map(str, roots))}); give a path under one of them")
+
+
+def request_json(request: RenderRequest) -> dict:
+    """A request as the job line that makes it again (paths as given, absolute; defaults left out)."""
+    return {f.name: str(v) if isinstance(v, Path) else v
+            for f in dataclasses.fields(request) if (v := getattr(request, f.name)) is not None}
+
+
+class Acceptor:
+    """Checks jobs for one server (its roots, config and checkpoints) and queues them."""
+
+    def __init__(self, queue: JobQueue, setup: RenderSetup, roots: list[Path]):
+        self.queue, self.setup, self.config = queue, setup, setup.config
+        self.roots = [r.resolve() for r in roots]
+
+    def check(self, data: Any, where: str) -> tuple[RenderRequest, int, str | None]:
+        """The request, priority and callback of one job's JSON; UsageError (or the DittoError `render` gives) if
+        it is not one `render` would take or names a path outside the roots."""
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: expected a JSON object like "
+                             '{"avatar": "ruby", "audio": "/news/a.wav", "output": "/news/out/a.mp4"}')
+        fields = {k: v for k, v in data.items() if k not in EXTRA_KEYS}
+        priority, callback = parse_priority(data.get("priority")), check_callback(data.get("callback"))
+        request = RenderRequest.from_json(fields, self.roots[0], where)
+        for path in (request.output, *request_inputs(request, self.config.clip.emotion)):
+            confine(path, self.roots, "output" if path == request.output else "input")
+        check_clip(request, load_avatar(request.avatar, checkpoints=self.setup.checkpoints), self.config)
+        return request, priority, callback
+
+    def accept(self, data: Any, where: str, source: str = "api", watch_path: str | None = None) -> dict:
+        """Check one job and queue it; returns the queued job."""
+        request, priority, callback = self.check(data, where)
+        return self.queue.submit(request_json(request), priority=priority, source=source, callback=callback,
+                                 watch_path=watch_path, output=str(request.output))
+

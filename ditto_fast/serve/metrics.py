@@ -1,0 +1,46 @@
+"""The server's Prometheus metrics (prometheus_client): jobs by state, frames and seconds by stage, the queue's
+depth and each job's turnaround (accepted to final)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ditto_fast.serve.queue import STATES, JobQueue
+
+TURNAROUND_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class Metrics:
+    """One registry per server (tests run several in one process)."""
+
+    def __init__(self, queue: JobQueue):
+        self.queue = queue
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.jobs = Gauge("ditto_fast_jobs", "Jobs in the queue by state", ["state"], registry=r)
+        self.depth = Gauge("ditto_fast_queue_depth", "Jobs waiting to run", registry=r)
+        self.finished = Counter("ditto_fast_jobs_finished", "Jobs that reached a final state since start",
+                                ["state"], registry=r)
+        self.frames = Counter("ditto_fast_frames", "Frames rendered since start", registry=r)
+        self.stage_seconds = Counter("ditto_fast_stage_seconds", "Wall seconds spent in each render stage",
+                                     ["stage"], registry=r)
+        self.turnaround = Histogram("ditto_fast_turnaround_seconds", "Seconds from a job's acceptance to its end",
+                                    buckets=TURNAROUND_BUCKETS, registry=r)
+
+    def rendered(self, profile: dict) -> None:
+        self.frames.inc(profile["frames"])
+        for stage, seconds in profile["stages"].items():
+            self.stage_seconds.labels(stage).inc(seconds)
+
+    def ended(self, job: dict) -> None:
+        self.finished.labels(job["status"]).inc()
+        if job["finished"] is not None:
+            self.turnaround.observe(job["finished"] - job["created"])
+
+    def exposition(self) -> bytes:
+        """The text format, with the queue's counts read now."""
+        counts = self.queue.counts()
+        for state in STATES:
+            self.jobs.labels(state).set(counts[state])
+        self.depth.set(counts["queued"])
+        return generate_latest(self.registry)

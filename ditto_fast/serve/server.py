@@ -1,0 +1,142 @@
+"""`ditto-fast serve`: one process, one engine loaded once, jobs from a durable queue rendered one at a time; the
+jobs come from the HTTP API (uvicorn, localhost by default) and from watch folders. Stopped by SIGINT or SIGTERM:
+the running job stops at its next frame batch and is queued again for the next start."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from ditto_fast.core.errors import UsageError
+from ditto_fast.core.files import read_bounded
+from ditto_fast.core.home import store_root
+from ditto_fast.engine.setup import RenderSetup
+
+DEFAULT_PORT = 8750
+TOKEN_MAX_BYTES = 4096
+
+
+@dataclass
+class ServeOptions:
+    """What `serve` was started with (engine options aside)."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    token_file: Path | None = None
+    roots: list[Path] = field(default_factory=list)
+    watch: Path | None = None
+    out: Path | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
+    settle_s: float = 5.0
+    poll_s: float = 2.0
+    quiet: bool = False
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in `path` (its first line); UsageError if empty."""
+    try:
+        token = read_bounded(path, TOKEN_MAX_BYTES, "a token file").decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: token file not found") from None
+    if len(token) < 16:
+        raise UsageError(f"{path}: the token must be at least 16 characters; write a long random one "
+                         "(e.g. `openssl rand -hex 32 > FILE`)")
+    return token
+
+
+def check_options(opts: ServeOptions) -> str | None:
+    """UsageError for options that cannot serve safely or at all; the token (None without --token-file)."""
+    if not is_loopback(opts.host) and opts.token_file is None:
+        raise UsageError(f"--host {opts.host} serves beyond this machine: give --token-file FILE (a bearer token), "
+                         "or keep the default --host 127.0.0.1")
+    if (opts.watch is None) != (opts.out is None):
+        raise UsageError("--watch IN and --out OUT go together")
+    if opts.watch is not None and not opts.watch.is_dir():
+        raise UsageError(f"{opts.watch}: --watch must be an existing folder")
+    for root in opts.roots:
+        if not root.is_dir():
+            raise UsageError(f"{root}: --root must be an existing folder")
+    token = read_token(opts.token_file) if opts.token_file else None
+    with socket.socket(socket.AF_INET6 if ":" in opts.host else socket.AF_INET) as probe:
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((opts.host, opts.port))
+        except OSError as e:
+            raise UsageError(f"cannot listen on {opts.host}:{opts.port} ({e.strerror or e}); choose another --port "
+                             "or --host") from None
+    return token
+
+
+def json_log(stream: TextIO, quiet: bool) -> Callable[[dict], None]:
+    """One JSON line per event on `stream` (a station's log shipper reads them); `quiet`: errors only."""
+    lock = threading.Lock()
+
+    def log(event: dict) -> None:
+        if quiet and not event.get("error"):
+            return
+        line = json.dumps({"ts": round(time.time(), 3), **event}, default=str)
+        with lock:
+            stream.write(line + "\n")
+            stream.flush()
+    return log
+
+
+def serve(setup: RenderSetup, opts: ServeOptions, stream: TextIO = sys.stderr) -> None:
+    """Load the engine, open the queue, start the render thread and the watch folder, serve the API until a
+    signal; then stop the render thread (its job queued again) and return."""
+    import uvicorn
+
+    from ditto_fast.engine.renderer import Renderer
+    from ditto_fast.serve.accept import Acceptor
+    from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.metrics import Metrics
+    from ditto_fast.serve.queue import JobQueue
+    from ditto_fast.serve.watch import WatchFolder
+    from ditto_fast.serve.worker import Worker
+
+    token = check_options(opts)
+    log = json_log(stream, opts.quiet)
+    roots = [*opts.roots, *([opts.watch, opts.out] if opts.watch else [])] or [Path.cwd()]
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+    queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
+    t0 = time.perf_counter()
+    engine = Renderer(setup=setup)
+    log({"event": "engine loaded", "seconds": round(time.perf_counter() - t0, 2), "device": str(engine.device),
+         "queued": queue.counts()["queued"]})
+    metrics = Metrics(queue)
+    worker = Worker(engine, queue, metrics, log)
+    acceptor = Acceptor(queue, setup, roots)
+    watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, worker.wake, log, opts.settle_s,
+                        opts.poll_s) if opts.watch else None
+    app = make_app(queue, acceptor, worker, metrics, token)
+    server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
+                                           access_log=False, lifespan="off"))
+    worker.start()
+    if watch:
+        watch.start()
+    log({"event": "listening", "url": f"http://{opts.host}:{opts.port}", "roots": [str(r) for r in roots],
+         "watch": str(opts.watch) if opts.watch else None})
+    try:
+        server.run()
+    finally:
+        if watch:
+            watch.stop()
+        worker.stop()
+        log({"event": "stopped", "queued": queue.counts()["queued"]})
