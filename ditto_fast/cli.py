@@ -456,7 +456,11 @@ def serve(host, port, token_file, roots, watch, out, settle, poll, device, preci
                                   if v is not None},
                         settle_s=settle, poll_s=poll, quiet=quiet)
     check_options(opts)                 # before the networks load
-    run_server(RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset, encoder), opts)
+    setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset, encoder)
+    try:
+        run_server(setup, opts)
+    except (KeyboardInterrupt, Terminated):     # uvicorn passes the signal on once it has stopped: a clean stop
+        pass
 
 
 # ----------------------------------------------------------------------------- qc

@@ -136,10 +136,9 @@ def make_app(queue: JobQueue, acceptor: Acceptor, worker: Worker, metrics: Metri
         status = queue.cancel(job_id)
         if status is None:
             return JSONResponse({"error": f"no job {job_id}"}, status_code=404)
-        if status == "cancelled":
+        if status == "queued":                  # cancelled now: it never runs
             job = queue.get(job_id)
-            if job["started"] is None:          # cancelled here, while queued: it never runs
-                worker.ended(job)
+            worker.ended(job)
             return job_view(job)
         if status == "running":
             worker.cancel(job_id)

@@ -109,17 +109,16 @@ class JobQueue:
             db.execute("UPDATE jobs SET progress=? WHERE id=? AND status='running'", (json.dumps(progress), job_id))
 
     def cancel(self, job_id: str) -> str | None:
-        """Cancel a queued job (it never runs): its new status; the status unchanged for a running or final one,
-        None for an unknown id."""
+        """Cancel a queued job (it never runs). Returns the status it had (queued: now cancelled; running or final:
+        unchanged), None for an unknown id."""
         with self._db() as db:
             row = db.execute("SELECT status FROM jobs WHERE id=?", (job_id,)).fetchone()
             if row is None:
                 return None
-            if row["status"] != "queued":
-                return row["status"]
-            db.execute("UPDATE jobs SET status='cancelled', finished=?, error=? WHERE id=?",
-                       (time.time(), "cancelled before it ran", job_id))
-        return "cancelled"
+            if row["status"] == "queued":
+                db.execute("UPDATE jobs SET status='cancelled', finished=?, error=? WHERE id=?",
+                           (time.time(), "cancelled before it ran", job_id))
+        return row["status"]
 
     def mark_moved(self, job_id: str) -> None:
         with self._db() as db:

@@ -1,0 +1,368 @@
+"""ditto-fast serve: the durable queue, the job API (in process and as a real server on a real port), the watch
+folder, priorities, cancelling, callbacks, a SIGKILL and restart, and served bytes equal to render's."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+
+from conftest import REPO, store_env  # noqa: E402
+from ditto_fast.serve.queue import JobQueue  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- the queue
+def test_the_queue_runs_breaking_jobs_first_and_requeues_a_killed_servers_running_job(tmp_path):
+    q = JobQueue(tmp_path / "jobs.sqlite")
+    a = q.submit({"avatar": "a"})
+    b = q.submit({"avatar": "b"})
+    news = q.submit({"avatar": "news"}, priority=100)
+    assert q.take()["id"] == news["id"]
+    q.finish(news["id"], "done", exit_code=0)
+    assert q.take()["id"] == a["id"]                   # running when the server is killed
+    again = JobQueue(tmp_path / "jobs.sqlite")         # the next start
+    assert [again.get(j["id"])["status"] for j in (a, b, news)] == ["queued", "queued", "done"]
+    assert again.cancel(b["id"]) == "queued" and again.get(b["id"])["status"] == "cancelled"
+    assert again.cancel(b["id"]) == "cancelled" and again.cancel("nope") is None
+    assert again.take()["id"] == a["id"] and again.take() is None
+    assert again.get(a["id"])["attempts"] == 2 and again.counts() == {"queued": 0, "running": 1, "done": 1, "failed": 0,
+                                                                      "cancelled": 1}
+
+
+def test_priorities_and_callbacks_are_checked():
+    from ditto_fast.core.errors import UsageError
+    from ditto_fast.serve.accept import check_callback, parse_priority
+
+    assert [parse_priority(p) for p in (None, "normal", "breaking", 7)] == [0, 0, 100, 7]
+    for bad in ("urgent", 10**6, True, 1.5):
+        with pytest.raises(UsageError):
+            parse_priority(bad)
+    assert check_callback("http://127.0.0.1:9/x") == "http://127.0.0.1:9/x"
+    for bad in ("file:///etc/passwd", "ftp://x/y", "http://", 5):
+        with pytest.raises(UsageError):
+            check_callback(bad)
+
+
+# ----------------------------------------------------------------------------- the API, in process
+@pytest.fixture()
+def api(engine, session_home, tmp_path):
+    """The API over a fresh queue and the session's engine, its render thread not started (jobs stay queued)."""
+    from fastapi.testclient import TestClient
+
+    from ditto_fast.serve.accept import Acceptor
+    from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.metrics import Metrics
+    from ditto_fast.serve.worker import Worker
+
+    queue = JobQueue(tmp_path / "q.sqlite")
+    metrics = Metrics(queue)
+    events: list[dict] = []
+    worker = Worker(engine, queue, metrics, events.append)
+    acceptor = Acceptor(queue, engine.setup, [tmp_path])
+    client = TestClient(make_app(queue, acceptor, worker, metrics, token="t" * 20))
+    client.headers["Authorization"] = "Bearer " + "t" * 20
+    return client, queue, events
+
+
+def test_the_api_queues_a_checked_job_and_refuses_as_render_does(api, clips, tmp_path, run_cli, session_home,
+                                                                  tiny_checkpoints):
+    client, queue, events = api
+    audio = Path(shutil.copy(clips[0], tmp_path / "a.wav"))
+    r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "a.mp4"),
+                                      "priority": "breaking"})
+    assert r.status_code == 202 and r.json()["status"] == "queued", r.text
+    job = client.get(f"/v1/jobs/{r.json()['id']}").json()
+    assert job["priority"] == 100 and job["request"]["audio"] == str(audio) and job["progress"] is None
+    # refused with render's own line and exit code, before anything is queued
+    bad = {"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "g.mp4"), "emotion": "grumpy"}
+    r = client.post("/v1/jobs", json=bad)
+    cli = run_cli(["render", "--avatar", "anchor", "--audio", audio, "-o", tmp_path / "g.mp4", "--emotion", "grumpy",
+                   "--device", "cpu"], store_env(session_home, tiny_checkpoints))
+    assert r.status_code == 400 and r.json() == {"error": cli.stderr.strip().split("error: ", 1)[1],
+                                                 "exit_code": cli.returncode}
+    for body, said in (({"avatar": "anchor", "audio": "/etc/passwd", "output": str(tmp_path / "p.mp4")}, "outside"),
+                       ({"avatar": "anchor", "audio": str(audio), "output": "../../x.mp4"}, "outside"),
+                       ({"avatar": "anchor", "audio": str(audio), "output": str(audio)}, "overwrite an input"),
+                       ({"avatar": "nobody", "audio": str(audio), "output": str(tmp_path / "n.mp4")}, "nobody"),
+                       ({"avatar": "anchor", "audio": str(audio)}, "output"),
+                       ({"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "c.mp4"),
+                         "callback": "file:///etc/passwd"}, "callback")):
+        r = client.post("/v1/jobs", json=body)
+        assert r.status_code == 400 and said in r.json()["error"] and r.json()["exit_code"] in (2, 3, 5), r.text
+    assert client.post("/v1/jobs", json=[1]).status_code == 400
+    assert client.post("/v1/jobs", content=b"{" + b" " * (100 << 10) + b"}",
+                       headers={"Content-Type": "application/json"}).status_code == 413
+    assert queue.counts()["queued"] == 1
+    # cancel while queued: it never runs
+    r = client.delete(f"/v1/jobs/{job['id']}")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled" and queue.take() is None
+    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 409
+    assert client.get("/v1/jobs/nope").status_code == 404
+    assert [j["status"] for j in client.get("/v1/jobs", params={"status": "cancelled"}).json()["jobs"]] == ["cancelled"]
+    assert any(e.get("state") == "cancelled" for e in events)
+
+
+def test_the_api_needs_its_token_and_describes_itself(api):
+    client, queue, _ = api
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/metrics", headers={"Authorization": ""}).status_code == 401
+    assert client.get("/healthz", headers={"Authorization": ""}).json()["engine"] == "loaded"
+    metrics = client.get("/metrics").text
+    assert 'ditto_fast_jobs{state="queued"} 0.0' in metrics and "ditto_fast_turnaround_seconds_bucket" in metrics
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["Job"]["properties"]
+    assert {"avatar", "audio", "output", "emotion", "delivery", "priority", "callback"} <= set(schema)
+
+
+# ----------------------------------------------------------------------------- the watch folder, in process
+def test_the_watch_folder_takes_settled_files_with_their_sidecars(engine, session_home, clips, tmp_path):
+    import threading as th
+
+    from ditto_fast.serve.accept import Acceptor
+    from ditto_fast.serve.watch import WatchFolder
+
+    inbox, out = tmp_path / "in", tmp_path / "out"
+    inbox.mkdir()
+    out.mkdir()
+    queue = JobQueue(tmp_path / "q.sqlite")
+    watch = WatchFolder(inbox, out, {"avatar": "anchor", "steps": 2}, Acceptor(queue, engine.setup, [inbox, out]),
+                        queue, th.Event(), lambda e: None, settle_s=5)
+    growing = inbox / "news.wav"
+    data = clips[1].read_bytes()
+    growing.write_bytes(data[:1000])
+    watch.poll(now=0)
+    with open(growing, "ab") as f:
+        f.write(data[1000:])
+    watch.poll(now=4)                    # grew since: the clock starts again
+    watch.poll(now=8)
+    assert queue.counts()["queued"] == 0
+    (inbox / "bad.json").write_text('{"emotion": "grumpy"}')
+    shutil.copy(clips[0], inbox / "bad.wav")
+    watch.poll(now=9)
+    watch.poll(now=14)
+    job, = queue.list("queued")
+    assert job["request"]["steps"] == 2 and job["output"] == str(out / "news.mp4") and job["watch_path"] == str(growing)
+    assert sorted(p.name for p in (inbox / "failed").iterdir()) == ["bad.error.txt", "bad.json", "bad.wav"]
+    assert (inbox / "failed" / "bad.error.txt").read_text() == (
+        "unknown emotion 'grumpy'; use one of angry, disgust, fear, happy, neutral, sad, surprise, contempt or a mix "
+        "like happy+surprise\nexit code 2\n")
+    watch.poll(now=30)
+    assert queue.counts()["queued"] == 1           # queued already: not taken twice
+    queue.take()
+    queue.finish(job["id"], "done", output=job["output"])
+    watch.poll(now=31)
+    assert (inbox / "done" / "news.wav").is_file() and not growing.exists()
+
+
+# ----------------------------------------------------------------------------- a real server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`ditto-fast serve` as a process on a free port, and a small HTTP client for it."""
+
+    def __init__(self, env: dict, root: Path, *extra: str):
+        self.port = _free_port()
+        self.log = root / f"serve-{self.port}.log"
+        self.args = [sys.executable, "-m", "ditto_fast.cli", "serve", "--device", "cpu", "--port", str(self.port),
+                     "--root", str(root), *extra]
+        self.env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Server":
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"),
+                                     start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if self.call("GET", "/healthz")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.3)
+        raise AssertionError("server did not start: " + self.log.read_text())
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def wait(self, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.call("GET", f"/v1/jobs/{job_id}")[1]
+            if job["status"] in states:
+                return job
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} still {job['status']}: " + self.log.read_text()[-2000:])
+
+    def stop(self, sig=signal.SIGTERM) -> int:
+        os.killpg(self.proc.pid, sig)
+        return self.proc.wait(60)
+
+
+@pytest.fixture()
+def serving(video_avatar, session_home, tiny_checkpoints, tmp_path):
+    servers: list[Server] = []
+
+    def make(*extra: str) -> Server:
+        servers.append(Server(store_env(tmp_path / "home", tiny_checkpoints), tmp_path, *extra).start())
+        return servers[-1]
+
+    avatars = tmp_path / "home" / "avatars"
+    avatars.mkdir(parents=True)
+    shutil.copytree(video_avatar, avatars / "anchor")        # this test's own store: its own queue
+    yield make
+    for s in servers:
+        if s.proc.poll() is None:
+            s.stop(signal.SIGKILL)
+
+
+def _speech(tmp_path: Path, name: str, seconds: float, start: float = 1.0) -> Path:
+    import soundfile as sf
+
+    audio, sr = sf.read(REPO / "tests" / "data" / "speech_en_16k.wav", dtype="float32")
+    path = tmp_path / name
+    sf.write(path, audio[int(start * sr):int((start + seconds) * sr)], sr)
+    return path
+
+
+@pytest.mark.slow
+def test_a_served_job_is_the_file_render_writes(serving, tmp_path, run_cli, tiny_checkpoints):
+    server = serving()
+    audio = _speech(tmp_path, "a.wav", 0.8)
+    status, body = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
+                                                   "output": str(tmp_path / "served.mp4"), "emotion": "happy"})
+    assert status == 202, body
+    job = server.wait(body["id"])
+    assert job["status"] == "done" and job["exit_code"] == 0 and job["profile"]["frames"] == 20, job
+    r = run_cli(["render", "--avatar", "anchor", "--audio", audio, "-o", tmp_path / "rendered.mp4", "--emotion",
+                 "happy", "--device", "cpu", "--quiet"], store_env(tmp_path / "home", tiny_checkpoints))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "served.mp4").read_bytes() == (tmp_path / "rendered.mp4").read_bytes()
+    # the same request again: done at once, from the digest in the output
+    again = server.wait(server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
+                                                         "output": str(tmp_path / "served.mp4"),
+                                                         "emotion": "happy"})[1]["id"])
+    assert again["status"] == "done" and again["skipped"] and again["profile"] is None
+    assert server.stop() == 0
+    lines = [json.loads(line) for line in server.log.read_text().splitlines()]
+    assert [e["state"] for e in lines if e.get("job") == body["id"]] == ["queued", "running", "done"]
+
+
+@pytest.mark.slow
+def test_a_killed_server_loses_no_job_and_leaves_nothing_half_written(serving, tmp_path):
+    server = serving()
+    out = tmp_path / "out"
+    out.mkdir()
+    audio = _speech(tmp_path, "long.wav", 4.0)
+    ids = [server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "output": str(out / f"{i}.mp4"),
+                                            "seed": i})[1]["id"] for i in range(3)]
+    server.wait(ids[0], states=("running",))
+    deadline = time.monotonic() + 120
+    while (server.call("GET", f"/v1/jobs/{ids[0]}")[1]["progress"] or {}).get("stage") != "frames":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    server.stop(signal.SIGKILL)                                  # in the middle of the first job's frames
+    assert not any(p.suffix == ".mp4" and not p.name.startswith(".") for p in out.iterdir())
+    again = serving()
+    jobs = [again.wait(i) for i in ids]
+    assert [j["status"] for j in jobs] == ["done"] * 3 and jobs[0]["attempts"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["0.mp4", "1.mp4", "2.mp4"]
+
+
+@pytest.mark.slow
+def test_breaking_news_runs_next_and_a_running_job_can_be_cancelled(serving, tmp_path):
+    server = serving()
+    audio = _speech(tmp_path, "n.wav", 2.0)
+    normal = [server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
+                                               "output": str(tmp_path / f"n{i}.mp4"), "seed": i})[1]["id"]
+              for i in range(4)]
+    server.wait(normal[0], states=("running",))
+    breaking = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "priority": "breaking",
+                                                "output": str(tmp_path / "breaking.mp4")})[1]["id"]
+    b = server.wait(breaking)
+    others = [server.call("GET", f"/v1/jobs/{i}")[1] for i in normal]
+    assert b["status"] == "done"
+    assert all(o["started"] is None or o["started"] >= b["started"] for o in others[1:]), (b, others)
+    assert b["started"] >= others[0]["finished"] - 0.5            # it waited for the running job only
+    victim = normal[-1]
+    server.wait(victim, states=("running",))
+    status, body = server.call("DELETE", f"/v1/jobs/{victim}")
+    assert status == 202, body
+    assert server.wait(victim)["status"] == "cancelled"
+    assert not (tmp_path / "n3.mp4").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".n3.mp4")]
+
+
+@pytest.mark.slow
+def test_a_finished_job_is_posted_to_its_callback_and_the_watch_folder_files_inputs(serving, tmp_path, clips):
+    received: list[dict] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    hook = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    inbox, out = tmp_path / "in", tmp_path / "out"
+    inbox.mkdir()
+    server = serving("--watch", str(inbox), "--out", str(out), "--avatar", "anchor", "--settle", "1", "--poll", "0.3")
+    job = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(clips[0]), "output": str(out / "cb.mp4"),
+                                           "callback": f"http://127.0.0.1:{hook.server_port}/done"})[1]
+    assert server.wait(job["id"])["status"] == "done"
+    shutil.copy(clips[1], inbox / "story.wav")
+    deadline = time.monotonic() + 120
+    while not (inbox / "done" / "story.wav").exists():
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.2)
+    assert (out / "story.mp4").is_file()
+    shutil.copy(clips[1], inbox / "story.wav")                  # dropped twice: rendered once
+    while not (inbox / "done" / "story-1.wav").exists():
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.2)
+    watched = [j for j in server.call("GET", "/v1/jobs")[1]["jobs"] if j["source"] == "watch"]
+    assert sorted(j["skipped"] for j in watched) == [False, True]
+    while not received:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert received[0]["id"] == job["id"] and received[0]["status"] == "done"
+    hook.shutdown()
+
+
+def test_serve_refuses_to_listen_beyond_this_machine_without_a_token(tmp_path, run_cli):
+    r = run_cli(["serve", "--host", "0.0.0.0", "--port", str(_free_port())])
+    assert r.returncode == 2 and "--token-file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    short = tmp_path / "token"
+    short.write_text("abc\n")
+    r = run_cli(["serve", "--host", "0.0.0.0", "--token-file", str(short), "--port", str(_free_port())])
+    assert r.returncode == 2 and "at least 16" in r.stderr
