@@ -337,7 +337,8 @@ def test_a_finished_job_is_posted_to_its_callback_and_the_watch_folder_files_inp
     inbox, out = tmp_path / "in", tmp_path / "out"
     inbox.mkdir()
     server = serving("--watch", str(inbox), "--out", str(out), "--avatar", "anchor", "--settle", "1", "--poll", "0.3")
-    job = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(clips[0]), "output": str(out / "cb.mp4"),
+    audio = shutil.copy(clips[0], tmp_path / "cb.wav")           # a path under the server's roots
+    job = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "output": str(out / "cb.mp4"),
                                            "callback": f"http://127.0.0.1:{hook.server_port}/done"})[1]
     assert server.wait(job["id"])["status"] == "done"
     shutil.copy(clips[1], inbox / "story.wav")
