@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pickle
+import signal
 import time
 import zlib
 from pathlib import Path
@@ -840,3 +842,98 @@ def test_names_that_are_paths_or_options_are_refused(tmp_path, run_cli):
         r = run_cli(args, env)
         assert r.returncode == 2 and "invalid avatar name" in r.stderr, (args, r.stderr)
     assert store_entries(tmp_path) == ["ruby"]
+
+
+# ----------------------------------------------------------------------------- hardening (issue 40)
+@contextlib.contextmanager
+def _at_most(seconds: float):
+    """Fail the test (instead of hanging it) if the block runs longer than `seconds`."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _reference_bomb(levels: int, width: int) -> list:
+    """A list nested `levels` deep whose every level holds `width` references to the one below: a few bytes
+    pickled, width ** levels entries walked as a tree."""
+    a: list = []
+    for _ in range(levels):
+        a = [a] * width
+    return a
+
+
+def _cycle() -> list:
+    a: list = [1]
+    a.append({"x": a})
+    return a
+
+
+@pytest.mark.parametrize("obj, why", [
+    (_reference_bomb(60, 2), "nested more than"),            # the probe's bomb: 2^60 paths
+    (_reference_bomb(5, 1000), "more than 100,000 entries"),  # shallow and wide: 10^15 paths
+    ({"source": {"k": _reference_bomb(3, 50)}}, "more than 100,000 entries"),
+    (_cycle(), "refers to itself"),
+])
+def test_safe_pickle_refuses_reference_bombs_at_once(obj, why):
+    data = pickle.dumps(obj, protocol=5)
+    assert len(data) < 100_000
+    with _at_most(10), pytest.raises(AvatarError, match=why):
+        safe_pickle.loads(data)
+
+
+def test_safe_pickle_accepts_harmless_sharing():
+    shared = np.arange(3.0)
+    body = {"a": shared, "b": [shared, (), ()], "c": ((), "x"), "d": [[1, 2]] * 100}
+    out = safe_pickle.loads(pickle.dumps(body, protocol=5))
+    assert out["d"][99] == [1, 2] and out["b"][0] is out["a"]
+
+
+def test_reference_bomb_in_avatar_pkl_is_refused(tmp_path, run_cli):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    _reseal(d, lambda body: body["source"].update(notes=_reference_bomb(60, 2)))
+    env = {"DITTO_FAST_HOME": str(tmp_path)}
+    with _at_most(20):
+        with pytest.raises(AvatarError, match=r"avatar\.pkl is not an avatar record .*ditto-fast register"):
+            load_avatar("ruby", root=tmp_path)
+        r = run_cli(["avatars", "show", "ruby"], env)
+        assert r.returncode == 5 and r.stderr.count("\n") == 1 and "not an avatar record" in r.stderr, r.stderr
+        r = run_cli(["avatars"], env)
+        assert "ruby" in r.stdout and "not an avatar record" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_avatar_pkl_that_is_no_regular_file_is_refused_without_blocking(tmp_path, run_cli, kind):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    (d / fmt.PKL_NAME).unlink()
+    if kind == "fifo":
+        os.mkfifo(d / fmt.PKL_NAME)
+    else:
+        (d / fmt.PKL_NAME).symlink_to("/dev/null")       # (/dev/zero, read whole, would fill the memory)
+    with _at_most(20):
+        with pytest.raises(AvatarError, match=r"avatar 'ruby' .*avatar\.pkl is a (FIFO|device).*, not a regular file.*--force"):
+            load_avatar("ruby", root=tmp_path)
+        r = run_cli(["avatars", "show", "ruby"], {"DITTO_FAST_HOME": str(tmp_path)})
+    assert r.returncode == 5 and "not a regular file" in r.stderr, r.stderr
+
+
+def test_oversized_avatar_pkl_is_refused_before_reading(tmp_path, monkeypatch):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    monkeypatch.setattr(fmt, "PKL_MAX_BYTES", 1000)
+    with pytest.raises(AvatarError, match=r"avatar\.pkl is [\d.]+ KiB, more than an avatar's record can be"):
+        load_avatar("ruby", root=tmp_path)
+
+
+@pytest.mark.parametrize("fname", [fmt.F_S_NAME, "plate.mp4"])
+def test_features_or_plate_that_are_no_regular_file_are_refused(tmp_path, fname):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    (d / fname).unlink()
+    os.mkfifo(d / fname)
+    with _at_most(20), pytest.raises(AvatarError, match=f"{fname} is not a regular file"):
+        load_avatar("ruby", root=tmp_path)

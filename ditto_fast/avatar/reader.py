@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import weakref
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -104,9 +105,12 @@ def _check_files(name: str, d: Path, body: dict[str, Any], level: str) -> np.nda
         rec = body["checksums"][fname]
         p = d / fname
         try:
-            size = p.stat().st_size
+            st = p.stat()
         except FileNotFoundError:
             raise damaged_error(name, d, f"{fname} is missing", src) from None
+        if not stat.S_ISREG(st.st_mode):        # a FIFO or a device would block or never end
+            raise damaged_error(name, d, f"{fname} is not a regular file", src)
+        size = st.st_size
         if size != rec["size"]:
             raise damaged_error(name, d, f"{fname} has {size} bytes, expected {rec['size']}", src)
         if level != "light":
