@@ -937,3 +937,52 @@ def test_features_or_plate_that_are_no_regular_file_are_refused(tmp_path, fname)
     os.mkfifo(d / fname)
     with _at_most(20), pytest.raises(AvatarError, match=f"{fname} is not a regular file"):
         load_avatar("ruby", root=tmp_path)
+
+
+def test_nonfinite_rows_agrees_with_isfinite():
+    rows = np.random.default_rng(1).standard_normal((9, 4, 8)).astype(np.float16)
+    rows[0, 0, 0] = np.float16(65504)            # the largest finite value
+    rows[1, 0, 0] = np.float16(6e-8)             # a subnormal
+    rows[2, 3, 7], rows[3, 1, 1], rows[4, 2, 2], rows[5, 0, 5] = np.nan, np.inf, -np.inf, -np.nan
+    want = ~np.isfinite(rows).reshape(9, -1).all(axis=1)
+    assert want.tolist() == [False, False, True, True, True, True, False, False, False]
+    assert fmt.nonfinite_rows(rows).tolist() == want.tolist()
+    assert fmt.nonfinite_rows(rows[:0]).shape == (0,)
+
+
+def _overwrite_rows(d: Path, frames: list[int], value: float, reseal: bool = False) -> None:
+    """Write `value` into the middle of the given f_s rows (as rot or a bad copy would); with `reseal` the record's
+    CRC-32s are made to match (a deliberate edit)."""
+    f_s = np.load(d / fmt.F_S_NAME, mmap_mode="r+")
+    for i in frames:
+        f_s[i].reshape(-1)[f_s[i].size // 2 : f_s[i].size // 2 + 64] = value
+    f_s.flush()
+    tail = f_s.shape[1:]
+    del f_s
+    if reseal:
+        rec = fmt.file_record(d / fmt.F_S_NAME, fmt.F_S_HEADER_BYTES, int(np.prod(tail)) * 2)
+        _reseal(d, lambda body: body["checksums"][fmt.F_S_NAME].update(crc32=rec["crc32"]))
+
+
+@pytest.mark.parametrize("reseal, why", [(False, "fails its checksum"), (True, "holds NaN or infinite values")])
+def test_features_check_each_frame_as_it_is_read(tmp_path, reseal, why):
+    d, _, f_s_data = write_avatar(tmp_path, n=6)
+    _overwrite_rows(d, [2, 3], np.nan, reseal)       # the middle frames: the sampled check at open reads 0 and 5
+    av = load_avatar("ruby", root=tmp_path)
+    np.testing.assert_array_equal(av.features(np.array([0, 5, 1, 1])), f_s_data[[0, 5, 1, 1]])
+    with pytest.raises(AvatarError, match=rf"avatar 'ruby' .*damaged \(f_s\.npy {why} at frame 2; "
+                                          r"`ditto-fast avatars show ruby --verify` checks every frame\); re-register"):
+        av.features(np.array([1, 3, 2, 4]))
+    with pytest.raises(AvatarError, match=f"{why} at frame 3"):
+        av.features(np.array([3]))
+    np.testing.assert_array_equal(av.features(np.array([4])), f_s_data[[4]])
+
+
+def test_features_check_a_frame_once(tmp_path, monkeypatch):
+    d, _, _ = write_avatar(tmp_path, n=4)
+    av = load_avatar("ruby", root=tmp_path)
+    seen, crc32 = [], zlib.crc32
+    monkeypatch.setattr(reader.zlib, "crc32", lambda b, *a: seen.append(1) or crc32(b, *a))
+    av.features(np.array([1, 1, 2]))
+    av.features(np.array([2, 1, 3, 3]))
+    assert len(seen) == 3
