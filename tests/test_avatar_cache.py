@@ -986,3 +986,28 @@ def test_features_check_a_frame_once(tmp_path, monkeypatch):
     av.features(np.array([1, 1, 2]))
     av.features(np.array([2, 1, 3, 3]))
     assert len(seen) == 3
+
+
+def test_names_differing_only_in_case_are_refused(tmp_path, run_cli):
+    write_avatar(tmp_path, name="ruby", n=2)
+    keep = snapshot(tmp_path / "avatars" / "ruby")
+    for force in (False, True):
+        with pytest.raises(UsageError, match=r"avatar name Ruby differs from the existing avatar ruby .* only in "
+                                             r"case.*--name ruby --force") as e:
+            write_avatar(tmp_path, name="Ruby", n=3, force=force)
+        assert "\n" not in str(e.value)
+    assert store_entries(tmp_path) == ["ruby"] and snapshot(tmp_path / "avatars" / "ruby") == keep
+    write_avatar(tmp_path, name="ruby", n=3, force=True)                 # the same name is replaced as before
+    write_avatar(tmp_path, name="ruby_2", n=1)
+    assert store_entries(tmp_path) == ["ruby", "ruby_2"] and load_avatar("ruby", root=tmp_path).n_frames == 3
+
+
+def test_a_case_twin_registered_meanwhile_is_refused_at_install(tmp_path):
+    with pytest.raises(UsageError, match="only in case"):
+        with AvatarWriter("Amber", root=tmp_path) as w:
+            write_avatar(tmp_path, name="amber", n=1)                    # another registration wins the race
+            w.open_f_s(1, TAIL)
+            w.write_f_s(0, np.zeros((1, *TAIL), np.float16))
+            w.plate_path(False).write_bytes(b"x" * 100)
+            w.finish(make_meta(1, np.random.default_rng(0)))
+    assert store_entries(tmp_path) == ["amber"]

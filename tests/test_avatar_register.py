@@ -164,6 +164,11 @@ def test_names_and_force(tmp_path, tiny_checkpoints, anchor_video, run_cli):
     r = run_cli(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "4", "--force"], env)
     assert r.returncode == 0, r.stderr
     assert load_avatar("ruby", root=home).n_frames == 4
+    before = (home / "avatars" / "ruby" / "avatar.pkl").read_bytes()
+    r = run_cli(["register", str(anchor_video), "--name", "RUBY", "--quiet", "--max-frames", "3", "--force"], env)
+    assert r.returncode == 2 and "only in case" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in (home / "avatars").iterdir()) == ["ruby"]
+    assert (home / "avatars" / "ruby" / "avatar.pkl").read_bytes() == before
 
 
 def test_store_not_writable(tmp_path, tiny_checkpoints, anchor_video, run_cli):
