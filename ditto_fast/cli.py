@@ -239,9 +239,12 @@ def _bar(label: str, quiet: bool):
 @click.option("--source-colour", type=DeclaredSetting("register", "source_colour"), default=None,
               help="The colour matrix of the video's pixels: auto (its tag; untagged BT.709 from 1280x720 up, BT.601 "
                    "below), bt601 or bt709 (whatever its tag says)." + _default("register", "source_colour"))
+@click.option("--face", type=DeclaredSetting("register", "face"), default=None, metavar="largest|left|right|N",
+              help="The face to animate when the source shows several: the largest, the leftmost, the rightmost, or "
+                   "the Nth from the left (1 = leftmost); a note names the one taken." + _default("register", "face"))
 @CONFIG
 def register(source, name, max_size, max_frames, force, checkpoints_dir, device, batch_size, quiet, strict,
-             source_colour, config_path):
+             source_colour, face, config_path):
     """Register SOURCE (video or image) as an avatar: crops, features and plate cached for fast renders."""
     from ditto_fast.avatar.register import Registrar
     from ditto_fast.core.config import load_config
@@ -255,7 +258,7 @@ def register(source, name, max_size, max_frames, force, checkpoints_dir, device,
 
         avatar_dir = registrar.register(source, name, max_size=max_size, max_frames=max_frames, force=force,
                                         batch_size=batch_size, progress=counted(report) if report else None,
-                                        strict=strict, source_colour=source_colour)
+                                        strict=strict, source_colour=source_colour, face=face)
     for note in registrar.notes:
         click.echo(f"ditto-fast: note: {note}", err=True)
     for warning in registrar.warnings:

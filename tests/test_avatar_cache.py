@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pickle
+import signal
 import time
 import zlib
 from pathlib import Path
@@ -840,3 +842,172 @@ def test_names_that_are_paths_or_options_are_refused(tmp_path, run_cli):
         r = run_cli(args, env)
         assert r.returncode == 2 and "invalid avatar name" in r.stderr, (args, r.stderr)
     assert store_entries(tmp_path) == ["ruby"]
+
+
+# ----------------------------------------------------------------------------- hardening (issue 40)
+@contextlib.contextmanager
+def _at_most(seconds: float):
+    """Fail the test (instead of hanging it) if the block runs longer than `seconds`."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _reference_bomb(levels: int, width: int) -> list:
+    """A list nested `levels` deep whose every level holds `width` references to the one below: a few bytes
+    pickled, width ** levels entries walked as a tree."""
+    a: list = []
+    for _ in range(levels):
+        a = [a] * width
+    return a
+
+
+def _cycle() -> list:
+    a: list = [1]
+    a.append({"x": a})
+    return a
+
+
+@pytest.mark.parametrize("obj, why", [
+    (_reference_bomb(60, 2), "nested more than"),            # the probe's bomb: 2^60 paths
+    (_reference_bomb(5, 1000), "more than 100,000 entries"),  # shallow and wide: 10^15 paths
+    ({"source": {"k": _reference_bomb(3, 50)}}, "more than 100,000 entries"),
+    (_cycle(), "refers to itself"),
+])
+def test_safe_pickle_refuses_reference_bombs_at_once(obj, why):
+    data = pickle.dumps(obj, protocol=5)
+    assert len(data) < 100_000
+    with _at_most(10), pytest.raises(AvatarError, match=why):
+        safe_pickle.loads(data)
+
+
+def test_safe_pickle_accepts_harmless_sharing():
+    shared = np.arange(3.0)
+    body = {"a": shared, "b": [shared, (), ()], "c": ((), "x"), "d": [[1, 2]] * 100}
+    out = safe_pickle.loads(pickle.dumps(body, protocol=5))
+    assert out["d"][99] == [1, 2] and out["b"][0] is out["a"]
+
+
+def test_reference_bomb_in_avatar_pkl_is_refused(tmp_path, run_cli):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    _reseal(d, lambda body: body["source"].update(notes=_reference_bomb(60, 2)))
+    env = {"DITTO_FAST_HOME": str(tmp_path)}
+    with _at_most(20):
+        with pytest.raises(AvatarError, match=r"avatar\.pkl is not an avatar record .*ditto-fast register"):
+            load_avatar("ruby", root=tmp_path)
+        r = run_cli(["avatars", "show", "ruby"], env)
+        assert r.returncode == 5 and r.stderr.count("\n") == 1 and "not an avatar record" in r.stderr, r.stderr
+        r = run_cli(["avatars"], env)
+        assert "ruby" in r.stdout and "not an avatar record" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_avatar_pkl_that_is_no_regular_file_is_refused_without_blocking(tmp_path, run_cli, kind):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    (d / fmt.PKL_NAME).unlink()
+    if kind == "fifo":
+        os.mkfifo(d / fmt.PKL_NAME)
+    else:
+        (d / fmt.PKL_NAME).symlink_to("/dev/null")       # (/dev/zero, read whole, would fill the memory)
+    with _at_most(20):
+        with pytest.raises(AvatarError, match=r"avatar 'ruby' .*avatar\.pkl is a (FIFO|device).*, not a regular file.*--force"):
+            load_avatar("ruby", root=tmp_path)
+        r = run_cli(["avatars", "show", "ruby"], {"DITTO_FAST_HOME": str(tmp_path)})
+    assert r.returncode == 5 and "not a regular file" in r.stderr, r.stderr
+
+
+def test_oversized_avatar_pkl_is_refused_before_reading(tmp_path, monkeypatch):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    monkeypatch.setattr(fmt, "PKL_MAX_BYTES", 1000)
+    with pytest.raises(AvatarError, match=r"avatar\.pkl is [\d.]+ KiB, more than an avatar's record can be"):
+        load_avatar("ruby", root=tmp_path)
+
+
+@pytest.mark.parametrize("fname", [fmt.F_S_NAME, "plate.mp4"])
+def test_features_or_plate_that_are_no_regular_file_are_refused(tmp_path, fname):
+    d, _, _ = write_avatar(tmp_path, n=2)
+    (d / fname).unlink()
+    os.mkfifo(d / fname)
+    with _at_most(20), pytest.raises(AvatarError, match=f"{fname} is not a regular file"):
+        load_avatar("ruby", root=tmp_path)
+
+
+def test_nonfinite_rows_agrees_with_isfinite():
+    rows = np.random.default_rng(1).standard_normal((9, 4, 8)).astype(np.float16)
+    rows[0, 0, 0] = np.float16(65504)            # the largest finite value
+    rows[1, 0, 0] = np.float16(6e-8)             # a subnormal
+    rows[2, 3, 7], rows[3, 1, 1], rows[4, 2, 2], rows[5, 0, 5] = np.nan, np.inf, -np.inf, -np.nan
+    want = ~np.isfinite(rows).reshape(9, -1).all(axis=1)
+    assert want.tolist() == [False, False, True, True, True, True, False, False, False]
+    assert fmt.nonfinite_rows(rows).tolist() == want.tolist()
+    assert fmt.nonfinite_rows(rows[:0]).shape == (0,)
+
+
+def _overwrite_rows(d: Path, frames: list[int], value: float, reseal: bool = False) -> None:
+    """Write `value` into the middle of the given f_s rows (as rot or a bad copy would); with `reseal` the record's
+    CRC-32s are made to match (a deliberate edit)."""
+    f_s = np.load(d / fmt.F_S_NAME, mmap_mode="r+")
+    for i in frames:
+        f_s[i].reshape(-1)[f_s[i].size // 2 : f_s[i].size // 2 + 64] = value
+    f_s.flush()
+    tail = f_s.shape[1:]
+    del f_s
+    if reseal:
+        rec = fmt.file_record(d / fmt.F_S_NAME, fmt.F_S_HEADER_BYTES, int(np.prod(tail)) * 2)
+        _reseal(d, lambda body: body["checksums"][fmt.F_S_NAME].update(crc32=rec["crc32"]))
+
+
+@pytest.mark.parametrize("reseal, why", [(False, "fails its checksum"), (True, "holds NaN or infinite values")])
+def test_features_check_each_frame_as_it_is_read(tmp_path, reseal, why):
+    d, _, f_s_data = write_avatar(tmp_path, n=6)
+    _overwrite_rows(d, [2, 3], np.nan, reseal)       # the middle frames: the sampled check at open reads 0 and 5
+    av = load_avatar("ruby", root=tmp_path)
+    np.testing.assert_array_equal(av.features(np.array([0, 5, 1, 1])), f_s_data[[0, 5, 1, 1]])
+    with pytest.raises(AvatarError, match=rf"avatar 'ruby' .*damaged \(f_s\.npy {why} at frame 2; "
+                                          r"`ditto-fast avatars show ruby --verify` checks every frame\); re-register"):
+        av.features(np.array([1, 3, 2, 4]))
+    with pytest.raises(AvatarError, match=f"{why} at frame 3"):
+        av.features(np.array([3]))
+    np.testing.assert_array_equal(av.features(np.array([4])), f_s_data[[4]])
+
+
+def test_features_check_a_frame_once(tmp_path, monkeypatch):
+    d, _, _ = write_avatar(tmp_path, n=4)
+    av = load_avatar("ruby", root=tmp_path)
+    seen, crc32 = [], zlib.crc32
+    monkeypatch.setattr(reader.zlib, "crc32", lambda b, *a: seen.append(1) or crc32(b, *a))
+    av.features(np.array([1, 1, 2]))
+    av.features(np.array([2, 1, 3, 3]))
+    assert len(seen) == 3
+
+
+def test_names_differing_only_in_case_are_refused(tmp_path, run_cli):
+    write_avatar(tmp_path, name="ruby", n=2)
+    keep = snapshot(tmp_path / "avatars" / "ruby")
+    for force in (False, True):
+        with pytest.raises(UsageError, match=r"avatar name Ruby differs from the existing avatar ruby .* only in "
+                                             r"case.*--name ruby --force") as e:
+            write_avatar(tmp_path, name="Ruby", n=3, force=force)
+        assert "\n" not in str(e.value)
+    assert store_entries(tmp_path) == ["ruby"] and snapshot(tmp_path / "avatars" / "ruby") == keep
+    write_avatar(tmp_path, name="ruby", n=3, force=True)                 # the same name is replaced as before
+    write_avatar(tmp_path, name="ruby_2", n=1)
+    assert store_entries(tmp_path) == ["ruby", "ruby_2"] and load_avatar("ruby", root=tmp_path).n_frames == 3
+
+
+def test_a_case_twin_registered_meanwhile_is_refused_at_install(tmp_path):
+    with pytest.raises(UsageError, match="only in case"):
+        with AvatarWriter("Amber", root=tmp_path) as w:
+            write_avatar(tmp_path, name="amber", n=1)                    # another registration wins the race
+            w.open_f_s(1, TAIL)
+            w.write_f_s(0, np.zeros((1, *TAIL), np.float16))
+            w.plate_path(False).write_bytes(b"x" * 100)
+            w.finish(make_meta(1, np.random.default_rng(0)))
+    assert store_entries(tmp_path) == ["amber"]

@@ -4,6 +4,7 @@ round-trips, and every bad input gets one clear line and its exit code with noth
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -164,6 +165,35 @@ def test_names_and_force(tmp_path, tiny_checkpoints, anchor_video, run_cli):
     r = run_cli(["register", str(anchor_video), "--name", "ruby", "--quiet", "--max-frames", "4", "--force"], env)
     assert r.returncode == 0, r.stderr
     assert load_avatar("ruby", root=home).n_frames == 4
+    before = (home / "avatars" / "ruby" / "avatar.pkl").read_bytes()
+    r = run_cli(["register", str(anchor_video), "--name", "RUBY", "--quiet", "--max-frames", "3", "--force"], env)
+    assert r.returncode == 2 and "only in case" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in (home / "avatars").iterdir()) == ["ruby"]
+    assert (home / "avatars" / "ruby" / "avatar.pkl").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_two_faces_the_note_names_the_face_taken_and_face_picks_another(tmp_path, tiny_checkpoints, run_cli):
+    """The astronaut twice side by side: small on the left, larger on the right. Registration says which face it
+    took and where; --face left|right|N takes that one instead of the largest."""
+    frame = astronaut_canvas(0, Motion(center=(500, 560), scale=0.8), extra=(Motion(center=(1300, 520), scale=1.2),))
+    src = _image(tmp_path / "two.png", cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    env = store_env(tmp_path / "home", tiny_checkpoints)
+    centres = {}
+    for name, extra, taken in (("dflt", [], 2), ("left", ["--face", "left"], 1), ("second", ["--face", "2"], 2)):
+        r = run_cli(["register", str(src), "--name", name, "--quiet", *extra], env)
+        assert r.returncode == 0, r.stderr
+        note = next(ln for ln in r.stderr.splitlines() if "faces found" in ln)
+        assert re.fullmatch(rf"ditto-fast: note: {re.escape(str(src))}: frame 0: 2 faces found \(boxes x0,y0-x1,y1 "
+                            rf"from the left: \d+,\d+-\d+,\d+; \d+,\d+-\d+,\d+\); took face {taken} \(\d+,\d+-\d+,\d+\), "
+                            r".*; choose the face with --face largest\|left\|right\|N \(N counted from the left\)",
+                            note), note
+        centres[name] = _centre_and_angle(load_avatar(tmp_path / "home" / "avatars" / name).M_c2o[0])[0][0]
+    assert centres["left"] < 800 < centres["dflt"] and centres["second"] == centres["dflt"]
+    r = run_cli(["register", str(src), "--name", "third", "--quiet", "--face", "3"], env)
+    assert r.returncode == 4 and "--face 3 asks for face 3 from the left: only 2 faces found" in r.stderr, r.stderr
+    r = run_cli(["register", str(src), "--name", "third", "--quiet", "--face", "middle"], env)
+    assert r.returncode == 2 and "--face" in r.stderr
 
 
 def test_store_not_writable(tmp_path, tiny_checkpoints, anchor_video, run_cli):

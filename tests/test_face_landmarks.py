@@ -9,7 +9,7 @@ import pytest
 
 from ditto_fast.core.errors import NoFaceError
 from ditto_fast.face.crop import face_size, transform_points
-from ditto_fast.face.landmarks import FaceTracker, MultipleFacesWarning
+from ditto_fast.face.landmarks import FaceTracker, MultipleFacesWarning, box_text
 from synthetic import ASTRONAUT_FACE_PX, Motion, astronaut, astronaut_canvas, write_anchor_video
 
 pytestmark = pytest.mark.register      # mediapipe: registration and its landmarks
@@ -102,6 +102,45 @@ def test_two_faces_largest_picked_with_warning():
         warnings.simplefilter("error")              # one face: no warning
         with FaceTracker() as tracker:
             tracker(astronaut_canvas(0, big), 0)
+
+
+@pytest.fixture(scope="module")
+def two_faces() -> np.ndarray:
+    """A 1080p frame with the astronaut twice: small on the left, larger on the right."""
+    return astronaut_canvas(0, Motion(center=(500, 560), scale=0.8), extra=(Motion(center=(1300, 520), scale=1.2),))
+
+
+@pytest.mark.parametrize("face, right", [("largest", True), ("left", False), ("right", True), (1, False), (2, True)])
+def test_the_face_option_picks_one_of_two_and_says_which(two_faces, face, right):
+    with FaceTracker(face=face) as tracker, pytest.warns(MultipleFacesWarning) as caught:
+        lmk = tracker(two_faces, 0)
+    assert (lmk[:, 0].mean() > 1000) == right
+    (index, by_x, taken, why), = tracker.face_choices
+    assert index == 0 and len(by_x) == 2 and by_x[0][0] < 800 < by_x[1][0]
+    assert taken is by_x[1 if right else 0] and taken[0] <= lmk[:, 0].mean() <= taken[2]
+    text = str(caught[0].message)
+    assert f"2 faces found (boxes x0,y0-x1,y1 from the left: {box_text(by_x[0])}; {box_text(by_x[1])}); took " \
+           f"face {2 if right else 1} ({box_text(taken)})" in text, text
+
+
+def test_a_face_number_beyond_the_faces_found_is_no_face(two_faces):
+    with FaceTracker(face=3) as tracker, pytest.raises(NoFaceError, match=r"frame 0: --face 3 asks for face 3 from "
+                                                                         r"the left: only 2 faces found") as e:
+        tracker(two_faces, 0)
+    assert e.value.frame_index == 0
+
+
+def test_one_face_with_a_face_choice_is_that_face():
+    one = astronaut_canvas(0, Motion(center=(1300, 520), scale=1.2))
+    with FaceTracker() as tracker:
+        want = tracker(one, 0)
+    for face in ("left", "right", 1):
+        with warnings.catch_warnings(), FaceTracker(face=face) as tracker:
+            warnings.simplefilter("error")
+            np.testing.assert_array_equal(tracker(one, 0), want)
+            assert tracker.face_choices == []
+    with FaceTracker(face=2) as tracker, pytest.raises(NoFaceError, match="only 1 face found"):
+        tracker(one, 0)
 
 
 def test_rejects_non_rgb_uint8():

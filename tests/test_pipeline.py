@@ -157,6 +157,29 @@ def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tm
 
 
 
+def test_nan_in_the_middle_frames_of_f_s_is_exit_5_with_nothing_written(video_avatar, tiny_checkpoints, tmp_path,
+                                                                       run_cli):
+    """Bytes overwritten with NaN in two middle frames of f_s.npy (which the check at open, first and last frame
+    only, does not read): the render stops at the first of them, exit 5, and delivers nothing."""
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(video_avatar, home / "avatars" / "anchor")
+    f_s = np.load(home / "avatars" / "anchor" / "f_s.npy", mmap_mode="r+")
+    mid = len(f_s) // 2
+    for i in (mid, mid + 1):
+        f_s[i].reshape(-1)[f_s[i].size // 2 : f_s[i].size // 2 + 256] = np.nan
+    f_s.flush()
+    del f_s
+    out = tmp_path / "out" / "x.mp4"
+    out.parent.mkdir()
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(out), "--quiet"],
+                store_env(home, tiny_checkpoints))
+    line = _one_error_line(r)
+    assert r.returncode == 5 and f"f_s.npy fails its checksum at frame {mid};" in line, line
+    assert "`ditto-fast avatars show anchor --verify`" in line and "re-register" in line
+    assert list(out.parent.iterdir()) == []
+
 def _broken_copy(tiny_checkpoints: Path, dest: Path, name: str, damage: str) -> Path:
     """A copy of the tiny checkpoints whose `name`.pth is cut in half or has its middle overwritten; its path."""
     import shutil

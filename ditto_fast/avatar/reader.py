@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import weakref
+import zlib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ditto_fast.avatar.format import F_S_DTYPE, F_S_NAME, PKL_NAME, bad_blocks, read_pkl
+from ditto_fast.avatar.format import F_S_DTYPE, F_S_NAME, PKL_NAME, bad_blocks, nonfinite_rows, read_pkl
 from ditto_fast.avatar.mouth_check import mouth_check_of
 from ditto_fast.avatar.store import (
     avatars_dir, damaged_error, existing_names, missing_error, register_hint, validate_name,
@@ -53,6 +55,7 @@ class Avatar:
     random_weights: bool
     meta: dict[str, Any] = field(repr=False)
     plate_fd: int | None = field(default=None, repr=False)   # the plate, held open from load time
+    _checked: np.ndarray | None = field(default=None, repr=False)   # [N] bool: f_s rows features() has checked
 
     @property
     def rate(self) -> Fraction:
@@ -64,6 +67,32 @@ class Avatar:
     def plate_source(self) -> str:
         """A path that reads the plate this avatar was loaded with, even after the store's copy was replaced."""
         return f"/proc/{os.getpid()}/fd/{self.plate_fd}" if self.plate_fd is not None else str(self.plate_path)
+
+    def features(self, frames: np.ndarray) -> np.ndarray:
+        """f_s rows of several frames [B] (indices) as float16 [B, C, D, 64, 64]. Each frame is checked the first time
+        it is read (its CRC-32 against the record, finite values); AvatarError naming the frame if it fails."""
+        idx = np.asarray(frames, dtype=np.int64)
+        rows = self.f_s[idx]                                  # a copy: what is checked is what the render gets
+        if self._checked is None:
+            self._checked = np.zeros(self.n_frames, bool)
+        unseen = np.flatnonzero(~self._checked[idx])
+        new = unseen[np.unique(idx[unseen], return_index=True)[1]]     # once each (an image avatar repeats one)
+        if len(new):
+            crcs = self.meta["checksums"][F_S_NAME]["crc32"]
+            for p in new:
+                if zlib.crc32(rows[p]) != crcs[idx[p]]:
+                    raise self._bad_frame(int(idx[p]), "fails its checksum")
+            bad = new[nonfinite_rows(rows[new])]
+            if len(bad):
+                raise self._bad_frame(int(idx[bad[0]]), "holds NaN or infinite values")
+            self._checked[idx[new]] = True
+        return rows
+
+    def _bad_frame(self, i: int, what: str) -> AvatarError:
+        """AvatarError for f_s frame i found damaged while rendering."""
+        return damaged_error(self.name, self.dir, f"{F_S_NAME} {what} at frame {i}; `ditto-fast avatars show "
+                                                  f"{self.name} --verify` checks every frame",
+                             self.meta["source"].get("path"))
 
     def frame_info(self, i: int) -> dict[str, np.ndarray]:
         """x_s_info rows of frame i, each with leading dim 1 ([1, 66], [1, 3], ...)."""
@@ -104,9 +133,12 @@ def _check_files(name: str, d: Path, body: dict[str, Any], level: str) -> np.nda
         rec = body["checksums"][fname]
         p = d / fname
         try:
-            size = p.stat().st_size
+            st = p.stat()
         except FileNotFoundError:
             raise damaged_error(name, d, f"{fname} is missing", src) from None
+        if not stat.S_ISREG(st.st_mode):        # a FIFO or a device would block or never end
+            raise damaged_error(name, d, f"{fname} is not a regular file", src)
+        size = st.st_size
         if size != rec["size"]:
             raise damaged_error(name, d, f"{fname} has {size} bytes, expected {rec['size']}", src)
         if level != "light":
@@ -123,7 +155,7 @@ def _check_files(name: str, d: Path, body: dict[str, Any], level: str) -> np.nda
         )
     if level != "light":   # the frames whose checksums were read: finite too (a re-sealed file could hold NaN)
         rows = range(len(f_s)) if level == "full" else sorted({0, len(f_s) - 1})
-        bad = next((i for i in rows if not np.isfinite(f_s[i]).all()), None)
+        bad = next((i for i in rows if nonfinite_rows(f_s[i:i + 1])[0]), None)
         if bad is not None:
             raise damaged_error(name, d, f"{F_S_NAME} holds NaN or infinite values at frame {bad}", src)
     return f_s  # [N, C, D, 64, 64] float16, read-only memmap

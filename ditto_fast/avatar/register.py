@@ -28,7 +28,7 @@ from ditto_fast.core.errors import InputError, NoFaceError
 from ditto_fast.face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ditto_fast.face.eyes import eye_features
 from ditto_fast.face.kept_points import KEPT_POINTS, kept_points
-from ditto_fast.face.landmarks import FaceTracker, import_mediapipe
+from ditto_fast.face.landmarks import FaceTracker, choice_text, import_mediapipe
 from ditto_fast.face.mouth import mouth_openness
 from ditto_fast.core.memory import release_free_memory
 from ditto_fast.media.rates import rate_text
@@ -142,6 +142,16 @@ def check_free_space(where: Path, name: str, frames: int, row_bytes: int, plate_
                          "(--max-frames), or set DITTO_FAST_HOME to a bigger disk")
 
 
+def faces_note(source: Path, choices: list[tuple[int, list[np.ndarray], np.ndarray, str]]) -> str:
+    """The note for a source showing several faces: which face was taken, its box, and how to pick another."""
+    first = choice_text(*choices[0])
+    later = [str(c[0]) for c in choices[1:]]
+    more = (f"; {len(later)} later detection{'s' if len(later) > 1 else ''} (after the face was lost) also found "
+            f"several, at frame{'s' if len(later) > 1 else ''} {', '.join(later[:8])}{', ...' if len(later) > 8 else ''}"
+            if later else "")
+    return f"{source}: {first}{more}; choose the face with --face largest|left|right|N (N counted from the left)"
+
+
 def _no_progress(total: int, label: str) -> Step:
     return lambda n=1: None
 
@@ -168,8 +178,11 @@ class Registrar:
     def register(self, source: str | Path, name: str | None = None, *, max_size: int | None = None,
                  max_frames: int | None = None, force: bool = False, batch_size: int | None = None,
                  progress: ProgressFactory | None = None, timer: StageTimer | None = None,
-                 strict: bool = False, source_colour: str | None = None) -> Path:
+                 strict: bool = False, source_colour: str | None = None, face: str | int | None = None) -> Path:
         """Register an anchor video or image; returns the avatar directory (appears only when complete).
+
+        `face` (default config.face, "largest"): the face taken where several are found: largest, left, right or
+        N (1 = the leftmost); which one was taken, and where, is added to `notes`.
 
         A source whose mouth is open (frame 0, or more than config.mouth_open_share of the frames) adds a
         line to `warnings`; with `strict` it is refused (NoFaceError) and nothing is written.
@@ -190,7 +203,8 @@ class Registrar:
             self.notes += info.picture.notes(source, info.src_size, info.size, max_size)
         self.warnings = []
         try:
-            return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer, strict)
+            return self._register(source, name, info, image, max_frames, force, batch_size, progress, timer, strict,
+                                  face if face is not None else cfg.face)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -199,7 +213,7 @@ class Registrar:
 
     def _register(self, source: Path, name: str, info: SourceInfo, image: np.ndarray | None,
                   max_frames: int | None, force: bool, batch_size: int, progress: ProgressFactory | None,
-                  timer: StageTimer, strict: bool = False) -> Path:
+                  timer: StageTimer, strict: bool = False, face: str | int = "largest") -> Path:
         """The streaming pass over an opened source (see register())."""
         cfg, cs = self.config, self.checkpoints
         smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
@@ -214,7 +228,7 @@ class Registrar:
             nets = self._extractors()
             check_free_space(writer.tmp_dir, name, n_est, nets.f_s_row_bytes, estimate_plate_bytes(info))
             sink = _FeatureSink(nets, writer, n_cap, batch_size, (progress or _no_progress)(n_est, "register"), timer)
-            tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source)))
+            tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source), face=face))
             caught = stack.enter_context(warnings.catch_warnings(record=True))
             warnings.simplefilter("always")
             plate = writer.plate_path(info.is_image)
@@ -264,6 +278,8 @@ class Registrar:
                     reader.finish()
             if not params:
                 raise InputError(f"{source}: the video has no frames; re-export it")
+            if tracker.face_choices:
+                self.notes.append(faces_note(source, tracker.face_choices))
             emit(ending=True)
             sink.flush()
 
@@ -307,8 +323,10 @@ def register_avatar(source: str | Path, name: str | None = None, max_size: int |
                     max_frames: int | None = None, force: bool = False, checkpoints: str | Path | None = None,
                     device: str = "auto", batch_size: int | None = None, progress: ProgressFactory | None = None,
                     timer: StageTimer | None = None, config: RegisterConfig | None = None,
-                    strict: bool = False, source_colour: str | None = None) -> Path:
+                    strict: bool = False, source_colour: str | None = None,
+                    face: str | int | None = None) -> Path:
     """Register one source with a fresh Registrar (see Registrar.register)."""
     return Registrar(checkpoints, device, config).register(source, name, max_size=max_size, max_frames=max_frames,
                                                            force=force, batch_size=batch_size, progress=progress,
-                                                           timer=timer, strict=strict, source_colour=source_colour)
+                                                           timer=timer, strict=strict, source_colour=source_colour,
+                                                           face=face)

@@ -6,7 +6,8 @@ reconstructors that rebuild arrays, dtypes and scalars (numpy 1.x ``numpy.core``
 int, float, bool and None need no globals at all. Any other global (``os.system``,
 ``builtins.eval``, ``collections.OrderedDict``, ...) is refused *before* it is looked up, so a
 malicious pickle cannot run code. Object-dtype arrays are refused after loading too, so no
-Python object can hide inside an array. Every refusal or decoding failure raises AvatarError.
+Python object can hide inside an array, and a record nested too deep or too large (counting shared
+references, so an 88 KB reference bomb is refused at once) is refused without walking it all. Every refusal or decoding failure raises AvatarError.
 """
 
 from __future__ import annotations
@@ -63,21 +64,45 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise AvatarError(f"{self._what} contains a persistent reference; {self._hint}")
 
 
-def _refuse_object_arrays(obj: Any, what: str, hint: str) -> None:
-    """Raise AvatarError if any array in obj (walked recursively) has an object dtype."""
-    stack = [obj]
+# bounds on the record as a tree (shared references counted at every place they appear): an avatar record is a
+# few levels deep with a few hundred entries, so these leave room, yet no walk of it (ours, json, repr) can explode
+MAX_DEPTH = 32
+MAX_NODES = 100_000
+
+
+def _check_tree(obj: Any, what: str, hint: str) -> None:
+    """AvatarError if obj holds an object array, a cycle, or, counting a shared container at every place it
+    appears, more than MAX_NODES entries or MAX_DEPTH levels; each container is walked once (by id)."""
+    sizes: dict[int, int] = {}            # id -> entries under it as a tree, for containers already walked
+    on_path: set[int] = set()             # containers being walked (one of them seen again is a cycle)
+    stack: list[tuple[Any, int, bool]] = [(obj, 0, False)]
     while stack:
-        item = stack.pop()
+        item, depth, done = stack.pop()
         if isinstance(item, np.ndarray):
             if item.dtype.hasobject:
-                raise AvatarError(
-                    f"{what} contains a disallowed object array (dtype {item.dtype}); {hint}"
-                )
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+                raise AvatarError(f"{what} contains a disallowed object array (dtype {item.dtype}); {hint}")
+            continue
+        if isinstance(item, dict):
+            children: Any = (*item.keys(), *item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
-            stack.extend(item)
+            children = item
+        else:
+            continue
+        key = id(item)
+        if done:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            if sizes[key] > MAX_NODES:
+                raise AvatarError(f"{what} is not an avatar record (more than {MAX_NODES:,} entries counting "
+                                  f"shared references); {hint}")
+        elif key not in sizes:
+            if key in on_path:
+                raise AvatarError(f"{what} is not an avatar record (it refers to itself); {hint}")
+            if depth >= MAX_DEPTH:
+                raise AvatarError(f"{what} is not an avatar record (nested more than {MAX_DEPTH} deep); {hint}")
+            on_path.add(key)
+            stack.append((item, depth, True))
+            stack.extend((c, depth + 1, False) for c in children)
 
 
 def load(file: IO[bytes], what: str = "avatar.pkl", hint: str = DEFAULT_HINT) -> Any:
@@ -90,7 +115,7 @@ def load(file: IO[bytes], what: str = "avatar.pkl", hint: str = DEFAULT_HINT) ->
         raise AvatarError(
             f"{what} is damaged ({type(exc).__name__}: {exc}); {hint}"
         ) from exc
-    _refuse_object_arrays(obj, what, hint)
+    _check_tree(obj, what, hint)
     return obj
 
 

@@ -47,6 +47,21 @@ def existing_names(adir: Path) -> list[str]:
     return sorted(p.name for p in adir.iterdir() if NAME_RE.fullmatch(p.name) and p.is_dir())
 
 
+def case_twin(adir: Path, name: str) -> str | None:
+    """An avatar in adir whose name differs from `name` only in case (on SMB or macOS the two are one folder)."""
+    folded = name.casefold()
+    return next((n for n in existing_names(adir) if n != name and n.casefold() == folded), None)
+
+
+def check_no_case_twin(adir: Path, name: str) -> None:
+    """UsageError if adir holds an avatar whose name differs from `name` only in case."""
+    twin = case_twin(adir, name)
+    if twin is not None:
+        raise UsageError(f"avatar name {name} differs from the existing avatar {twin} in {adir} only in case, and a "
+                         f"case-insensitive disk (SMB, macOS) would hold both in one folder; choose another name, "
+                         f"or replace that avatar with --name {twin} --force")
+
+
 # ----------------------------------------------------------------------------- errors
 def register_hint(name: str, source: str | None = None) -> str:
     """The command that rebuilds an avatar, for the end of an error message."""

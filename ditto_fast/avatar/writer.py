@@ -25,8 +25,8 @@ from ditto_fast.avatar.format import (
     npy_header, plain,
 )
 from ditto_fast.avatar.store import (
-    TMP_PREFIX, aside_path, avatars_dir, clean_stale_tmp, ensure_writable_store, fsync_path, lock_dir, remove_tree,
-    unlock, validate_name,
+    TMP_PREFIX, aside_path, avatars_dir, check_no_case_twin, clean_stale_tmp, ensure_writable_store, fsync_path,
+    lock_dir, remove_tree, unlock, validate_name,
 )
 from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.media.filemode import give_usual_mode
@@ -108,6 +108,7 @@ class AvatarWriter:
     def __enter__(self) -> "AvatarWriter":
         ensure_writable_store(self.adir)
         clean_stale_tmp(self.adir)
+        check_no_case_twin(self.adir, self.name)
         if os.path.lexists(self.final_dir) and not self.force:
             raise UsageError(f"avatar {self.name} exists in {self.adir}; use --force to replace it")
         try:
@@ -262,6 +263,7 @@ class AvatarWriter:
 
     def _install(self, tmp: Path) -> None:
         """Move tmp to the final name: plain rename, or (force) replace the old avatar."""
+        check_no_case_twin(self.adir, self.name)           # again: one may have been registered meanwhile
         try:
             os.rename(tmp, self.final_dir)
         except OSError as exc:

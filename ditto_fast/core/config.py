@@ -54,6 +54,7 @@ class RegisterConfig:
     mouth_open_threshold: float = setting(float, 0.0, 2.0)   # inner-lip gap / mouth width counted as open
     mouth_open_share: float = setting(float, 0.0, 1.0)       # warn when more frames than this are open
     source_colour: str = setting(str, choices=("auto", "bt601", "bt709"))  # the matrix of a video's pixels
+    face: int | str = setting(int, 1, 99, words=("largest", "left", "right"))  # which of several faces (N: from the left)
 
 
 @dataclass

@@ -115,7 +115,7 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
             x_s, x_d = stitch.batch(avatar.frame_infos(src), motion_to_info(motion[tl.j0[rows]]),
                                     motion_to_info(motion[tl.j1[rows]]), tl.w[rows])
         with timer("render"):
-            return fused.launch(avatar.f_s[src], x_s, x_d), np.asarray(x_s), np.asarray(x_d)
+            return fused.launch(avatar.features(src), x_s, x_d), np.asarray(x_s), np.asarray(x_d)
 
     if progress is not None:
         progress(FRAMES, 0, n)

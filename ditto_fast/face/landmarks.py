@@ -50,8 +50,41 @@ def import_mediapipe() -> ModuleType:
     return mp
 
 
+FACE_WORDS = ("largest", "left", "right")    # which face to take when several are found; or N, counted from the left
+
+
 class MultipleFacesWarning(UserWarning):
-    """More than one face was found; the largest is used."""
+    """More than one face was found; the one `face` picks (by default the largest) is used."""
+
+
+def box_text(b: np.ndarray) -> str:
+    """A face box as `x0,y0-x1,y1` in whole pixels."""
+    return "{:.0f},{:.0f}-{:.0f},{:.0f}".format(*b)
+
+
+def _face_candidates(boxes: list[np.ndarray], face: str | int) -> list[np.ndarray]:
+    """The boxes (largest first) to try, in order: every box for "largest" (the next when the mesh fails on one),
+    only the chosen one for left, right or N (1 = the leftmost); none when N is more than the faces found."""
+    if face == "largest":
+        return boxes
+    by_x = sorted(boxes, key=lambda b: b[0] + b[2])
+    if face == "left":
+        return by_x[:1]
+    if face == "right":
+        return by_x[-1:]
+    return by_x[face - 1:face]
+
+
+def choice_text(index: int, by_x: list[np.ndarray], taken: np.ndarray, why: str) -> str:
+    """What a detection among several faces did: "frame 0: 2 faces found (boxes ...); took face 2 ... (why)"."""
+    n = next(i for i, b in enumerate(by_x) if b is taken) + 1
+    return (f"frame {index}: {len(by_x)} faces found (boxes x0,y0-x1,y1 from the left: "
+            f"{'; '.join(box_text(b) for b in by_x)}); took face {n} ({box_text(taken)}), {why}")
+
+
+def _face_label(face: str | int) -> str:
+    return f"the {face}most face" if face in ("left", "right") else \
+        "the largest face" if face == "largest" else f"face {face} from the left"
 
 
 def _square_crop(frame: np.ndarray | YuvFrame, cx: float, cy: float,
@@ -136,16 +169,21 @@ class FaceTracker:
     """Landmarks [478, 3] float32 in frame pixels (x, y, and z scaled like x) for consecutive frames.
 
     Call it on frames in order (`tracker(frame, index)`); `reset()` before an unrelated frame.
-    When detection finds several faces it takes the largest, issues a MultipleFacesWarning and
-    records the index in `multiple_faces_frames` (detection runs on the first frame and whenever
-    tracking loses the face). A missing or too small face raises NoFaceError with `.frame_index`.
+    When detection finds several faces it takes the one `face` picks (largest, left, right or N, counted
+    from the left from 1), issues a MultipleFacesWarning and records the index in `multiple_faces_frames`
+    and (index, boxes left to right, box taken, why) in `face_choices` (detection runs on the first frame and
+    whenever tracking loses the face). A missing or too small face raises NoFaceError with `.frame_index`.
     """
 
-    def __init__(self, min_face_px: int = 64, source: str | None = None) -> None:
+    def __init__(self, min_face_px: int = 64, source: str | None = None, face: str | int = "largest") -> None:
+        if face not in FACE_WORDS and not (isinstance(face, int) and not isinstance(face, bool) and face >= 1):
+            raise ValueError(f"face must be one of {', '.join(FACE_WORDS)} or a number from 1, got {face!r}")
         mp = import_mediapipe()
         self.min_face_px = int(min_face_px)
         self.source = source
+        self.face = face
         self.multiple_faces_frames: list[int] = []
+        self.face_choices: list[tuple[int, list[np.ndarray], np.ndarray, str]] = []
         with _native_stderr_silenced():   # mediapipe's C++ start-up chatter, not for the user
             self._detector = mp.solutions.face_detection.FaceDetection(model_selection=1,
                                                                        min_detection_confidence=0.5)
@@ -252,21 +290,31 @@ class FaceTracker:
         return _merge_boxes(boxes)
 
     def _detect(self, frame: np.ndarray | YuvFrame, index: int) -> np.ndarray:
-        """Landmarks of the largest detected face on which the mesh succeeds; NoFaceError if none."""
+        """Landmarks of the detected face `face` picks on which the mesh succeeds; NoFaceError if none."""
         boxes = self._detect_boxes(frame)
         if len(boxes) > 1:
             self.multiple_faces_frames.append(index)
-            widths = ", ".join(f"{b[2] - b[0]:.0f}" for b in boxes)
-            warnings.warn(
-                f"{self._where()}frame {index}: {len(boxes)} faces found (widths {widths} px); using the largest",
-                MultipleFacesWarning, stacklevel=3,
-            )
-        for b in boxes:
+        candidates = _face_candidates(boxes, self.face)
+        for b in candidates:
             cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
             lmk = self._mesh_in(frame, cx, cy, CROP_FACTOR * max(b[2] - b[0], b[3] - b[1]))
             if lmk is not None:
+                if len(boxes) > 1:
+                    by_x = sorted(boxes, key=lambda k: k[0] + k[2])
+                    why = f"as --face {self.face} asked" if isinstance(self.face, int) else \
+                        f"the {self.face}most" if self.face != "largest" else \
+                        "the largest" if b is boxes[0] else "the largest the face mesh finds landmarks on"
+                    self.face_choices.append((index, by_x, b, why))
+                    warnings.warn(f"{self._where()}{choice_text(index, by_x, b, why)}", MultipleFacesWarning,
+                                  stacklevel=3)
                 return lmk
         self._last = None
+        if boxes and self.face != "largest":
+            found = f"{len(boxes)} face{'s' if len(boxes) > 1 else ''} found"
+            why = f"only {found}" if not candidates else \
+                f"{found}, but the face mesh finds no landmarks on that one ({box_text(candidates[0])})"
+            raise _no_face(f"{self._where()}frame {index}: --face {self.face} asks for {_face_label(self.face)}: "
+                           f"{why}; choose another with --face largest|left|right|N", index)
         raise _no_face(
             f"{self._where()}no face found in frame {index}; every frame needs a clearly visible face "
             f"at least {self.min_face_px} px across", index,
