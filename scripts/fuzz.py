@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import random
 import resource
 import shutil
@@ -205,7 +204,11 @@ def hostile_cases(seeds: dict[str, list[Path]], work: Path) -> list[tuple[Case, 
     for _ in range(60):
         bomb = [bomb, bomb]
     pkl = _copy_avatar(store, "refbomb") / "avatar.pkl"
-    pkl.write_bytes(pickle.dumps({"format": bomb}, protocol=4))
+    from ditto_fast.avatar.format import encode_pkl, read_pkl
+
+    record = read_pkl("base", store / "base")
+    record["source"]["notes"] = bomb                 # a record that is valid but for the bomb, sealed as ours
+    pkl.write_bytes(encode_pkl(record))
     fifo_pkl = _copy_avatar(store, "fifopkl") / "avatar.pkl"
     if not fifo_pkl.is_fifo():
         fifo_pkl.unlink()
