@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE / "bench"), str(HERE / "support")]
 
 # subcommand -> modules whose run(out_json, quick) it calls, in order
 SUITES = {

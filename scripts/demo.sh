@@ -2,7 +2,7 @@
 # The whole pipeline end to end on a fresh clone: set up .venv, write random checkpoints, build a
 # synthetic 1080p anchor video, register it, render the committed speech file, print the stage table.
 set -euo pipefail
-source "$(dirname "$0")/setup_env.sh"
+source "$(dirname "$0")/setup/setup_env.sh"
 PY="$REPO/.venv/bin/python"
 OUT="${DEMO_OUT:-$REPO/demo_out}"
 mkdir -p "$OUT"
@@ -20,7 +20,7 @@ if [ ! -f "$CKPT/ditto_pytorch/models/RANDOM_WEIGHTS.json" ]; then
 fi
 
 echo "[demo] building a synthetic 1920x1080 anchor video from skimage.data.astronaut()"
-"$PY" "$REPO/scripts/make_anchor.py" "$OUT/anchor.mp4" --seconds 4
+"$PY" "$REPO/scripts/support/make_anchor.py" "$OUT/anchor.mp4" --seconds 4
 
 echo "[demo] registering the anchor"
 "$PY" -m ditto_fast.cli register "$OUT/anchor.mp4" --name demo_anchor --force --checkpoints "$CKPT" --device "$DEVICE"

@@ -770,7 +770,7 @@ def test_list_show_rm(tmp_path, monkeypatch):
 
 def test_load_maps_features(tmp_path):
     """Opening a 200-frame avatar (small feature tail) maps f_s instead of reading it
-    (its time is measured by scripts/bench_avatar_load.py)."""
+    (its time is measured by scripts/bench/bench_avatar_load.py)."""
     write_avatar(tmp_path, name="long", n=200, tail=(2, 2, 64, 64))
     load_avatar("long", root=tmp_path)  # warm
     av = load_avatar("long", root=tmp_path)

@@ -141,7 +141,7 @@ def test_cuda_auto_takes_the_kept_probe(tiny_set, monkeypatch):
 
 
 def test_gpu_probe_script_needs_only_torch(tmp_path, monkeypatch, capsys):
-    """scripts/gpu_probe.py (for a GPU machine whose image has torch and not the render's other packages),
+    """scripts/gpu/gpu_probe.py (for a GPU machine whose image has torch and not the render's other packages),
     run here on the CPU with tiny networks and those packages made unimportable."""
     import importlib.util
     import sys
@@ -151,7 +151,7 @@ def test_gpu_probe_script_needs_only_torch(tmp_path, monkeypatch, capsys):
         monkeypatch.setitem(sys.modules, name, None)                # `import name` now raises ImportError
     monkeypatch.setattr(bsz, "FRAMES", 2)
     monkeypatch.setattr(bsz, "SIZES", (1, 2))
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_probe.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "gpu_probe.py"
     spec = importlib.util.spec_from_file_location("gpu_probe", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

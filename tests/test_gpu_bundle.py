@@ -28,7 +28,7 @@ def bare_python() -> str:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("gpu") / "gpu_bundle"
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_bundle.py"), "--out", str(out),
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "gpu_bundle.py"), "--out", str(out),
                           "--limit-mib", str(LIMIT_MIB)], capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stderr[-3000:]
     return out, res.stdout
@@ -73,13 +73,13 @@ def test_gpu_check_outside_a_bundle_says_how_to_build_one(tmp_path):
     res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 2
-    assert len(res.stderr.strip().splitlines()) == 1 and "scripts/gpu_bundle.py" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "scripts/gpu/gpu_bundle.py" in res.stderr
 
 
 REBIND = """
 import sys, torch
 from pathlib import Path
-sys.path.insert(0, sys.argv[1] + "/scripts")
+sys.path.insert(0, sys.argv[1] + "/scripts/gpu")
 sys.path.insert(0, sys.argv[1])
 import gpu_check
 from ditto_fast.checkpoints import MODELS_SUBDIR

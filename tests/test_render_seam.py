@@ -1,6 +1,6 @@
 """The seamless putback: only the face the motion changes is pasted, its colour matched to the plate at the edge,
 steady over frames; feather stays Ditto's square. Measured on decoder outputs whose faults are known (the plate's
-own crop altered as decoders fail; scripts/seam_faults.py)."""
+own crop altered as decoders fail; scripts/support/seam_faults.py)."""
 
 from __future__ import annotations
 

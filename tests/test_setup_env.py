@@ -1,4 +1,4 @@
-"""scripts/setup_env.sh on a host without a supported Python: one line saying what to install, exit 2.
+"""scripts/setup/setup_env.sh on a host without a supported Python: one line saying what to install, exit 2.
 
 The host is faked: a copy of the script in an empty repo, and a PATH holding only shell scripts that answer
 as Python 3.13 (and a pyenv-style shim of an absent version that fails), so nothing is installed."""
@@ -31,8 +31,8 @@ exit 127
 def fake_host(tmp_path: Path, pythons: dict[str, str]) -> tuple[Path, Path]:
     """(repo copy, bin dir) with `pythons` {name: version or "shim"} as the only interpreters on PATH."""
     repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    for name in ("scripts/setup_env.sh", "scripts/stack-pinned.txt", "pyproject.toml", "setup.py"):
+    (repo / "scripts" / "setup").mkdir(parents=True)
+    for name in ("scripts/setup/setup_env.sh", "scripts/setup/stack-pinned.txt", "pyproject.toml", "setup.py"):
         shutil.copy(REPO / name, repo / name)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -48,7 +48,7 @@ def run_setup(repo: Path, bin_dir: Path, python: str | None = None) -> subproces
     env = {"PATH": str(bin_dir), "HOME": str(repo)}
     if python:
         env["PYTHON"] = python
-    return subprocess.run([BASH, str(repo / "scripts" / "setup_env.sh")], cwd=repo, env=env,
+    return subprocess.run([BASH, str(repo / "scripts" / "setup" / "setup_env.sh")], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=60)
 
 

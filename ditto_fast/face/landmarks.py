@@ -33,7 +33,7 @@ TILE_PER_FACE = 10         # finest detector tile side / smallest face
 
 
 REGISTER_INSTALL = ("pip install 'ditto-fast[register]' (mediapipe 0.10.21, numpy<2, Python 3.10-3.12), or use "
-                    "./scripts/setup_env.sh, which installs everything")
+                    "./scripts/setup/setup_env.sh, which installs everything")
 
 
 def import_mediapipe() -> ModuleType:

@@ -19,7 +19,7 @@ GRID = 64                   # mask cells across the crop (8 px each at 512)
 # hairline, its bottom the chin's drop when the mouth opens wide
 FOREHEAD = 0.30
 JAW = 0.15
-# margin and feather (crop pixels at 512), the margin chosen by measurement (scripts/seam_faults.coverage, tested
+# margin and feather (crop pixels at 512), the margin chosen by measurement (scripts/support/seam_faults.coverage, tested
 # in tests/test_render_seam.py): every point of a head-shaped face turned to +-30 degrees of yaw and pitch, +-20 of
 # roll, with the mouth wide open and the LMDM's sway, lies where the mask is at least 0.5 (16 px: 99.5 % at 30
 # degrees of yaw; 0: 94.5 %). Past that the face turns out of it: 97 % of it inside at 90 degrees of yaw

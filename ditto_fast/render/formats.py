@@ -42,7 +42,7 @@ class Format:
         """The ffmpeg encoder that writes the video."""
         if self.codec == "prores":
             # not prores_ks: writing a 1080p frame took 181 ms of CPU with it, 60 with this one, at a PSNR 1.5 dB
-            # higher and 8-12 % more bytes (scripts/bench_delivery.py; docs/delivery.md)
+            # higher and 8-12 % more bytes (scripts/bench/bench_delivery.py; docs/delivery.md)
             return "prores_aw"
         if self.nvenc:
             return f"{self.codec}_nvenc"

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts" / "support"))   # synthetic media, reference code
 CACHE = Path(os.environ.get("DITTO_FAST_BENCH_CACHE", REPO / "bench_out" / "cache"))
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The prepared GPU check, on a bare GPU machine with its own Python and torch (no registry, no ffmpeg, no
-mediapipe), from the bundle scripts/gpu_bundle.py builds:
+mediapipe), from the bundle scripts/gpu/gpu_bundle.py builds:
 
     bash scripts/gpu_check.sh [--seconds 10] [--out bench_out/gpu_check.json]        # in the bundle
     bash scripts/gpu_check.sh --device cpu --tiny                                     # a dry run on a CPU
@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "bundle"
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts" / "bench")]      # ditto_fast; bench_common (its speech)
 SIZES = (1, 4, 8, 16)
 
 
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, seconds: float, tmp: Path, t_start: float) -> 
     missing = missing_modules()
     if missing:
         print(f"gpu_check: this Python ({sys.executable}) lacks {', '.join(missing)}; install them or carry them "
-              "in bundle/site (scripts/gpu_bundle.py)", file=sys.stderr)
+              "in bundle/site (scripts/gpu/gpu_bundle.py)", file=sys.stderr)
         return 2
     home = tmp / "home"
     os.environ["DITTO_FAST_HOME"] = str(home)

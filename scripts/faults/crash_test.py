@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Crash test: `ditto-fast batch` of 10 short jobs is killed with SIGKILL at a random moment, then run again.
 
-    python scripts/crash_test.py [--repeats 20] [--seed 0] [--json crash.json]
+    python scripts/faults/crash_test.py [--repeats 20] [--seed 0] [--json crash.json]
 
 Each repeat starts from an empty output folder, starts the batch, SIGKILLs its Python process at a
 random point of a clean run's duration (4 in 5 while it renders, after start-up; its ffmpeg children
@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts" / "support"))   # the synthetic anchor
 JOBS = 10
 
 

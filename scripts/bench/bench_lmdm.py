@@ -1,6 +1,6 @@
 """Benchmark the full-size LMDM on CPU: one guided denoising step batched vs two passes, and whole DDIM windows.
 
-    python scripts/bench_lmdm.py [--out bench_lmdm.json] [--quick]
+    python scripts/bench/bench_lmdm.py [--out bench_lmdm.json] [--quick]
 
 Weights are random (the published widths); timings do not depend on the values.
 """

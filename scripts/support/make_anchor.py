@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Write a synthetic anchor video: skimage's astronaut in a 1920x1080 studio frame, gently moving.
 
-    python scripts/make_anchor.py OUT.mp4 [--seconds 4] [--face-px 180]
+    python scripts/support/make_anchor.py OUT.mp4 [--seconds 4] [--face-px 180]
 """
 
 from __future__ import annotations

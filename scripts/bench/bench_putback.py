@@ -4,7 +4,7 @@ ms/frame forward and backward; writer and reader both as RGB and as yuv420p. The
 (the crop square; "kernel") and seamless (face mask + seam colour match), the latter also on 10-bit 4:2:2 planes.
 
 Face crops of 500, 600 and 700 px in the frame, with a slightly different M_c2o every frame. ("kernel"
-times the yuv420p paste since the RGB putback was removed.) Target: kernel putback <= 6 ms/frame (judged on process CPU time; wall time is reported too). Usage: python scripts/bench_putback.py [--quick] [--out FILE.json]
+times the yuv420p paste since the RGB putback was removed.) Target: kernel putback <= 6 ms/frame (judged on process CPU time; wall time is reported too). Usage: python scripts/bench/bench_putback.py [--quick] [--out FILE.json]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI's second stack: .venv-current from scripts/stack-current.txt (numpy 2, transformers 5, OpenCV 5, the
+# CI's second stack: .venv-current from scripts/setup/stack-current.txt (numpy 2, transformers 5, OpenCV 5, the
 # newest CPU torch here; no mediapipe), then the render-side tests (-m "not slow and not register", and the
 # cross-stack bounds of tests/test_stacks.py) against the avatar and reference render the first stack makes
 # (tests/stack_fixtures.py; .venv is set up first if missing). Extra arguments go to pytest.
@@ -12,10 +12,10 @@ if [ ! -x "$CUR/bin/python" ]; then
     echo "[stack] creating .venv-current with $("$base" --version 2>&1)" >&2
     "$base" -m venv "$CUR"
 fi
-stamp="$CUR/.ditto-fast-current-$(cat pyproject.toml scripts/stack-current.txt | sha256sum | cut -c1-16)"
+stamp="$CUR/.ditto-fast-current-$(cat pyproject.toml scripts/setup/stack-current.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-    echo "[stack] installing the current stack (scripts/stack-current.txt)" >&2
-    "$CUR/bin/python" -m pip install -q -r scripts/stack-current.txt >&2
+    echo "[stack] installing the current stack (scripts/setup/stack-current.txt)" >&2
+    "$CUR/bin/python" -m pip install -q -r scripts/setup/stack-current.txt >&2
     "$CUR/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2   # the OpenCV build above stays
     rm -f "$CUR"/.ditto-fast-current-*
     touch "$stamp"

@@ -1,7 +1,7 @@
 """Benchmark one forward pass of each of the six Ditto networks at full size, per dtype and batch size,
 and the SPADE decoder's reduced-precision image quality (PSNR against float32).
 
-    python scripts/bench_networks.py [--out bench_networks.json] [--quick] [--threads 2]
+    python scripts/bench/bench_networks.py [--out bench_networks.json] [--quick] [--threads 2]
 
 Weights are random (the published widths, folded for inference); timings do not depend on the values.
 CPU runs float32 and bfloat16; CUDA, when present, runs float32 and float16 as well.

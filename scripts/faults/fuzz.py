@@ -3,8 +3,8 @@
 fixed list of hostile inputs (FIFOs, device files, YAML alias bombs, a pickle reference bomb, NaN features, deep
 JSON, side files named as inputs) each with the exit code it must give.
 
-    python scripts/fuzz.py [--n 200] [--seed 0] [--timeout 180] [--jobs 1] [--json fuzz.json] [--keep DIR]
-    python scripts/fuzz.py --only render:17 --seed 0        # replay one case (hostile:NAME for a hostile one)
+    python scripts/faults/fuzz.py [--n 200] [--seed 0] [--timeout 180] [--jobs 1] [--json fuzz.json] [--keep DIR]
+    python scripts/faults/fuzz.py --only render:17 --seed 0        # replay one case (hostile:NAME for a hostile one)
 
 Mutations: byte flips, truncations, header fields set to extremes (WAV fmt/data, PNG IHDR, JPEG SOF, MP4
 boxes), zero-length streams, spliced bytes. Tiny random checkpoints, CPU. Each run is a real
@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts" / "support"))   # the synthetic anchor
 OK_CODES = (0, 3, 4)
 MEMORY_LIMIT = 6 << 30        # address space of each run: an unbounded read fails (exit 1) instead of filling the host
 MUTATIONS = ("flip", "truncate", "header", "zero", "splice")

@@ -2,7 +2,7 @@
 
 Writes the avatar into a temporary store with AvatarWriter, every frame with write_f_s() in batches
 of 16 as registration does (quick: one random batch repeated), then times load_avatar() at
-verify="sampled" (the render default; target <= 0.3 s), "light" and, unless quick, "full". Usage: python scripts/bench_avatar_load.py [--quick] [--out FILE.json]
+verify="sampled" (the render default; target <= 0.3 s), "light" and, unless quick, "full". Usage: python scripts/bench/bench_avatar_load.py [--quick] [--out FILE.json]
 """
 
 from __future__ import annotations

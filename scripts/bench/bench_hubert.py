@@ -1,6 +1,6 @@
 """Benchmark HuBERT features: batched windows vs Ditto's one window per call, full-size random HuBERT.
 
-    python scripts/bench_hubert.py [--quick] [--seconds 60] [--model-dir DIR] [--json OUT]
+    python scripts/bench/bench_hubert.py [--quick] [--seconds 60] [--model-dir DIR] [--json OUT]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The seam figures of both blends on the five synthetic decoder faults (scripts/seam_faults.py), the flicker of the
+"""The seam figures of both blends on the five synthetic decoder faults (scripts/support/seam_faults.py), the flicker of the
 seamless correction, and before/after crops of one fault as PNG (docs/images/seam_*.png)."""
 
 from __future__ import annotations

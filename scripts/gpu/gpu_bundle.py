@@ -2,7 +2,7 @@
 """Build what scripts/gpu_check.sh carries to a bare GPU machine (its own Python and torch, no registry, no
 ffmpeg, no mediapipe), on this machine's pinned .venv:
 
-    .venv/bin/python scripts/gpu_bundle.py [--out gpu_bundle] [--limit-mib 64]
+    .venv/bin/python scripts/gpu/gpu_bundle.py [--out gpu_bundle] [--limit-mib 64]
 
 The bundle is self-contained: the project's files (ditto_fast/, configs/, scripts/, the test speech), the putback
 kernel built for every CPython 3.10-3.13 found here, `bundle/ffmpeg.xz` (imageio-ffmpeg's ffmpeg, with
@@ -26,8 +26,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts" / "support"))
 sys.path.insert(0, str(REPO))
 
 PROJECT = ("ditto_fast", "configs", "scripts", "pyproject.toml", "setup.py", "README.md", "tests/data/speech_en_16k.wav")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Create .venv in the repo root if missing and install ditto-fast with everything (registration's mediapipe
-# included) on the pinned stack (scripts/stack-pinned.txt). Sourced by scripts/test.sh and scripts/demo.sh;
+# included) on the pinned stack (scripts/setup/stack-pinned.txt). Sourced by scripts/test.sh and scripts/demo.sh;
 # safe to run again (skips work when up to date).
 # The interpreter: $PYTHON, else the first of python3.12, python3.11, python3.10, python3 that runs and is
 # 3.10-3.12 (mediapipe 0.10.21 has no wheel past 3.12); none: one line saying what to install, exit 2.
 set -euo pipefail
 here="${BASH_SOURCE[0]%/*}"; [ "$here" = "${BASH_SOURCE[0]}" ] && here=.
-REPO="$(cd "$here/.." && pwd)"
+REPO="$(cd "$here/../.." && pwd)"
 cd "$REPO"
 
 # "X.Y" of interpreter $1 if it runs and is 3.10-3.12, else nothing (pyenv shims of absent versions fail here)
@@ -47,7 +47,7 @@ elif ! _py_in_range .venv/bin/python >/dev/null; then
     exit 2
 fi
 VPY="$REPO/.venv/bin/python"
-stamp=".venv/.ditto-fast-installed-$(cat pyproject.toml setup.py scripts/stack-pinned.txt | sha256sum | cut -c1-16)"
+stamp=".venv/.ditto-fast-installed-$(cat pyproject.toml setup.py scripts/setup/stack-pinned.txt | sha256sum | cut -c1-16)"
 gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
 # a .venv made on a CPU machine (or carried from one) has the CPU build: on a GPU machine it is replaced
@@ -57,7 +57,7 @@ if [ "$gpu" = 1 ] && "$VPY" -c "import torch, sys; sys.exit(0 if torch.version.c
     rm -f "$stamp"
 fi
 if [ ! -f "$stamp" ]; then
-    pins=(-c "$REPO/scripts/stack-pinned.txt")
+    pins=(-c "$REPO/scripts/setup/stack-pinned.txt")
     "$VPY" -m pip install -q --upgrade pip >&2
     if ! "$VPY" -c "import torch" 2>/dev/null; then
         if [ "$gpu" = 1 ]; then

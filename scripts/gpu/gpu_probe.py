@@ -4,7 +4,7 @@ warp + decoder, fp16 and fp32) with its verdict, and each size's peak memory. It
 has torch and none of the render's other packages (no mediapipe, ffmpeg or HuBERT), e.g. the device
 image as it is:
 
-    python3 scripts/gpu_probe.py [--out bench_out/gpu_probe.json] [--device cuda] [--tiny]
+    python3 scripts/gpu/gpu_probe.py [--out bench_out/gpu_probe.json] [--device cuda] [--tiny]
 
 `--device cpu --tiny` runs the same code on a CPU with tiny networks (the tests do).
 """
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))        # ditto_fast from this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))        # ditto_fast from this checkout
 
 
 def main(argv: list[str] | None = None) -> int:
