@@ -18,9 +18,13 @@ if pyx.exists():
         quiet=True,
     )
 
+# configs/ and configs/delivery/ hold only YAML, yet Python can import any directory: each is declared a package of
+# its own (setuptools warns about a data directory that is importable but not declared)
+CONFIG_PACKAGES = {"ditto_fast.configs": "configs", "ditto_fast.configs.delivery": "configs/delivery"}
+
 setup(
     ext_modules=ext_modules,
-    packages=[*find_packages(include=["ditto_fast*"]), "ditto_fast.configs"],
-    package_dir={"ditto_fast.configs": "configs"},
-    package_data={"ditto_fast": ["render/*.pyx"], "ditto_fast.configs": ["*.yaml", "delivery/*.yaml"]},
+    packages=[*find_packages(include=["ditto_fast*"]), *CONFIG_PACKAGES],
+    package_dir=CONFIG_PACKAGES,
+    package_data={"ditto_fast": ["render/*.pyx"], **{name: ["*.yaml"] for name in CONFIG_PACKAGES}},
 )

@@ -142,3 +142,97 @@ def test_a_10_bit_422_prores_source_gives_10_bit_422_prores_outside_the_face(tmp
     assert "yuv420p(" in video_stream_line(mp4)
     with PlateReader(plate, 8, pix_fmt="planes") as reader:
         assert reader.layout == lay and reader.frame(0).dtype == np.uint16
+
+
+# --- moving areas -------------------------------------------------------------------------------------------------
+MOVING = (1280, 720, 30)        # an untagged HD anchor at 30 fps: width, height, rate
+
+
+def _moving_body_frames(n: int) -> list[np.ndarray]:
+    """The astronaut's face in the upper half; below it, from 0.65 of the height down, a body of her suit and helmet
+    (no face) moving 4 px a frame sideways and 1 px down: real motion far from the face, where the plate alone
+    shows through a render."""
+    from synthetic import Motion, astronaut, astronaut_canvas
+
+    w, h, _ = MOVING
+    suit = astronaut()[260:]                                                   # [252, 512, 3], below her chin
+    tex = np.concatenate([suit, suit[:, ::-1], suit, suit[::-1]], 1)
+    tex = np.concatenate([tex, tex[::-1]], 0)                                  # [504, 2048, 3], tiles seamlessly
+    top = int(h * 0.65)
+    out = []
+    for i in range(n):
+        f = astronaut_canvas(i, Motion(center=(w * 0.5, h * 0.36), velocity=(0.3, 0.0), scale=0.9), (w, h))
+        f[top:] = np.roll(tex, (i, 4 * i), (0, 1))[:h - top, :w]
+        out.append(f)
+    return out
+
+
+def _luma_as_read(path: Path, matrix: str) -> np.ndarray:
+    """[N, H, W] float: the BT.709 luma of the RGB that `path` shows when read in colour matrix `matrix` (limited
+    range), whatever it is tagged."""
+    w, h, _ = MOVING
+    raw = subprocess.run([FFMPEG, "-v", "error", "-i", str(path), "-vf",
+                          f"scale=in_color_matrix={matrix}:in_range=tv,format=rgb24", "-f", "rawvideo", "-pix_fmt",
+                          "rgb24", "pipe:1"], capture_output=True, check=True).stdout
+    return np.frombuffer(raw, np.uint8).reshape(-1, h, w, 3) @ np.array([0.2126, 0.7152, 0.0722])
+
+
+@pytest.mark.slow
+@pytest.mark.register
+@pytest.mark.parametrize("pixels, source_colour", [("bt709", "auto"), ("bt601", "bt601")],
+                         ids=["bt709-pixels-read-by-size", "bt601-pixels-said-so"])
+def test_the_plate_and_the_render_keep_the_moving_body_of_an_untagged_hd_source(tmp_path, run_cli, tiny_checkpoints,
+                                                                                 speech_wav, pixels, source_colour):
+    """Outside the face the render shows the plate and the plate is the source: in the moving body far below the face
+    as in the static set, frame for frame, read in the matrix the pixels are in (untagged HD is BT.709 by size;
+    `--source-colour bt601` for what ffmpeg's default conversion wrote). Measured, mean |d| in levels of luma: moving
+    body plate 0.66-0.69, render 1.5-1.6; static set 0.01-0.03 (the BT.601 render 0.55: re-matrixed to BT.709). A
+    plate crf of 30 gives 2.4 in the moving body (the static set barely moves); a BT.601 plate shown without its
+    re-matrix gives 5.2, signed +4.8."""
+    import soundfile as sf
+
+    from ditto_fast.avatar.plate import probe_video
+    from ditto_fast.media.yuv import COLORSPACE_TAG
+
+    w, h, fps = MOVING
+    n = 45
+    src = tmp_path / "anchor.mp4"        # untagged (BT.601 pixels are what ffmpeg, imageio, OpenCV write from RGB)
+    to_yuv = f"scale=out_color_matrix={pixels}:out_range=tv,format=yuv420p,setparams=colorspace=unknown"
+    subprocess.run([FFMPEG, "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r",
+                    str(fps), "-i", "pipe:0", "-vf", to_yuv, "-c:v", "libx264", "-crf", "16", str(src)],
+                   input=b"".join(f.tobytes() for f in _moving_body_frames(n)), check=True)
+    assert "bt709" not in video_stream_line(src) and "smpte170m" not in video_stream_line(src)
+    speech, sr = sf.read(speech_wav, dtype="float32")
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, speech[sr:sr + sr * 4 // 3], sr)                             # 1.33 s: 40 frames at 30 fps
+    env = {"DITTO_FAST_HOME": str(tmp_path / "home"), "DITTO_FAST_CHECKPOINTS": str(tiny_checkpoints)}
+    reg = run_cli(["register", src, "--name", "body", "--source-colour", source_colour, "--quiet"], env=env)
+    assert reg.returncode == 0, reg.stderr
+    out = tmp_path / "out.mp4"
+    r = run_cli(["render", "--avatar", "body", "--audio", wav, "-o", out, "--quiet"], env=env)
+    assert r.returncode == 0, r.stderr
+    plate = next((tmp_path / "home").rglob("plate.mp4"))
+    assert f"{COLORSPACE_TAG[pixels]}/" in video_stream_line(plate)           # tagged with what registration read
+
+    want = _luma_as_read(src, pixels)                                         # the source as its pixels mean
+    got_plate = _luma_as_read(plate, probe_video(plate)[2])
+    got_out = _luma_as_read(out, "bt709")
+    assert len(got_out) == 40 and len(got_plate) == n
+    body = np.s_[int(h * 0.7):h - 8, 8:w - 8]         # moving, 250+ px below the face and the paste's reach
+    still = np.s_[8:h // 4, 8:w // 4]                  # the static set, far from the face
+    # mean |d| bounds: the render re-encodes the plate (crf 18) and a BT.601 plate is re-matrixed to BT.709 (one more
+    # rounding: 0.6 levels on the static set)
+    bounds = {("plate", "moving body"): 1.0, ("plate", "static set"): 0.3,
+              ("render", "moving body"): 2.0, ("render", "static set"): 0.3 if pixels == "bt709" else 0.8}
+    for name, got in (("plate", got_plate[:40]), ("render", got_out)):
+        for where, region in (("moving body", body), ("static set", still)):
+            bound = bounds[name, where]
+            d = got[(slice(None), *region)] - want[:40][(slice(None), *region)]
+            per_frame = np.abs(d).mean(axis=(1, 2))
+            assert per_frame.mean() <= bound and per_frame.max() <= 1.5 * bound, (name, where, per_frame)
+            assert abs(d.mean()) <= 0.3, (name, where, d.mean())             # no shift of the levels
+    # frame for frame: each output frame is its own source frame, not a neighbour (the body moves 4 px a frame)
+    own = np.abs(got_out[1:-1][(slice(None), *body)] - want[1:39][(slice(None), *body)]).mean(axis=(1, 2))
+    for k in (-1, 1):
+        other = np.abs(got_out[1:-1][(slice(None), *body)] - want[1 + k:39 + k][(slice(None), *body)]).mean(axis=(1, 2))
+        assert np.all(own < other / 3), (own, other)

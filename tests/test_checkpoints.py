@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -43,11 +44,19 @@ def test_random_is_deterministic_per_seed():
 
 
 def test_cli_init_random_tiny(tmp_path, capsys):
-    main(["checkpoints", "init-random", str(tmp_path / "ck"), "--tiny", "--seed", "3"])
+    mask = os.umask(0o027)
+    try:
+        main(["checkpoints", "init-random", str(tmp_path / "ck"), "--tiny", "--seed", "3"])
+    finally:
+        os.umask(mask)
     assert "random checkpoints (seed 3)" in capsys.readouterr().out
     cs = find_checkpoints(tmp_path / "ck")
     assert all(p.is_file() for p in cs.files.values())
     assert (cs.hubert_dir / "config.json").is_file()
+    # one mode for every file it writes, the umask's (HuBERT's model.safetensors was 0600, the rest 0644)
+    modes = {p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777) for p in (tmp_path / "ck").rglob("*")
+             if p.is_file()}
+    assert (cs.hubert_dir / "model.safetensors").is_file() and set(modes.values()) == {oct(0o640)}, modes
 
 
 @pytest.fixture()

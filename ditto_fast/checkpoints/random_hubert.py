@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ditto_fast.media.filemode import give_usual_mode
+
 RANDOM_MARK = "ditto_fast_random_weights"
 
 # facebook/hubert-large-ls960-ft config.json (transformers HubertConfig fields)
@@ -120,6 +122,7 @@ def write_random_hubert(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Pa
         state[name] = _random_tensor(name, shapes[key], gen, hidden).contiguous()
     tmp = out_dir / "model.safetensors.tmp"
     save_file(state, str(tmp), metadata={"format": "pt"})
+    give_usual_mode(tmp)                    # safetensors writes 0600; the set's other files follow the umask
     tmp.replace(out_dir / "model.safetensors")
     cfg_out = dict(cfg_dict)
     cfg_out["transformers_version"] = __import__("transformers").__version__
