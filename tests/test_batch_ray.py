@@ -101,3 +101,30 @@ def test_ray_delivers_to_a_profile(local_ray, video_avatar, clips, engine, tmp_p
     ref = engine.render(RenderRequest("anchor", clips[0], tmp_path / "ref.mxf", delivery="xdcam-hd422-1080i50",
                                       steps=2))
     assert container_comment(tmp_path / "d.mxf") == ref.profile["digest"]
+
+
+def test_ray_address_checked_and_a_cluster_that_does_not_answer(video_avatar, clips, tmp_path, tiny_checkpoints,
+                                                                run_cli, monkeypatch):
+    """A malformed address or a ray:// one without the Ray Client is exit 2 at once; an address where no cluster
+    answers is exit 3 naming it after DITTO_FAST_RAY_TIMEOUT seconds (Ray alone retried it for ~12 minutes)."""
+    import subprocess
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(clips[0]), "output": "a.mp4"}) + "\n")
+    args = ["batch", str(jobs), "--checkpoints", str(tiny_checkpoints), "--device", "cpu", "--quiet", "--ray"]
+    for bad in ("headnode", "head:port", "head:99999", "http://head:6379"):
+        got = run_cli([*args, bad])
+        assert got.returncode == 2 and f"--ray {bad}: not a Ray address" in got.stderr, got.stderr
+    with monkeypatch.context() as mp:
+        mp.setitem(sys.modules, "grpc", None)               # as if ray[client] were not installed
+        got = run_cli([*args, "ray://head:10001"])
+    assert got.returncode == 2 and "Ray Client" in got.stderr and "pip install" in got.stderr, got.stderr
+    got = run_cli([*args, "127.0.0.1:1"], env={"DITTO_FAST_RAY_TIMEOUT": "soon"})
+    assert got.returncode == 2 and "DITTO_FAST_RAY_TIMEOUT=soon" in got.stderr, got.stderr
+    # a real process: Ray's own retries go on in a thread of it until it exits
+    env = {**os.environ, "DITTO_FAST_RAY_TIMEOUT": "2"}
+    done = subprocess.run([sys.executable, "-c", "from ditto_fast.cli import entry; entry()", *args, "127.0.0.1:1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 3 and "--ray 127.0.0.1:1" in last and "within 2 s" in last, done.stderr
+    assert not (tmp_path / "a.mp4").exists() and done.stdout == ""
