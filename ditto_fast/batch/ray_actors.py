@@ -22,7 +22,8 @@ from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageErro
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress
 
-INSTALL_HINT = 'Ray is not installed; install it with: pip install -e ".[ray]" (or pip install "ray[client]>=2.9,<3")'
+INSTALL_HINT = ('Ray is not installed; install it with: pip install -e ".[ray]" '
+                '(or pip install "ray[client]>=2.9,<3")')
 CLIENT_HINT = ('a ray:// address needs the Ray Client (grpcio), which this install lacks; install it with: '
                'pip install -e ".[ray]" (or pip install "ray[client]>=2.9,<3")')
 TIMEOUT_ENV = "DITTO_FAST_RAY_TIMEOUT"
