@@ -128,3 +128,59 @@ def test_ray_address_checked_and_a_cluster_that_does_not_answer(video_avatar, cl
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 3 and "--ray 127.0.0.1:1" in last and "within 2 s" in last, done.stderr
     assert not (tmp_path / "a.mp4").exists() and done.stdout == ""
+
+
+class NodeBlindToTheStore:
+    """Mixed into BatchWorker by the test below: the first actors to start (as many as the store's `blind-slots`
+    file says) read a token other than the driver's, as on a node that mounts another store at that path."""
+
+    def __init__(self, setup_args, store, probes, share=None):
+        from pathlib import Path
+
+        slots = Path(store) / "blind-slots"
+        for k in range(int(slots.read_text()) if slots.exists() else 0):
+            try:
+                os.close(os.open(slots.parent / f"blind-{k}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue
+            probes = {path: "another store's token" for path in probes}
+            break
+        super().__init__(setup_args, store, probes, share)
+
+
+def test_an_actor_whose_node_cannot_see_the_store_says_why(local_ray, video_avatar, clips, tmp_path,
+                                                           tiny_checkpoints, monkeypatch):
+    """The start-up check's reason reaches the driver (Ray 2.x turns an actor constructor's exception into a bare
+    ActorDiedError): one blind node of two is a warning naming it and a row in the report, and its would-be jobs
+    run on the other; all nodes blind fail every job with the reason (exit 3 each), not "no Ray actor is left"."""
+    from ditto_fast.avatar import store_root
+    from ditto_fast.batch import ray_actors
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])    # the actors get the class itself
+    monkeypatch.setattr(ray_actors, "BatchWorker", type("BlindWorker", (NodeBlindToTheStore, ray_actors.BatchWorker),
+                                                        {}))
+    setup_args = {"checkpoints": str(tiny_checkpoints), "device": "cpu"}
+    store = store_root()
+    try:
+        for blind, outcome in ((1, ["done"] * 3), (2, ["failed"] * 3)):
+            (store / "blind-slots").write_text(str(blind))
+            for old in store.glob("blind-[0-9]*"):
+                old.unlink()
+            warnings: list[str] = []
+            jobs = _jobs(clips, tmp_path / f"blind{blind}")
+            (tmp_path / f"blind{blind}").mkdir()
+            run_batch_ray = ray_actors.run_batch_ray
+            run_batch_ray(jobs, setup_args, workers=2, report=tmp_path / f"r{blind}.json", warn=warnings.append)
+            assert [j.status for j in jobs] == outcome, [j.error for j in jobs]
+            report = json.loads((tmp_path / f"r{blind}.json").read_text())
+            (node,) = report["ray_nodes"]             # two actors on this machine's one node
+            assert node["node"] and node["node_id"] == ray.get_runtime_context().get_node_id()
+            assert "not visible from Ray node" in node["error"] and node["actors"] == 2 - blind
+            assert len(warnings) == 1 and "not visible from Ray node" in warnings[0] and node["node_id"][:12] in \
+                warnings[0]
+            if blind == 2:
+                assert all("not visible from Ray node" in j.error and j.exit_code == 3 for j in jobs)
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        for f in [store / "blind-slots", *store.glob("blind-[0-9]*")]:
+            f.unlink(missing_ok=True)

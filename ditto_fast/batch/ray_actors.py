@@ -51,22 +51,24 @@ class BatchWorker:
 
     def __init__(self, setup_args: dict[str, Any], store: str, probes: dict[str, str], share: int | None = None):
         os.environ["DITTO_FAST_HOME"] = store
-        for path, token in probes.items():
-            try:
-                seen = Path(path).read_text()
-            except OSError:
-                seen = None
-            if seen != token:
-                raise InputError(f"{Path(path).parent}: not visible from Ray node {_node()}; put the avatar store "
-                                 "(DITTO_FAST_HOME) and the outputs on a path every node mounts")
-        from ditto_fast.core.memory import reuse_freed_memory
-        from ditto_fast.engine.renderer import Renderer
+        self.problem: DittoError | None = None
+        try:
+            _check_visible(probes)
+            from ditto_fast.core.memory import reuse_freed_memory
+            from ditto_fast.engine.renderer import Renderer
 
-        if share is not None:            # before the CPU precision and batch probes, which time the networks
-            torch.set_num_threads(_cpu_threads(share))
-        reuse_freed_memory()
-        self.setup = RenderSetup.resolve(**setup_args)
-        self.renderer = Renderer(setup=self.setup)
+            if share is not None:            # before the CPU precision and batch probes, which time the networks
+                torch.set_num_threads(_cpu_threads(share))
+            reuse_freed_memory()
+            self.setup = RenderSetup.resolve(**setup_args)
+            self.renderer = Renderer(setup=self.setup)
+        except DittoError as e:     # said by ready(): raised here it reaches the driver as a bare ActorDiedError
+            self.problem = e
+
+    def ready(self) -> dict[str, Any]:
+        """Where this actor runs (host name, Ray node id) and why it cannot render jobs (error None if it can)."""
+        return {"node": _node(), "node_id": _node_id(), "error": str(self.problem) if self.problem else None,
+                "exit_code": self.problem.exit_code if self.problem else 0}
 
     def run(self, job: Job, audio: DecodedAudio, force: bool) -> Job:
         """Render one job the driver checked (its audio decoded there, sent along), or skip it when its output was
@@ -91,10 +93,29 @@ class BatchWorker:
         return job
 
 
+def _check_visible(probes: dict[str, str]) -> None:
+    """InputError unless this node reads back every token the driver wrote (the store and the output folders)."""
+    for path, token in probes.items():
+        try:
+            seen = Path(path).read_text()
+        except OSError:
+            seen = None
+        if seen != token:
+            raise InputError(f"{Path(path).parent}: not visible from Ray node {_node()}; put the avatar store "
+                             "(DITTO_FAST_HOME) and the outputs on a path every node mounts")
+
+
 def _node() -> str:
     import socket
 
     return socket.gethostname()
+
+
+def _node_id() -> str:
+    """The Ray node id of this worker (two nodes on one host have the same host name, not the same id)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
 
 
 def _probes(jobs: list[Job], store: Path) -> dict[str, str]:
@@ -186,9 +207,11 @@ def _join(ray, address: str, timeout: float) -> None:
 
 def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str = "local", workers: int | None = None,
                   force: bool = False, fail_fast: bool = False, report: str | Path | None = None,
-                  progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None
-                  ) -> list[Job]:
-    """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor."""
+                  progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None,
+                  warn: Callable[[str], None] | None = None) -> list[Job]:
+    """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor. An actor that cannot
+    render (its node does not see the store, say) gets no job: `warn` hears why, once a node, and the report's
+    "ray_nodes" lists every node's actors and what stopped them."""
     from ditto_fast.avatar import store_root
 
     ray = start_ray(address)
@@ -209,13 +232,17 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     else:   # spread over the nodes, each actor's torch on its part of the node's cores
         remote, share = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker), math.ceil(count / max(1, nodes))
     actors = [remote.remote(setup_args, str(store_root()), probes, share) for _ in range(max(0, count))]
+    starting = {a.ready.remote(): a for a in actors}        # an actor gets jobs once it says it can render
+    seen: dict[str, dict[str, Any]] = {}                    # Ray node id -> its actors and what stopped them
+    unable: dict[str, Any] | None = None                    # the last actor that could not render, and why
     retried: set[int] = set()
     running: dict[Any, tuple[Job, Any]] = {}
     queue = list(todo)
+    extra: dict[str, Any] = {"ray_nodes": []}               # in the report beside the jobs
     try:
         if report:
-            write_report(report, jobs)
-        free = list(actors)
+            write_report(report, jobs, extra)
+        free: list[Any] = []
         while queue or running:
             while queue and free:
                 job, actor = queue.pop(0), free.pop(0)
@@ -226,21 +253,29 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                 running[actor.run.remote(job, clips[job.index].audio, force)] = (job, actor)
                 if on_dispatch:
                     on_dispatch(job, actor)
-            if not running:
+            if not running and not starting:
                 if queue:       # every actor is gone
+                    why = f" ({unable['error']})" if unable else " (see the failed jobs for why)"
                     for job in queue:
-                        job.fail("not run: no Ray actor is left (see the failed jobs for why)", 1)
+                        job.fail(f"not run: no Ray actor is left{why}", unable["exit_code"] if unable else 1)
                     queue.clear()
                 break
-            ready, _ = ray.wait(list(running), num_returns=1)
+            ready, _ = ray.wait([*running, *starting], num_returns=1)
+            if ready[0] in starting:
+                actor = starting.pop(ready[0])
+                info = _started(ray, ready[0])
+                if _note_node(seen, info, warn):
+                    free.append(actor)
+                else:
+                    unable = info
+                    ray.kill(actor)
+                extra["ray_nodes"] = list(seen.values())
+                continue
             job, actor = running.pop(ready[0])
             try:
                 result = ray.get(ready[0])
             except ray.exceptions.RayActorError as e:
-                cause = _actor_error(e)
-                if cause is not None:                       # the actor could not start: no job runs there
-                    job.fail(cause)
-                elif job.index not in retried:
+                if job.index not in retried:
                     retried.add(job.index)
                     queue.insert(0, job)
                 else:
@@ -252,7 +287,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
             if progress:
                 progress("frames of finished jobs", done_frames, total)
             if report:
-                write_report(report, jobs)
+                write_report(report, jobs, extra)
     except BaseException as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Terminated) else 1
         for job in jobs:
@@ -265,12 +300,40 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
         for a in actors:
             ray.kill(a)
         if report:
-            write_report(report, jobs)
+            write_report(report, jobs, extra)
     return jobs
 
 
+def _started(ray, ref) -> dict[str, Any]:
+    """An actor's answer to ready(): its node and why it cannot render (error None if it can)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:    # died while starting (out of memory, its node lost, a bug)
+        cause = _actor_error(e)
+        return {"node": None, "node_id": getattr(e, "node_id", None) or "unknown",
+                "error": str(cause) if cause else f"its Ray actor died while starting ({type(e).__name__}); "
+                                                  "see the Ray logs of its node",
+                "exit_code": cause.exit_code if cause else 1}
+
+
+def _note_node(seen: dict[str, dict[str, Any]], info: dict[str, Any], warn: Callable[[str], None] | None) -> bool:
+    """Count a started actor on its node's record; an actor that cannot render puts its reason there (`warn`
+    hears it once a node). Whether the actor can render."""
+    node = seen.setdefault(info["node_id"], {"node": info["node"], "node_id": info["node_id"], "actors": 0,
+                                             "error": None})
+    if info["error"] is None:
+        node["actors"] += 1
+        return True
+    if node["error"] is None:
+        node["error"] = info["error"]
+        if warn:
+            where = f"{info['node']} (node id {info['node_id'][:12]})" if info["node"] else "unknown node"
+            warn(f"Ray {where}: no job runs there: {info['error']}")
+    return False
+
+
 def _actor_error(e: BaseException) -> DittoError | None:
-    """The DittoError an actor's constructor raised (a path it cannot see, say), if that is why it died."""
+    """The DittoError an actor's constructor raised, if Ray kept it as the cause of its death."""
     for _ in range(4):
         if isinstance(e, DittoError):
             return e
