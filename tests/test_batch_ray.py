@@ -65,11 +65,13 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
         got, want = _frames(j.output), _frames(ref.output)
         assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 1.0
     assert not list(tmp_path.glob(".ditto-fast-probe-*")) and not list(tmp_path.glob(".*.part*"))
-    # a rerun skips everything; one actor alone on the node has all its cores
-    again = _jobs(clips, tmp_path)
-    run_batch_ray(again, setup_args, workers=1)
-    assert [j.status for j in again] == ["skipped"] * 3
-    assert {j.extra["torch_threads"] for j in again} == {len(os.sched_getaffinity(0))}
+    # a rerun: the driver skips the finished jobs (digest by the actor's setup) before any goes to an actor, which
+    # loads its networks only for a job to render; one actor alone on the node has all its cores
+    jobs[1].output.unlink()
+    again, sent = _jobs(clips, tmp_path), []
+    run_batch_ray(again, setup_args, workers=1, on_dispatch=lambda job, actor: sent.append(job.index))
+    assert [j.status for j in again] == ["skipped", "done", "skipped"] and sent == [1]
+    assert again[1].extra["torch_threads"] == len(os.sched_getaffinity(0))
 
 
 def test_ray_cli_and_a_missing_ray(local_ray, video_avatar, clips, tmp_path, tiny_checkpoints, capsys,

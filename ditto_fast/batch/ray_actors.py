@@ -19,6 +19,7 @@ import torch
 from ditto_fast.audio.decode import DecodedAudio
 from ditto_fast.batch.jobs import Job, check_jobs, is_finished, record_result, write_report
 from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
+from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress
 
@@ -44,7 +45,8 @@ def _cpu_threads(share: int) -> int:
 
 
 class BatchWorker:
-    """The body of a Ray actor: checks it sees the shared paths, loads one engine, renders the jobs it gets.
+    """The body of a Ray actor: checks it sees the shared paths and resolves its setup (which the driver uses to
+    skip finished jobs), then renders the jobs it gets with one engine, loaded with the first.
 
     `share`: on a CPU node, how many actors share its cores (torch gets an equal part of them; Ray starts
     every actor with OMP_NUM_THREADS=1, which left a CPU render on one core); None on a GPU node."""
@@ -52,37 +54,39 @@ class BatchWorker:
     def __init__(self, setup_args: dict[str, Any], store: str, probes: dict[str, str], share: int | None = None):
         os.environ["DITTO_FAST_HOME"] = store
         self.problem: DittoError | None = None
+        self.setup: RenderSetup | None = None
+        self.renderer = None
         try:
             _check_visible(probes)
             from ditto_fast.core.memory import reuse_freed_memory
-            from ditto_fast.engine.renderer import Renderer
 
             if share is not None:            # before the CPU precision and batch probes, which time the networks
                 torch.set_num_threads(_cpu_threads(share))
             reuse_freed_memory()
             self.setup = RenderSetup.resolve(**setup_args)
-            self.renderer = Renderer(setup=self.setup)
         except DittoError as e:     # said by ready(): raised here it reaches the driver as a bare ActorDiedError
             self.problem = e
 
     def ready(self) -> dict[str, Any]:
-        """Where this actor runs (host name, Ray node id) and why it cannot render jobs (error None if it can)."""
-        return {"node": _node(), "node_id": _node_id(), "error": str(self.problem) if self.problem else None,
+        """Where this actor runs (host name, Ray node id), its setup (what its outputs' digests are made with), and
+        why it cannot render jobs (error None if it can)."""
+        return {"node": _node(), "node_id": _node_id(), "setup": self.setup,
+                "error": str(self.problem) if self.problem else None,
                 "exit_code": self.problem.exit_code if self.problem else 0}
 
-    def run(self, job: Job, audio: DecodedAudio, force: bool) -> Job:
-        """Render one job the driver checked (its audio decoded there, sent along), or skip it when its output was
-        made from the same inputs. The avatar is opened here, from this node's view of the store."""
+    def run(self, job: Job, audio: DecodedAudio) -> Job:
+        """Render one job the driver checked and found unfinished for this actor's setup (its audio decoded there,
+        sent along). The avatar is opened here, from this node's view of the store."""
         from ditto_fast.engine.clip import check_clip
+        from ditto_fast.engine.renderer import Renderer
 
         t0 = time.perf_counter()
         try:
+            if self.renderer is None:       # its load time goes into the first render's profile
+                self.renderer = Renderer(setup=self.setup)
             clip = check_clip(job.request, self.renderer.avatar(job.avatar), self.setup.config, audio=audio)
-            if not force and is_finished(job, clip, self.setup):
-                job.status, job.frames = "skipped", clip.frames
-            else:
-                result = self.renderer.render(clip)
-                record_result(job, result.profile, result.warnings)
+            result = self.renderer.render(clip)
+            record_result(job, result.profile, result.warnings)
         except DittoError as e:
             job.fail(e)
         except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
@@ -234,6 +238,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     actors = [remote.remote(setup_args, str(store_root()), probes, share) for _ in range(max(0, count))]
     starting = {a.ready.remote(): a for a in actors}        # an actor gets jobs once it says it can render
     seen: dict[str, dict[str, Any]] = {}                    # Ray node id -> its actors and what stopped them
+    tried: dict[int, set[str]] = {}                         # job -> the digests its output was compared with
     unable: dict[str, Any] | None = None                    # the last actor that could not render, and why
     retried: set[int] = set()
     running: dict[Any, tuple[Job, Any]] = {}
@@ -250,7 +255,7 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                     job.fail("not run: an earlier job failed (--fail-fast)", 7)
                     free.append(actor)
                     continue
-                running[actor.run.remote(job, clips[job.index].audio, force)] = (job, actor)
+                running[actor.run.remote(job, clips[job.index].audio)] = (job, actor)
                 if on_dispatch:
                     on_dispatch(job, actor)
             if not running and not starting:
@@ -266,6 +271,8 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
                 info = _started(ray, ready[0])
                 if _note_node(seen, info, warn):
                     free.append(actor)
+                    if not force:       # before any job goes there: a rerun loads no network to skip its jobs
+                        total -= sum(j.frames for j in _skip_finished(queue, clips, info["setup"], tried))
                 else:
                     unable = info
                     ray.kill(actor)
@@ -302,6 +309,24 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
         if report:
             write_report(report, jobs, extra)
     return jobs
+
+
+def _skip_finished(queue: list[Job], clips: dict[int, Clip], setup: RenderSetup, tried: dict[int, set[str]]
+                   ) -> list[Job]:
+    """Take out of `queue` (and mark skipped) the jobs whose output a render with an actor's `setup` would make
+    again; each output's tag is read once for each digest it is compared with. The jobs taken out."""
+    skipped = []
+    for job in list(queue):
+        clip = clips[job.index]
+        digest = setup.digest(clip)
+        if digest in tried.setdefault(job.index, set()):
+            continue
+        tried[job.index].add(digest)
+        if is_finished(job, clip, setup):
+            job.status, job.frames = "skipped", clip.frames
+            queue.remove(job)
+            skipped.append(job)
+    return skipped
 
 
 def _started(ray, ref) -> dict[str, Any]:
