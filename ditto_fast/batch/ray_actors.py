@@ -201,12 +201,21 @@ def _join(ray, address: str, timeout: float) -> None:
                          f"that the cluster is up (or give it longer with {TIMEOUT_ENV}=SECONDS)")
     if outcome:
         e = outcome[0]
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        why = _last_cause(e)
         if isinstance(e, ValueError):
             raise UsageError(f"--ray {address}: not an address Ray accepts ({why})") from None
         if isinstance(e, (ConnectionError, RuntimeError)):
             raise InputError(f"--ray {address}: cannot join the Ray cluster ({why})") from None
         raise e
+
+
+def _last_cause(e: BaseException) -> str:
+    """The last line of the innermost cause of `e` (Ray wraps why it could not connect, an authentication token
+    missing say, as a traceback's text in a RuntimeError under a bare ConnectionError)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
 
 
 def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str = "local", workers: int | None = None,
