@@ -186,3 +186,46 @@ def test_an_actor_whose_node_cannot_see_the_store_says_why(local_ray, video_avat
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         for f in [store / "blind-slots", *store.glob("blind-[0-9]*")]:
             f.unlink(missing_ok=True)
+
+
+CRASH_ONCE = """
+import os
+import sys
+
+from ditto_fast.batch import ray_actors
+from ditto_fast.cli import entry
+
+
+class CrashOnce(ray_actors.BatchWorker):
+    \"\"\"The worker process of the first job to start dies (as by the OOM killer, or a segfault).\"\"\"
+
+    marker = sys.argv.pop(1)            # travels with the class to the actors
+
+    def run(self, job, *args):
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return super().run(job, *args)
+        os._exit(1)
+
+
+ray_actors.BatchWorker = CrashOnce
+entry()
+"""
+
+
+def test_a_worker_that_dies_leaves_stdout_to_the_summary(video_avatar, clips, tmp_path, tiny_checkpoints):
+    """A worker process that dies mid-job: Ray's raylet says so with a print() on the driver's stdout, which is the
+    batch's summary's alone; the job runs again on the other actor."""
+    import subprocess
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"avatar": "anchor", "audio": str(c), "output": f"{i}.mp4"}) + "\n"
+                            for i, c in enumerate(clips)))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    marker = tmp_path / "crashed"
+    done = subprocess.run([sys.executable, "-c", CRASH_ONCE, str(marker), "batch", str(jobs), "--checkpoints",
+                           str(tiny_checkpoints), "--device", "cpu", "--quiet", "--ray", "local", "--workers", "2",
+                           "--report", str(tmp_path / "r.json")], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout == "done 3, skipped 0, failed 0\n", (done.stdout, done.stderr)
+    assert marker.exists()

@@ -4,9 +4,11 @@ job and sends each its decoded audio; an actor opens the avatar from its own vie
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import uuid
@@ -225,9 +227,29 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor. An actor that cannot
     render (its node does not see the store, say) gets no job: `warn` hears why, once a node, and the report's
     "ray_nodes" lists every node's actors and what stopped them."""
+    with ray_session(address) as ray:
+        return _run_on_actors(ray, jobs, setup_args, workers, force, fail_fast, report, progress, on_dispatch, warn)
+
+
+@contextlib.contextmanager
+def ray_session(address: str):
+    """Ray joined (or started) at `address` for a batch, and left at its end if joined here. Meanwhile stdout is
+    stderr: Ray prints its raylet's messages (a worker that died, say) on stdout, which is the batch's summary's."""
+    ours = not _ray().is_initialized()
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            yield start_ray(address)
+        finally:
+            ray = _ray()
+            if ours and ray.is_initialized():   # stops Ray's listener threads, flushes what they held
+                ray.shutdown()
+
+
+def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: int | None, force: bool,
+                   fail_fast: bool, report: str | Path | None, progress: Progress | None,
+                   on_dispatch: Callable[[Job, Any], None] | None, warn: Callable[[str], None] | None) -> list[Job]:
     from ditto_fast.avatar import store_root
 
-    ray = start_ray(address)
     # the driver only checks the jobs (checkpoints, avatars, inputs): no device, fp32 and batch 1 so that no
     # `auto` starts a probe here; the actors resolve the real setup
     clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "fp32",
