@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -55,6 +56,8 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     setup_args = {"checkpoints": str(tiny_checkpoints), "device": "cpu"}
     run_batch_ray(jobs, setup_args, workers=2, report=tmp_path / "r.json", on_dispatch=kill_first)
     assert [j.status for j in jobs] == ["done"] * 3 and killed == [0]
+    assert [j.extra["attempts"] for j in jobs] == [2, 1, 1]             # the killed actor's job was run again
+    assert {j.extra["node_id"] for j in jobs} == {ray.get_runtime_context().get_node_id()}
     rows = json.loads((tmp_path / "r.json").read_text())
     assert rows["summary"] == {"done": 3, "skipped": 0, "failed": 0}
     # two actors on this node: torch in each on half its cores (Ray itself would have given them one)
@@ -229,3 +232,6 @@ def test_a_worker_that_dies_leaves_stdout_to_the_summary(video_avatar, clips, tm
                            "--report", str(tmp_path / "r.json")], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout == "done 3, skipped 0, failed 0\n", (done.stdout, done.stderr)
     assert marker.exists()
+    rows = json.loads((tmp_path / "r.json").read_text())["jobs"]       # the job that lost its worker says so
+    assert sorted(r["attempts"] for r in rows) == [1, 1, 2]
+    assert all(re.fullmatch("[0-9a-f]{56}", r["node_id"]) and r["node"] for r in rows)

@@ -94,7 +94,7 @@ class BatchWorker:
         except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
             job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1", 1)
         job.seconds = time.perf_counter() - t0
-        job.extra["node"] = _node()
+        job.extra["node"], job.extra["node_id"] = _node(), _node_id()
         job.extra["torch_threads"] = torch.get_num_threads()
         return job
 
@@ -318,8 +318,10 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
                     queue.insert(0, job)
                 else:
                     job.fail(f"its Ray actor died twice ({type(e).__name__}); render it alone to see why", 1)
+                    job.extra["attempts"] = 2
                 continue
             _copy_outcome(result, job)
+            job.extra["attempts"] = 2 if job.index in retried else 1     # 2: its first actor died
             free.append(actor)
             done_frames += clips[job.index].frames
             if progress:
