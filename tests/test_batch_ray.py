@@ -52,9 +52,15 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
             killed.append(job.index)
             ray.kill(actor)
 
+    from ditto_fast.avatar import store_root
+
     jobs = _jobs(clips, tmp_path)
     setup_args = {"checkpoints": str(tiny_checkpoints), "device": "cpu"}
+    stale = [tmp_path / ".ditto-fast.probe0a1b2c3d", store_root() / "avatars" / ".ditto-fast.probe4e5f6a7b"]
+    for path in stale:                      # a killed driver's tokens (nobody holds their flock)
+        path.write_text("0123")
     run_batch_ray(jobs, setup_args, workers=2, report=tmp_path / "r.json", on_dispatch=kill_first)
+    assert not any(path.exists() for path in stale)
     assert [j.status for j in jobs] == ["done"] * 3 and killed == [0]
     assert [j.extra["attempts"] for j in jobs] == [2, 1, 1]             # the killed actor's job was run again
     assert {j.extra["node_id"] for j in jobs} == {ray.get_runtime_context().get_node_id()}
@@ -67,7 +73,7 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
         assert container_comment(j.output) == ref.profile["digest"]
         got, want = _frames(j.output), _frames(ref.output)
         assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 1.0
-    assert not list(tmp_path.glob(".ditto-fast-probe-*")) and not list(tmp_path.glob(".*.part*"))
+    assert not list(tmp_path.glob(".ditto-fast.probe*")) and not list(tmp_path.glob(".*.part*"))
     # a rerun: the driver skips the finished jobs (digest by the actor's setup) before any goes to an actor, which
     # loads its networks only for a job to render; one actor alone on the node has all its cores
     jobs[1].output.unlink()
@@ -235,3 +241,16 @@ def test_a_worker_that_dies_leaves_stdout_to_the_summary(video_avatar, clips, tm
     rows = json.loads((tmp_path / "r.json").read_text())["jobs"]       # the job that lost its worker says so
     assert sorted(r["attempts"] for r in rows) == [1, 1, 2]
     assert all(re.fullmatch("[0-9a-f]{56}", r["node_id"]) and r["node"] for r in rows)
+
+
+def test_a_folder_the_token_cannot_be_written_in_is_named(tmp_path):
+    """No internal error when the driver cannot write a visibility token: the folder, and nothing left behind."""
+    from ditto_fast.batch.ray_actors import _probes
+    from ditto_fast.core.errors import InputError
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "store").write_text("a file where the store's folder should be")
+    job = Job(0, RenderRequest("anchor", tmp_path / "a.wav", tmp_path / "out" / "a.mp4"))
+    with pytest.raises(InputError, match="store: cannot write the token"):
+        _probes([job], tmp_path / "store")
+    assert os.listdir(tmp_path / "out") == []

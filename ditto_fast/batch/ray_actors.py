@@ -24,6 +24,8 @@ from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageErro
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress
+from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.media.partfiles import create_locked
 
 INSTALL_HINT = ('Ray is not installed; install it with: pip install -e ".[ray]" '
                 '(or pip install "ray[client]>=2.9,<3")')
@@ -124,15 +126,31 @@ def _node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def _probes(jobs: list[Job], store: Path) -> dict[str, str]:
-    """A token file in the store and in every output folder, which each actor must read back."""
+def _probes(jobs: list[Job], store: Path) -> tuple[dict[str, str], list[int]]:
+    """A token file in the store and in every output folder, which each actor must read back; and the descriptors
+    holding their flocks (a killed driver's tokens are unlocked, and removed by the next batch in that folder)."""
     token = uuid.uuid4().hex
-    probes = {}
+    probes: dict[str, str] = {}
+    locks: list[int] = []
     for d in {store, *(j.output.parent for j in jobs if j.status == "pending")}:
-        p = d / f".ditto-fast-probe-{token[:12]}"
-        p.write_text(token)
-        probes[str(p)] = token
-    return probes
+        try:
+            path, fd = create_locked(d / "ditto-fast", "probe")     # .ditto-fast.probeXXXXXXXX
+        except OSError as e:
+            _remove_probes(probes, locks)
+            raise InputError(f"{d}: cannot write the token by which Ray actors check they see this folder "
+                             f"({e.strerror or e}); make it writable") from None
+        locks.append(fd)
+        probes[str(path)] = token
+        os.write(fd, token.encode())
+        give_usual_mode(path)           # readable by a node's workers running as another user
+    return probes, locks
+
+
+def _remove_probes(probes: dict[str, str], locks: list[int]) -> None:
+    for path in probes:
+        Path(path).unlink(missing_ok=True)
+    for fd in locks:
+        os.close(fd)
 
 
 def start_ray(address: str, temp_dir: str | None = None):
@@ -261,7 +279,7 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     count = min(len(todo), workers or (gpus or nodes), *([gpus] if gpus else []))
     store = store_root() / "avatars"
-    probes = _probes(todo, store) if todo else {}
+    probes, locks = _probes(todo, store) if todo else ({}, [])
     if gpus:
         remote, share = ray.remote(num_gpus=1)(BatchWorker), None
     else:   # spread over the nodes, each actor's torch on its part of the node's cores
@@ -335,8 +353,7 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
                 job.fail("interrupted before it finished; run the batch again to resume", code)
         raise
     finally:
-        for p in probes:
-            Path(p).unlink(missing_ok=True)
+        _remove_probes(probes, locks)
         for a in actors:
             ray.kill(a)
         if report:
