@@ -296,6 +296,8 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
     try:
         if report:
             write_report(report, jobs, extra)
+        if progress and total:      # the clock of the rate starts now, not with the first finished job
+            progress("frames of finished jobs", 0, total)
         free: list[Any] = []
         while queue or running:
             while queue and free:
