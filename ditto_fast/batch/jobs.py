@@ -22,6 +22,7 @@ from ditto_fast.render.formats import default_suffix
 
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
 EXIT_SOME_FAILED = 7
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143     # Ctrl-C (SIGINT), SIGTERM: as the CLI exits
 JOBS_MAX_BYTES = 64 * MIB       # a night of jobs is kilobytes to a few megabytes
 
 

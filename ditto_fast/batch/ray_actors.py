@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 import torch
 
 from ditto_fast.audio.decode import DecodedAudio
-from ditto_fast.batch.jobs import Job, check_jobs, is_finished, record_result, write_report
+from ditto_fast.batch.jobs import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, EXIT_TERMINATED, Job, check_jobs, is_finished,
+                                   record_result, write_report)
 from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.setup import RenderSetup
@@ -303,7 +304,7 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
             while queue and free:
                 job, actor = queue.pop(0), free.pop(0)
                 if fail_fast and any(j.status == "failed" for j in jobs):
-                    job.fail("not run: an earlier job failed (--fail-fast)", 7)
+                    job.fail("not run: an earlier job failed (--fail-fast)", EXIT_SOME_FAILED)
                     free.append(actor)
                     continue
                 running[actor.run.remote(job, clips[job.index].audio)] = (job, actor)
@@ -349,7 +350,8 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
             if report:
                 write_report(report, jobs, extra)
     except BaseException as e:
-        code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Terminated) else 1
+        code = EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else \
+            EXIT_TERMINATED if isinstance(e, Terminated) else 1
         for job in jobs:
             if job.status == "pending":
                 job.fail("interrupted before it finished; run the batch again to resume", code)
