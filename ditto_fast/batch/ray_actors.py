@@ -1,6 +1,7 @@
 """Batch scale-out on Ray: one engine per actor (an actor per GPU, or per CPU node), jobs handed to actors
 as they free up, results streamed back to the driver, which alone writes the report. The driver checks every
-job and sends each its decoded audio; an actor opens the avatar from its own view of the store."""
+job, skips those finished by the setups the actors report, and sends each of the others its decoded audio; an
+actor opens the avatar from its own view of the store."""
 
 from __future__ import annotations
 
@@ -297,8 +298,6 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
     try:
         if report:
             write_report(report, jobs, extra)
-        if progress and total:      # the clock of the rate starts now, not with the first finished job
-            progress("frames of finished jobs", 0, total)
         free: list[Any] = []
         while queue or running:
             while queue and free:
@@ -307,6 +306,8 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
                     job.fail("not run: an earlier job failed (--fail-fast)", EXIT_SOME_FAILED)
                     free.append(actor)
                     continue
+                if progress and not running and not done_frames:   # the rate's clock starts with the first job
+                    progress("frames of finished jobs", 0, total)
                 running[actor.run.remote(job, clips[job.index].audio)] = (job, actor)
                 if on_dispatch:
                     on_dispatch(job, actor)
