@@ -398,7 +398,8 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
                       "preset": preset, "encoder": encoder}
         with _bar("batch", quiet) as bar:
             run_batch_ray(jobs, setup_args, address=ray_address, workers=workers, force=force, fail_fast=fail_fast,
-                          report=report, progress=bar)
+                          report=report, progress=bar,
+                          warn=lambda text: click.echo(f"ditto-fast: warning: {one_line(text)}", err=True))
     else:
         setup = RenderSetup.resolve(checkpoints_dir, device, precision, config, batch_size, crf, preset, encoder)
         reuse_freed_memory()

@@ -60,6 +60,22 @@ def test_a_slow_stage_gets_a_line_every_30_seconds_and_a_new_stage_its_own():
     assert lines[-2].endswith("0.1 fps, ETA 27:31:40")      # 9910 frames to go at 0.1 fps: 99 100 s
 
 
+def test_no_rate_until_the_stage_has_run_a_second():
+    """A stage first heard of part-done (a batch's finished frames) said "6287726.3 fps" over ~0 s."""
+    clock = Clock()
+    report, out = _plain(clock)
+    clock.now = 100.0
+    report("frames of finished jobs", 10, 38)           # its first call: 10 frames in no time
+    clock.now += 0.5
+    report("frames of finished jobs", 25, 38)
+    clock.now += 1.5
+    report("frames of finished jobs", 38, 38)
+    assert out.getvalue().splitlines() == [
+        "ditto-fast: render: frames of finished jobs 10/38 frames (26 %)",
+        "ditto-fast: render: frames of finished jobs 25/38 frames (65 %)",
+        "ditto-fast: render: frames of finished jobs 38/38 frames (100 %), 19.0 fps, ETA 0:00:00"]
+
+
 def test_registration_steps_report_through_the_same_lines():
     clock = Clock()
     out = io.StringIO()

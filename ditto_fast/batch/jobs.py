@@ -22,6 +22,7 @@ from ditto_fast.render.formats import default_suffix
 
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
 EXIT_SOME_FAILED = 7
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143     # Ctrl-C (SIGINT), SIGTERM: as the CLI exits
 JOBS_MAX_BYTES = 64 * MIB       # a night of jobs is kilobytes to a few megabytes
 
 
@@ -163,9 +164,10 @@ def summary(jobs: list[Job]) -> dict[str, int]:
     return {s: sum(j.status == s for j in jobs) for s in ("done", "skipped", "failed")}
 
 
-def write_report(path: str | Path, jobs: list[Job]) -> None:
-    """The report JSON, replaced atomically (a reader never sees half of it)."""
-    write_json(path, {"jobs": [j.row() for j in jobs], "summary": summary(jobs)})
+def write_report(path: str | Path, jobs: list[Job], extra: dict[str, Any] | None = None) -> None:
+    """The report JSON (with `extra` entries beside the jobs and summary), replaced atomically (a reader never
+    sees half of it)."""
+    write_json(path, {"jobs": [j.row() for j in jobs], "summary": summary(jobs), **(extra or {})})
 
 
 def check_side_files(jobs: list[Job], report: Path | None, previews: dict[int, Path], reads: list[Path | None],

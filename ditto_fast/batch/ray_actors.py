@@ -1,26 +1,40 @@
 """Batch scale-out on Ray: one engine per actor (an actor per GPU, or per CPU node), jobs handed to actors
 as they free up, results streamed back to the driver, which alone writes the report. The driver checks every
-job and sends each its decoded audio; an actor opens the avatar from its own view of the store."""
+job, skips those finished by the setups the actors report, and sends each of the others its decoded audio; an
+actor opens the avatar from its own view of the store."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import torch
 
 from ditto_fast.audio.decode import DecodedAudio
-from ditto_fast.batch.jobs import Job, check_jobs, is_finished, record_result, write_report
+from ditto_fast.batch.jobs import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, EXIT_TERMINATED, Job, check_jobs, is_finished,
+                                   record_result, write_report)
 from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
+from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress
+from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.media.partfiles import create_locked
 
-INSTALL_HINT = 'Ray is not installed; install it with: pip install -e ".[ray]" (or pip install "ray>=2.9,<3")'
+INSTALL_HINT = ('Ray is not installed; install it with: pip install -e ".[ray]" '
+                '(or pip install "ray[client]>=2.9,<3")')
+CLIENT_HINT = ('a ray:// address needs the Ray Client (grpcio), which this install lacks; install it with: '
+               'pip install -e ".[ray]" (or pip install "ray[client]>=2.9,<3")')
+TIMEOUT_ENV = "DITTO_FAST_RAY_TIMEOUT"
+CONNECT_TIMEOUT_S = 30.0        # how long joining a cluster may take before we say it does not answer
 
 
 def _ray():
@@ -37,51 +51,68 @@ def _cpu_threads(share: int) -> int:
 
 
 class BatchWorker:
-    """The body of a Ray actor: checks it sees the shared paths, loads one engine, renders the jobs it gets.
+    """The body of a Ray actor: checks it sees the shared paths and resolves its setup (which the driver uses to
+    skip finished jobs), then renders the jobs it gets with one engine, loaded with the first.
 
     `share`: on a CPU node, how many actors share its cores (torch gets an equal part of them; Ray starts
     every actor with OMP_NUM_THREADS=1, which left a CPU render on one core); None on a GPU node."""
 
     def __init__(self, setup_args: dict[str, Any], store: str, probes: dict[str, str], share: int | None = None):
         os.environ["DITTO_FAST_HOME"] = store
-        for path, token in probes.items():
-            try:
-                seen = Path(path).read_text()
-            except OSError:
-                seen = None
-            if seen != token:
-                raise InputError(f"{Path(path).parent}: not visible from Ray node {_node()}; put the avatar store "
-                                 "(DITTO_FAST_HOME) and the outputs on a path every node mounts")
-        from ditto_fast.core.memory import reuse_freed_memory
-        from ditto_fast.engine.renderer import Renderer
+        self.problem: DittoError | None = None
+        self.setup: RenderSetup | None = None
+        self.renderer = None
+        try:
+            _check_visible(probes)
+            from ditto_fast.core.memory import reuse_freed_memory
 
-        if share is not None:            # before the CPU precision and batch probes, which time the networks
-            torch.set_num_threads(_cpu_threads(share))
-        reuse_freed_memory()
-        self.setup = RenderSetup.resolve(**setup_args)
-        self.renderer = Renderer(setup=self.setup)
+            if share is not None:            # before the CPU precision and batch probes, which time the networks
+                torch.set_num_threads(_cpu_threads(share))
+            reuse_freed_memory()
+            self.setup = RenderSetup.resolve(**setup_args)
+        except DittoError as e:     # said by ready(): raised here it reaches the driver as a bare ActorDiedError
+            self.problem = e
 
-    def run(self, job: Job, audio: DecodedAudio, force: bool) -> Job:
-        """Render one job the driver checked (its audio decoded there, sent along), or skip it when its output was
-        made from the same inputs. The avatar is opened here, from this node's view of the store."""
+    def ready(self) -> dict[str, Any]:
+        """Where this actor runs (host name, Ray node id), its setup (what its outputs' digests are made with), and
+        why it cannot render jobs (error None if it can)."""
+        return {"node": _node(), "node_id": _node_id(), "setup": self.setup,
+                "error": str(self.problem) if self.problem else None,
+                "exit_code": self.problem.exit_code if self.problem else 0}
+
+    def run(self, job: Job, audio: DecodedAudio) -> Job:
+        """Render one job the driver checked and found unfinished for this actor's setup (its audio decoded there,
+        sent along). The avatar is opened here, from this node's view of the store."""
         from ditto_fast.engine.clip import check_clip
+        from ditto_fast.engine.renderer import Renderer
 
         t0 = time.perf_counter()
         try:
+            if self.renderer is None:       # its load time goes into the first render's profile
+                self.renderer = Renderer(setup=self.setup)
             clip = check_clip(job.request, self.renderer.avatar(job.avatar), self.setup.config, audio=audio)
-            if not force and is_finished(job, clip, self.setup):
-                job.status, job.frames = "skipped", clip.frames
-            else:
-                result = self.renderer.render(clip)
-                record_result(job, result.profile, result.warnings)
+            result = self.renderer.render(clip)
+            record_result(job, result.profile, result.warnings)
         except DittoError as e:
             job.fail(e)
         except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
             job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1", 1)
         job.seconds = time.perf_counter() - t0
-        job.extra["node"] = _node()
+        job.extra["node"], job.extra["node_id"] = _node(), _node_id()
         job.extra["torch_threads"] = torch.get_num_threads()
         return job
+
+
+def _check_visible(probes: dict[str, str]) -> None:
+    """InputError unless this node reads back every token the driver wrote (the store and the output folders)."""
+    for path, token in probes.items():
+        try:
+            seen = Path(path).read_text()
+        except OSError:
+            seen = None
+        if seen != token:
+            raise InputError(f"{Path(path).parent}: not visible from Ray node {_node()}; put the avatar store "
+                             "(DITTO_FAST_HOME) and the outputs on a path every node mounts")
 
 
 def _node() -> str:
@@ -90,39 +121,155 @@ def _node() -> str:
     return socket.gethostname()
 
 
-def _probes(jobs: list[Job], store: Path) -> dict[str, str]:
-    """A token file in the store and in every output folder, which each actor must read back."""
+def _node_id() -> str:
+    """The Ray node id of this worker (two nodes on one host have the same host name, not the same id)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _probes(jobs: list[Job], store: Path) -> tuple[dict[str, str], list[int]]:
+    """A token file in the store and in every output folder, which each actor must read back; and the descriptors
+    holding their flocks (a killed driver's tokens are unlocked, and removed by the next batch in that folder)."""
     token = uuid.uuid4().hex
-    probes = {}
+    probes: dict[str, str] = {}
+    locks: list[int] = []
     for d in {store, *(j.output.parent for j in jobs if j.status == "pending")}:
-        p = d / f".ditto-fast-probe-{token[:12]}"
-        p.write_text(token)
-        probes[str(p)] = token
-    return probes
+        try:
+            path, fd = create_locked(d / "ditto-fast", "probe")     # .ditto-fast.probeXXXXXXXX
+        except OSError as e:
+            _remove_probes(probes, locks)
+            raise InputError(f"{d}: cannot write the token by which Ray actors check they see this folder "
+                             f"({e.strerror or e}); make it writable") from None
+        locks.append(fd)
+        probes[str(path)] = token
+        os.write(fd, token.encode())
+        give_usual_mode(path)           # readable by a node's workers running as another user
+    return probes, locks
+
+
+def _remove_probes(probes: dict[str, str], locks: list[int]) -> None:
+    for path in probes:
+        Path(path).unlink(missing_ok=True)
+    for fd in locks:
+        os.close(fd)
 
 
 def start_ray(address: str, temp_dir: str | None = None):
-    """Join the cluster at `address`, or start one on this machine for "local"; a running one is reused."""
+    """Join the cluster at `address` (within `connect_timeout()` seconds), or start one on this machine for
+    "local"; a running one is reused."""
     ray = _ray()
+    if address != "local":
+        _check_address(address)
+        timeout = connect_timeout()
     if not ray.is_initialized():
         if address == "local":
             ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, _temp_dir=temp_dir)
         else:
-            try:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-            except (ConnectionError, ValueError, RuntimeError) as e:
-                raise UsageError(f"--ray {address}: cannot join the Ray cluster ({str(e).splitlines()[0]})") from None
+            _join(ray, address, timeout)
     return ray
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a cluster to answer: $DITTO_FAST_RAY_TIMEOUT, else 30."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return CONNECT_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= 86400:
+        raise UsageError(f"{TIMEOUT_ENV}={raw[:40]}: not a number of seconds; give e.g. 30 (or unset it)")
+    return seconds
+
+
+def _check_address(address: str) -> None:
+    """A malformed address, or a ray:// one without the Ray Client installed, is bad usage (exit 2)."""
+    client = address.startswith("ray://")
+    if address != "auto":
+        try:
+            parts = urlsplit("//" + address.removeprefix("ray://"))
+            ok = bool(parts.hostname) and bool(parts.port) and not (parts.path or parts.query or
+                                                                         parts.fragment or parts.username)
+        except ValueError:              # a port that is not a number, or out of range
+            ok = False
+        if not ok:
+            raise UsageError(f"--ray {address[:200]}: not a Ray address; give local, auto, HOST:PORT (the head's "
+                             "GCS port, 6379 by default) or ray://HOST:PORT (the Ray Client's, 10001 by default)")
+    if client:
+        try:
+            import grpc  # noqa: F401 - what the Ray Client needs and the minimal `ray` lacks
+        except ImportError:
+            raise UsageError(f"--ray {address}: {CLIENT_HINT}") from None
+
+
+def _join(ray, address: str, timeout: float) -> None:
+    """ray.init(address) in a thread given `timeout` seconds: Ray itself retries an address that does not
+    answer for about 12 minutes. A cluster that does not answer in time is exit 3, one that refuses us exit 3."""
+    outcome: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=connect, name="ditto-fast-ray-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():               # left to Ray's own retries; the process ends before they do
+        raise InputError(f"--ray {address}: no Ray cluster answered within {timeout:g} s; check the address and "
+                         f"that the cluster is up (or give it longer with {TIMEOUT_ENV}=SECONDS)")
+    if outcome:
+        e = outcome[0]
+        why = _last_cause(e)
+        if isinstance(e, ValueError):
+            raise UsageError(f"--ray {address}: not an address Ray accepts ({why})") from None
+        if isinstance(e, (ConnectionError, RuntimeError)):
+            raise InputError(f"--ray {address}: cannot join the Ray cluster ({why})") from None
+        raise e
+
+
+def _last_cause(e: BaseException) -> str:
+    """The last line of the innermost cause of `e` (Ray wraps why it could not connect, an authentication token
+    missing say, as a traceback's text in a RuntimeError under a bare ConnectionError)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
 
 
 def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str = "local", workers: int | None = None,
                   force: bool = False, fail_fast: bool = False, report: str | Path | None = None,
-                  progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None
-                  ) -> list[Job]:
-    """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor."""
+                  progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None,
+                  warn: Callable[[str], None] | None = None) -> list[Job]:
+    """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor. An actor that cannot
+    render (its node does not see the store, say) gets no job: `warn` hears why, once a node, and the report's
+    "ray_nodes" lists every node's actors and what stopped them."""
+    with ray_session(address) as ray:
+        return _run_on_actors(ray, jobs, setup_args, workers, force, fail_fast, report, progress, on_dispatch, warn)
+
+
+@contextlib.contextmanager
+def ray_session(address: str):
+    """Ray joined (or started) at `address` for a batch, and left at its end if joined here. Meanwhile stdout is
+    stderr: Ray prints its raylet's messages (a worker that died, say) on stdout, which is the batch's summary's."""
+    ours = not _ray().is_initialized()
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            yield start_ray(address)
+        finally:
+            ray = _ray()
+            if ours and ray.is_initialized():   # stops Ray's listener threads, flushes what they held
+                ray.shutdown()
+
+
+def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: int | None, force: bool,
+                   fail_fast: bool, report: str | Path | None, progress: Progress | None,
+                   on_dispatch: Callable[[Job, Any], None] | None, warn: Callable[[str], None] | None) -> list[Job]:
     from ditto_fast.avatar import store_root
 
-    ray = start_ray(address)
     # the driver only checks the jobs (checkpoints, avatars, inputs): no device, fp32 and batch 1 so that no
     # `auto` starts a probe here; the actors resolve the real setup
     clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "fp32",
@@ -134,74 +281,139 @@ def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str =
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     count = min(len(todo), workers or (gpus or nodes), *([gpus] if gpus else []))
     store = store_root() / "avatars"
-    probes = _probes(todo, store) if todo else {}
+    probes, locks = _probes(todo, store) if todo else ({}, [])
     if gpus:
         remote, share = ray.remote(num_gpus=1)(BatchWorker), None
     else:   # spread over the nodes, each actor's torch on its part of the node's cores
         remote, share = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker), math.ceil(count / max(1, nodes))
     actors = [remote.remote(setup_args, str(store_root()), probes, share) for _ in range(max(0, count))]
+    starting = {a.ready.remote(): a for a in actors}        # an actor gets jobs once it says it can render
+    seen: dict[str, dict[str, Any]] = {}                    # Ray node id -> its actors and what stopped them
+    tried: dict[int, set[str]] = {}                         # job -> the digests its output was compared with
+    unable: dict[str, Any] | None = None                    # the last actor that could not render, and why
     retried: set[int] = set()
     running: dict[Any, tuple[Job, Any]] = {}
     queue = list(todo)
+    extra: dict[str, Any] = {"ray_nodes": []}               # in the report beside the jobs
     try:
         if report:
-            write_report(report, jobs)
-        free = list(actors)
+            write_report(report, jobs, extra)
+        free: list[Any] = []
         while queue or running:
             while queue and free:
                 job, actor = queue.pop(0), free.pop(0)
                 if fail_fast and any(j.status == "failed" for j in jobs):
-                    job.fail("not run: an earlier job failed (--fail-fast)", 7)
+                    job.fail("not run: an earlier job failed (--fail-fast)", EXIT_SOME_FAILED)
                     free.append(actor)
                     continue
-                running[actor.run.remote(job, clips[job.index].audio, force)] = (job, actor)
+                if progress and not running and not done_frames:   # the rate's clock starts with the first job
+                    progress("frames of finished jobs", 0, total)
+                running[actor.run.remote(job, clips[job.index].audio)] = (job, actor)
                 if on_dispatch:
                     on_dispatch(job, actor)
-            if not running:
+            if not running and not starting:
                 if queue:       # every actor is gone
+                    why = f" ({unable['error']})" if unable else " (see the failed jobs for why)"
                     for job in queue:
-                        job.fail("not run: no Ray actor is left (see the failed jobs for why)", 1)
+                        job.fail(f"not run: no Ray actor is left{why}", unable["exit_code"] if unable else 1)
                     queue.clear()
                 break
-            ready, _ = ray.wait(list(running), num_returns=1)
+            ready, _ = ray.wait([*running, *starting], num_returns=1)
+            if ready[0] in starting:
+                actor = starting.pop(ready[0])
+                info = _started(ray, ready[0])
+                if _note_node(seen, info, warn):
+                    free.append(actor)
+                    if not force:       # before any job goes there: a rerun loads no network to skip its jobs
+                        total -= sum(j.frames for j in _skip_finished(queue, clips, info["setup"], tried))
+                else:
+                    unable = info
+                    ray.kill(actor)
+                extra["ray_nodes"] = list(seen.values())
+                continue
             job, actor = running.pop(ready[0])
             try:
                 result = ray.get(ready[0])
             except ray.exceptions.RayActorError as e:
-                cause = _actor_error(e)
-                if cause is not None:                       # the actor could not start: no job runs there
-                    job.fail(cause)
-                elif job.index not in retried:
+                if job.index not in retried:
                     retried.add(job.index)
                     queue.insert(0, job)
                 else:
                     job.fail(f"its Ray actor died twice ({type(e).__name__}); render it alone to see why", 1)
+                    job.extra["attempts"] = 2
                 continue
             _copy_outcome(result, job)
+            job.extra["attempts"] = 2 if job.index in retried else 1     # 2: its first actor died
             free.append(actor)
             done_frames += clips[job.index].frames
             if progress:
                 progress("frames of finished jobs", done_frames, total)
             if report:
-                write_report(report, jobs)
+                write_report(report, jobs, extra)
     except BaseException as e:
-        code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Terminated) else 1
+        code = EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else \
+            EXIT_TERMINATED if isinstance(e, Terminated) else 1
         for job in jobs:
             if job.status == "pending":
                 job.fail("interrupted before it finished; run the batch again to resume", code)
         raise
     finally:
-        for p in probes:
-            Path(p).unlink(missing_ok=True)
+        _remove_probes(probes, locks)
         for a in actors:
             ray.kill(a)
         if report:
-            write_report(report, jobs)
+            write_report(report, jobs, extra)
     return jobs
 
 
+def _skip_finished(queue: list[Job], clips: dict[int, Clip], setup: RenderSetup, tried: dict[int, set[str]]
+                   ) -> list[Job]:
+    """Take out of `queue` (and mark skipped) the jobs whose output a render with an actor's `setup` would make
+    again; each output's tag is read once for each digest it is compared with. The jobs taken out."""
+    skipped = []
+    for job in list(queue):
+        clip = clips[job.index]
+        digest = setup.digest(clip)
+        if digest in tried.setdefault(job.index, set()):
+            continue
+        tried[job.index].add(digest)
+        if is_finished(job, clip, setup):
+            job.status, job.frames = "skipped", clip.frames
+            queue.remove(job)
+            skipped.append(job)
+    return skipped
+
+
+def _started(ray, ref) -> dict[str, Any]:
+    """An actor's answer to ready(): its node and why it cannot render (error None if it can)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:    # died while starting (out of memory, its node lost, a bug)
+        cause = _actor_error(e)
+        return {"node": None, "node_id": getattr(e, "node_id", None) or "unknown",
+                "error": str(cause) if cause else f"its Ray actor died while starting ({type(e).__name__}); "
+                                                  "see the Ray logs of its node",
+                "exit_code": cause.exit_code if cause else 1}
+
+
+def _note_node(seen: dict[str, dict[str, Any]], info: dict[str, Any], warn: Callable[[str], None] | None) -> bool:
+    """Count a started actor on its node's record; an actor that cannot render puts its reason there (`warn`
+    hears it once a node). Whether the actor can render."""
+    node = seen.setdefault(info["node_id"], {"node": info["node"], "node_id": info["node_id"], "actors": 0,
+                                             "error": None})
+    if info["error"] is None:
+        node["actors"] += 1
+        return True
+    if node["error"] is None:
+        node["error"] = info["error"]
+        if warn:
+            where = f"{info['node']} (node id {info['node_id'][:12]})" if info["node"] else "unknown node"
+            warn(f"Ray {where}: no job runs there: {info['error']}")
+    return False
+
+
 def _actor_error(e: BaseException) -> DittoError | None:
-    """The DittoError an actor's constructor raised (a path it cannot see, say), if that is why it died."""
+    """The DittoError an actor's constructor raised, if Ray kept it as the cause of its death."""
     for _ in range(4):
         if isinstance(e, DittoError):
             return e

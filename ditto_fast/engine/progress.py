@@ -12,6 +12,7 @@ import time
 from typing import Callable, TextIO
 
 EVERY_S = 30.0          # a plain line at least this often while a stage runs
+RATE_AFTER_S = 1.0      # no rate (fps, ETA) on a line until the stage has run this long: over ~0 s it means nothing
 
 
 def _clock_text(seconds: float) -> str:
@@ -65,7 +66,7 @@ class ProgressReport:
     def _line(self, stage: str, done: int, total: int, now: float) -> None:
         text = f"ditto-fast: {self._name(stage)} {done}/{total} {self.unit} ({100 * done // total} %)"
         elapsed = now - self._t0
-        if done and elapsed > 0:
+        if done and elapsed >= RATE_AFTER_S:
             rate = done / elapsed
             text += f", {rate:.1f} fps, ETA {_clock_text((total - done) / rate)}"
         try:
@@ -97,4 +98,4 @@ def counted(report: ProgressReport) -> Callable[[int, str], Callable[[int], None
     return factory
 
 
-__all__ = ["EVERY_S", "ProgressReport", "counted"]
+__all__ = ["EVERY_S", "RATE_AFTER_S", "ProgressReport", "counted"]
