@@ -24,6 +24,7 @@ from ditto_fast.avatar import safe_pickle
 from ditto_fast.avatar.store import damaged_error, register_hint
 from ditto_fast.core.errors import AvatarError, InputError
 from ditto_fast.core.files import MIB, read_bounded
+from ditto_fast.core.keypoint_info import X_S_INFO_WIDTHS
 
 FORMAT_VERSION = 2
 PKL_MAGIC = b"ditto-fast-avatar"
@@ -41,9 +42,7 @@ PKL_MAX_BYTES = 256 * MIB
 CACHE_FPS = 25.0  # the rate of image avatars (and of records that give none)
 
 # per-frame x_s_info arrays: name -> trailing shape (leading dim is the frame count N)
-X_S_INFO_SHAPES: dict[str, tuple[int, ...]] = {
-    "pitch": (66,), "yaw": (66,), "roll": (66,), "t": (3,), "exp": (63,), "scale": (1,), "kp": (63,),
-}
+X_S_INFO_SHAPES: dict[str, tuple[int, ...]] = {k: (w,) for k, w in X_S_INFO_WIDTHS.items()}
 # other per-frame arrays: name -> (trailing shape, dtype)
 FRAME_ARRAYS: dict[str, tuple[tuple[int, ...], np.dtype]] = {
     "M_c2o": ((3, 3), np.dtype(np.float64)),

@@ -25,6 +25,7 @@ from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.core.config import RegisterConfig, load_config
 from ditto_fast.core.devices import numpy_blas_single_threaded, resolve_device
 from ditto_fast.core.errors import InputError, NoFaceError
+from ditto_fast.core.keypoint_info import X_S_INFO_KEYS
 from ditto_fast.face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ditto_fast.face.eyes import eye_features
 from ditto_fast.face.kept_points import KEPT_POINTS, kept_points
@@ -43,7 +44,6 @@ from ditto_fast.avatar.source import SourceFrames, SourceInfo, open_source
 from ditto_fast.avatar.store import avatars_dir, validate_name
 from ditto_fast.avatar.writer import AvatarWriter
 
-INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read
 TRIM_EVERY = 100             # frames between returns of the heap's free pages to the OS (see memory.py)
 Step = Callable[..., object]
@@ -73,7 +73,7 @@ class Extractors:
         x = torch.from_numpy(crops256).to(self.device).permute(0, 3, 1, 2).float() / 255.0  # [B,3,256,256]
         f_s = self.appearance(x)
         out = self.motion(x)
-        return f_s, {k: out[k].float().cpu().numpy() for k in INFO_KEYS}
+        return f_s, {k: out[k].float().cpu().numpy() for k in X_S_INFO_KEYS}
 
 
 class _FeatureSink:
@@ -85,7 +85,7 @@ class _FeatureSink:
         self.step, self.timer = step, timer
         self.batch: list[np.ndarray] = []
         self.done = 0
-        self.infos: dict[str, list[np.ndarray]] = {k: [] for k in INFO_KEYS}
+        self.infos: dict[str, list[np.ndarray]] = {k: [] for k in X_S_INFO_KEYS}
 
     def add(self, crop256: np.ndarray) -> None:
         self.batch.append(crop256)
@@ -103,7 +103,7 @@ class _FeatureSink:
             torch.from_numpy(rows).copy_(f_s)      # to the host as float16, straight into the write buffer
         with self.timer("cache_write"):
             self.writer.write_f_s(self.done, rows)
-        for k in INFO_KEYS:
+        for k in X_S_INFO_KEYS:
             self.infos[k].append(info[k])
         if self.done // TRIM_EVERY != (self.done + len(self.batch)) // TRIM_EVERY:
             release_free_memory()
