@@ -57,8 +57,6 @@ class Extractors:
         self.device = device
         self.appearance = models.load("appearance_extractor", files["appearance_extractor"], device)
         self.motion = models.load("motion_extractor", files["motion_extractor"], device)
-        self.random_weights = any(getattr(m, "ditto_meta", {}).get("random_weights")
-                                  for m in (self.appearance, self.motion))
 
     @property
     def f_s_row_bytes(self) -> int:
@@ -306,7 +304,7 @@ class Registrar:
                 "eye_open": np.stack([e[0] for e in eyes]).astype(np.float32),
                 "eye_ball": np.stack([e[1] for e in eyes]).astype(np.float32),
                 "sc": sc, "is_image": info.is_image,
-                "random_weights": bool(nets.random_weights or cs.random_weights),
+                "random_weights": cs.any_random(nets.appearance, nets.motion),
                 "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "warnings": sorted({str(w.message) for w in caught} | ({info.rate_note} if info.rate_note else set())
                                    | set(self.warnings)),
