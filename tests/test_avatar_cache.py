@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import pickle
@@ -23,26 +24,26 @@ FP = {"appearance_extractor": "a1b2c3d4e5f60718", "motion_extractor": "0918f7e6d
 TAIL = (4, 4, 64, 64)
 
 
-def make_meta(n: int, rng: np.random.Generator, is_image: bool = False, fingerprints=None) -> dict:
-    """Synthetic registration output for n frames."""
-    return {
-        "source": {"path": "/data/anchor clip.mp4", "sha256": "ab" * 32, "fps": 25.0,
-                   "size": (np.int64(640), 360), "n_frames": n},
-        "fingerprints": dict(fingerprints or FP),
-        "crop": {"scale": 2.3, "vx": 0.0, "vy": -0.125, "dsize": 512, "flag_do_rot": True},
-        "x_s_info": {
+def make_meta(n: int, rng: np.random.Generator, is_image: bool = False, fingerprints=None) -> fmt.AvatarRecord:
+    """Synthetic registration output for n frames (float64 arrays, exp as [n, 21, 3]: the writer conforms them)."""
+    return fmt.AvatarRecord(
+        source={"path": "/data/anchor clip.mp4", "sha256": "ab" * 32, "fps": 25.0,
+                "size": (np.int64(640), 360), "n_frames": n},
+        fingerprints=dict(fingerprints or FP),
+        crop={"scale": 2.3, "vx": 0.0, "vy": -0.125, "dsize": 512, "flag_do_rot": True},
+        x_s_info={
             "pitch": rng.standard_normal((n, 66)), "yaw": rng.standard_normal((n, 66)),
             "roll": rng.standard_normal((n, 66)), "t": rng.standard_normal((n, 3)),
             "exp": rng.standard_normal((n, 21, 3)), "scale": rng.standard_normal((n, 1)),
             "kp": rng.standard_normal((n, 63)),
         },
-        "M_c2o": rng.standard_normal((n, 3, 3)),
-        "eye_open": rng.random((n, 2)),
-        "eye_ball": rng.random((n, 6)),
-        "sc": rng.standard_normal(63),
-        "is_image": is_image,
-        "random_weights": True,
-    }
+        M_c2o=rng.standard_normal((n, 3, 3)),
+        eye_open=rng.random((n, 2)),
+        eye_ball=rng.random((n, 6)),
+        sc=rng.standard_normal(63),
+        is_image=is_image,
+        random_weights=True,
+    )
 
 
 def write_avatar(root: Path, name: str = "ruby", n: int = 5, tail=TAIL, is_image: bool = False,
@@ -106,15 +107,15 @@ def test_round_trip(tmp_path):
     for k in ("pitch", "yaw", "roll", "t", "scale", "kp"):
         a = av.x_s_info[k]
         assert a.dtype == np.float32
-        np.testing.assert_array_equal(a, meta["x_s_info"][k].astype(np.float32))
+        np.testing.assert_array_equal(a, meta.x_s_info[k].astype(np.float32))
     assert av.x_s_info["exp"].shape == (5, 63)
-    np.testing.assert_array_equal(av.x_s_info["exp"], meta["x_s_info"]["exp"].reshape(5, 63).astype(np.float32))
+    np.testing.assert_array_equal(av.x_s_info["exp"], meta.x_s_info["exp"].reshape(5, 63).astype(np.float32))
     assert av.M_c2o.dtype == np.float64 and av.M_c2o.shape == (5, 3, 3)
-    np.testing.assert_array_equal(av.M_c2o, meta["M_c2o"])
-    np.testing.assert_array_equal(av.eye_open, meta["eye_open"].astype(np.float32))
-    np.testing.assert_array_equal(av.eye_ball, meta["eye_ball"].astype(np.float32))
-    np.testing.assert_array_equal(av.sc, meta["sc"].astype(np.float32))
-    assert av.meta["crop"] == meta["crop"]
+    np.testing.assert_array_equal(av.M_c2o, meta.M_c2o)
+    np.testing.assert_array_equal(av.eye_open, meta.eye_open.astype(np.float32))
+    np.testing.assert_array_equal(av.eye_ball, meta.eye_ball.astype(np.float32))
+    np.testing.assert_array_equal(av.sc, meta.sc.astype(np.float32))
+    assert av.meta["crop"] == meta.crop
     assert av.meta["source"]["path"] == "/data/anchor clip.mp4"
     assert av.meta["format_version"] == fmt.FORMAT_VERSION
 
@@ -125,7 +126,7 @@ def test_round_trip(tmp_path):
     np.testing.assert_array_equal(np.asarray(av.f_s), f_s_data)
 
     info = av.frame_info(3)
-    assert set(info) == set(fmt.X_S_INFO_SHAPES)
+    assert set(info) == set(fmt.X_S_INFO)
     assert info["pitch"].shape == (1, 66) and info["kp"].shape == (1, 63) and info["scale"].shape == (1, 1)
     np.testing.assert_array_equal(info["t"][0], av.x_s_info["t"][3])
     with pytest.raises(IndexError):
@@ -154,13 +155,13 @@ def test_image_avatar_and_full_shape(tmp_path):
 
 
 def test_registration_style_meta(tmp_path):
-    """Extra keys are kept under meta["extra"]; fps/size of the cached frames may differ from the source's."""
+    """extra is kept as given; fps/size of the cached frames may differ from the source's (rate follows fps)."""
     rng = np.random.default_rng(7)
     meta = make_meta(1, rng, is_image=True)
-    meta["source"] = {"path": "/x/still.jpg", "sha256": "0" * 64, "fps": 0.0, "size": [1280, 720],
-                      "source_size": [4000, 2250], "frames": 1}
-    meta["crop"]["params"] = np.zeros((1, 4))
-    meta.update(format_version=99, created="yesterday", warnings=["blurry"], size=(1280, 720))
+    meta = dataclasses.replace(
+        meta, source={"path": "/x/still.jpg", "sha256": "0" * 64, "fps": 0.0, "size": [1280, 720],
+                      "source_size": [4000, 2250], "frames": 1},
+        crop={**meta.crop, "params": np.zeros((1, 4))}, extra={"warnings": ["blurry"]}, size=(1280, 720))
     with AvatarWriter("still", root=tmp_path) as w:
         w.open_f_s(1, TAIL)
         w.write_f_s(0, np.full((1, *TAIL), 0.5, np.float32))
@@ -169,16 +170,16 @@ def test_registration_style_meta(tmp_path):
     av = load_avatar("still", root=tmp_path)
     assert av.fps == fmt.CACHE_FPS and av.size == (1280, 720) and av.meta["source"]["fps"] == 0.0
     assert av.meta["extra"] == {"warnings": ["blurry"]}
-    assert av.meta["format_version"] == fmt.FORMAT_VERSION and av.meta["created"] != "yesterday"
+    assert av.meta["format_version"] == fmt.FORMAT_VERSION and av.meta["rate"] == "25" and av.rate == 25
     assert av.meta["crop"]["params"].shape == (1, 4)
-    meta.update(fps=30.0, size=(64, 32))
+    meta = dataclasses.replace(meta, fps=30.0, size=(64, 32))
     with AvatarWriter("still", root=tmp_path, force=True) as w:
         w.open_f_s(1, TAIL)
         w.write_f_s(0, np.zeros((1, *TAIL), np.float16))
         w.plate_path(True).write_bytes(b"png")
         w.finish(meta)
     av = load_avatar("still", root=tmp_path)
-    assert av.fps == 30.0 and av.size == (64, 32)
+    assert av.fps == 30.0 and av.size == (64, 32) and av.meta["rate"] == "30"
 
 
 def test_f_s_holds_the_rows_written(tmp_path):
@@ -279,15 +280,13 @@ def test_write_error_surfaces_and_leaves_nothing(tmp_path, monkeypatch):
 
 def test_finish_rejects_bad_meta(tmp_path):
     rng = np.random.default_rng(1)
-    meta = make_meta(4, rng)
-    meta["eye_ball"] = np.zeros((4, 5))
+    meta = dataclasses.replace(make_meta(4, rng), eye_ball=np.zeros((4, 5)))
     with pytest.raises(ValueError, match="eye_ball"):
         with AvatarWriter("bad", root=tmp_path) as w:
             w.open_f_s(4, TAIL)
             w.plate_path(False).write_bytes(b"x")
             w.finish(meta)
-    meta = make_meta(4, rng)
-    meta["crop"] = {"fn": print}
+    meta = dataclasses.replace(make_meta(4, rng), crop={"fn": print})
     with pytest.raises(TypeError, match="cannot be cached"):
         with AvatarWriter("bad", root=tmp_path) as w:
             w.open_f_s(4, TAIL)
@@ -488,6 +487,11 @@ def test_modified_pickle_refused(tmp_path):
     del body["sc"]
     _write_record(d, body)
     with pytest.raises(AvatarError, match=r"damaged \(avatar.pkl incomplete: 'sc'\)"):
+        load_avatar("ruby", root=tmp_path)
+    body["sc"] = np.zeros(63, np.float32)         # every field the record requires (the loader reads them all)
+    del body["random_weights"]
+    _write_record(d, body)
+    with pytest.raises(AvatarError, match=r"damaged \(avatar.pkl incomplete: 'random_weights'\)"):
         load_avatar("ruby", root=tmp_path)
     # byte-level damage
     (d / "avatar.pkl").write_bytes(good[: len(good) // 3])

@@ -52,6 +52,8 @@ def test_the_stream_line_gives_matrix_aspect_and_transfer():
     tagged = "Stream #0:0: Video: h264, yuv420p(tv, bt709, progressive), 640x360 [SAR 1:1 DAR 16:9], 25 fps"
     assert read_picture(tagged, (640, 360)).matrix == "bt709"
     assert read_picture(tagged, (640, 360), "bt601").matrix == "bt601"       # --source-colour wins
+    with pytest.raises(ValueError, match="source_colour must be one of auto, bt601, bt709"):
+        read_picture(tagged, (640, 360), "bt2020")                           # never taken as "auto" silently
 
 
 @pytest.mark.parametrize("shown, stored, sar", [((1920, 1080), (1440, 1080), "4/3"), ((1024, 576), (720, 576), "64/45")])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from ditto_fast import models
 from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.core.devices import resolve_device
 from ditto_fast.render.precision import choose_precision
@@ -32,7 +33,7 @@ def test_crops_are_uint8_and_depend_on_motion(inputs):
     r = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"))
     crops = r(f_s, x_s, x_d)
     assert crops.dtype == np.uint8 and crops.shape == (2, 512, 512, 3)
-    assert r.random_weights
+    assert models.is_random(r.warp, r.decoder)
     moved = r(f_s, x_s, x_d + 0.05)
     assert np.abs(crops.astype(int) - moved).mean() > 0.5
     # batch of two equals two single frames

@@ -2,11 +2,12 @@
 
 An avatar directory holds ``avatar.pkl``, ``f_s.npy`` ([N, C, D, 64, 64] float16) and ``plate.mp4``
 (video) or ``plate.png`` (image). ``avatar.pkl`` is one text line,
-``ditto-fast-avatar format 2 crc32 <hex>``, then one pickle, whose CRC-32 that line carries, of the
-record: source metadata, checkpoint fingerprints, crop parameters, per-frame ``x_s_info`` /
-``M_c2o`` / ``eye_open`` / ``eye_ball``, ``sc``, ``is_image`` (numpy arrays and plain containers
-only; read with ``safe_pickle``) and, for each of the other two files, its size and a CRC-32 per
-block. A block of ``f_s.npy`` is one frame's row after the fixed 4096-byte header, so damage is
+``ditto-fast-avatar format 2 crc32 <hex>``, then one pickle, whose CRC-32 that line carries, of a plain
+dict (numpy arrays and plain containers only; read with ``safe_pickle``): the writer's fields (name,
+time, frame count, f_s shape), the fields of `AvatarRecord` (what registration measured: source
+metadata, checkpoint fingerprints, crop parameters, per-frame ``x_s_info`` / ``M_c2o`` / ``eye_open``
+/ ``eye_ball``, ``sc``, ``is_image``), the plate's name and, for each of the other two files, its size
+and a CRC-32 per block. A block of ``f_s.npy`` is one frame's row after the fixed 4096-byte header, so damage is
 named by frame; the plate is cut into 1 MiB blocks. Any other format version is refused as stale.
 """
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 import os
 import pickle
 import zlib
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from ditto_fast.avatar import safe_pickle
 from ditto_fast.avatar.store import damaged_error, register_hint
 from ditto_fast.core.errors import AvatarError, InputError
 from ditto_fast.core.files import MIB, read_bounded
+from ditto_fast.core.keypoint_info import X_S_INFO_WIDTHS
 
 FORMAT_VERSION = 2
 PKL_MAGIC = b"ditto-fast-avatar"
@@ -40,17 +43,108 @@ PLATE_BLOCK_BYTES = 1 << 20
 PKL_MAX_BYTES = 256 * MIB
 CACHE_FPS = 25.0  # the rate of image avatars (and of records that give none)
 
-# per-frame x_s_info arrays: name -> trailing shape (leading dim is the frame count N)
-X_S_INFO_SHAPES: dict[str, tuple[int, ...]] = {
-    "pitch": (66,), "yaw": (66,), "roll": (66,), "t": (3,), "exp": (63,), "scale": (1,), "kp": (63,),
-}
-# other per-frame arrays: name -> (trailing shape, dtype)
-FRAME_ARRAYS: dict[str, tuple[tuple[int, ...], np.dtype]] = {
-    "M_c2o": ((3, 3), np.dtype(np.float64)),
-    "eye_open": ((2,), np.dtype(np.float32)),
-    "eye_ball": ((6,), np.dtype(np.float32)),
-}
-SC_SHAPE = (63,)
+
+# ----------------------------------------------------------------------------- the record
+@dataclass(frozen=True)
+class Stored:
+    """How the record keeps one array: [N, *tail] if per frame (N = frames), else [*tail], written as `dtype`. It is
+    read back with exactly that dtype, or where `any_float` with any float dtype (as records have always been)."""
+
+    tail: tuple[int, ...]
+    dtype: np.dtype = np.dtype(np.float32)
+    per_frame: bool = True
+    any_float: bool = False
+
+    def shape(self, n: int) -> tuple[int, ...]:
+        """The array's shape in a record of n frames."""
+        return (n, *self.tail) if self.per_frame else self.tail
+
+    def conform(self, value: Any, n: int, what: str) -> np.ndarray:
+        """value as the record keeps it: a C-contiguous array of this shape and dtype (the values given with extra
+        singleton dims are accepted, e.g. [N,1,66], or [N,21,3] for kp); ValueError otherwise."""
+        shape = self.shape(n)
+        arr = np.ascontiguousarray(np.asarray(value, dtype=self.dtype))
+        if arr.shape != shape:
+            if arr.size == int(np.prod(shape)) and arr.ndim >= 1 and (not self.per_frame or arr.shape[0] == n):
+                arr = arr.reshape(shape)
+            else:
+                raise ValueError(f"{what}: expected shape {shape}, got {arr.shape}")
+        return arr
+
+    def check(self, a: Any, n: int, what: str) -> None:
+        """ValueError unless `a`, read from a record of n frames, is such an array of finite values."""
+        dtype_ok = isinstance(a, np.ndarray) and (a.dtype.kind == "f" if self.any_float else a.dtype == self.dtype)
+        if not dtype_ok or a.shape != self.shape(n):
+            raise ValueError(f"{what} has the wrong shape" + ("" if self.any_float else " or dtype"))
+        _check_finite(a, what)
+
+
+# the keypoint info per frame, part by part
+X_S_INFO: dict[str, Stored] = {k: Stored((w,), any_float=True) for k, w in X_S_INFO_WIDTHS.items()}
+
+
+def _arrays(declared: Stored | dict[str, Stored]) -> Any:
+    """A record field holding an array as declared (or, for a dict of declarations, a dict of such arrays)."""
+    return field(metadata={"stored": declared})
+
+
+@dataclass(frozen=True, kw_only=True)
+class AvatarRecord:
+    """What registration measured about a source, field by field in avatar.pkl's order (N = frames). The writer
+    checks and completes it (see AvatarWriter.finish) and adds its own fields and the files' checksums."""
+
+    is_image: bool
+    fps: float = CACHE_FPS                  # the rate of the cached frames and the plate
+    rate: str | None = None                 # the same exactly ("30000/1001"); None: the standard rate nearest fps
+    size: tuple[int, int] | None = None     # (w, h) of the cached frames and the plate; None: the source's size
+    source: dict[str, Any]                  # path, sha256, fps, size, source_size, frames (a video's picture too)
+    fingerprints: dict[str, str]            # network -> fingerprint of the checkpoint the features came from
+    random_weights: bool                    # made with random checkpoints: its renders are noise
+    crop: dict[str, Any] = field(default_factory=dict)   # dsize, scale, vx, vy, smooth_window, params [N, 4]
+    x_s_info: dict[str, np.ndarray] = _arrays(X_S_INFO)
+    M_c2o: np.ndarray = _arrays(Stored((3, 3), np.dtype(np.float64)))    # crop -> frame, per frame
+    eye_open: np.ndarray = _arrays(Stored((2,)))
+    eye_ball: np.ndarray = _arrays(Stored((6,)))
+    sc: np.ndarray = _arrays(Stored((X_S_INFO_WIDTHS["kp"],), per_frame=False, any_float=True))   # frame 0's kp
+    extra: dict[str, Any] = field(default_factory=dict)  # plain data rendering does not read (registration's
+    #                                                      time, warnings, mouth check, landmarks)
+
+    @classmethod
+    def read(cls, body: Mapping[str, Any]) -> AvatarRecord:
+        """The record in a checked avatar.pkl dict (one written before exact rates has no "rate")."""
+        return cls(**{f.name: body[f.name] for f in fields(cls) if f.name in body})
+
+    def arrays(self, n: int) -> dict[str, Any]:
+        """The record's arrays as avatar.pkl keeps them (x_s_info a dict of them), n frames each; ValueError naming
+        the first that cannot be."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            declared, value = f.metadata.get("stored"), getattr(self, f.name)
+            if isinstance(declared, Stored):
+                out[f.name] = declared.conform(value, n, f.name)
+            elif declared is not None:
+                out[f.name] = {k: d.conform(value[k], n, f"{f.name}[{k}]") for k, d in declared.items()}
+        return out
+
+
+def _stored_arrays(body: Mapping[str, Any]) -> Iterator[tuple[str, Stored, Any]]:
+    """(name, declaration, value) of each array in an avatar.pkl dict, x_s_info's one by one ("x_s_info[t]")."""
+    for f in fields(AvatarRecord):
+        declared = f.metadata.get("stored")
+        if isinstance(declared, Stored):
+            yield f.name, declared, body[f.name]
+        elif declared is not None:
+            yield from ((f"{f.name}[{k}]", d, body[f.name][k]) for k, d in declared.items())
+
+
+def record_body(record: AvatarRecord, name: str, created: str, f_s_shape: tuple[int, ...], plate: str,
+                checksums: dict[str, Any]) -> dict[str, Any]:
+    """The dict avatar.pkl holds: the writer's fields, the record's as given (checked and completed), the plate's
+    name, the files' checksums, the record's extra."""
+    values = {f.name: getattr(record, f.name) for f in fields(record)}
+    extra = values.pop("extra")
+    return {"format_version": FORMAT_VERSION, "name": name, "created": created, "n_frames": f_s_shape[0],
+            "f_s_shape": f_s_shape, **values, "plate": plate, "checksums": checksums, "extra": extra}
 
 
 # ----------------------------------------------------------------------------- record contents
@@ -72,18 +166,6 @@ def plain(obj: Any, where: str) -> Any:
         items = [plain(v, f"{where}[]") for v in obj]
         return type(obj)(items) if not isinstance(obj, list) else items
     raise TypeError(f"{where}: {type(obj).__name__} cannot be cached (numpy arrays and plain containers only)")
-
-
-def frame_array(value: Any, n: int, tail: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
-    """value as a C-contiguous [n, *tail] array of dtype (extra singleton dims accepted); ValueError otherwise."""
-    arr = np.ascontiguousarray(np.asarray(value, dtype=dtype))
-    if arr.shape != (n, *tail):
-        # accept [N, *tail] given with extra singleton dims, e.g. [N,1,66] or [N,21,3] for kp
-        if arr.size == n * int(np.prod(tail)) and arr.ndim >= 1 and arr.shape[0] == n:
-            arr = arr.reshape(n, *tail)
-        else:
-            raise ValueError(f"{what}: expected shape {(n, *tail)}, got {arr.shape}")
-    return arr
 
 
 def n_blocks(rec: dict[str, Any]) -> int:
@@ -124,19 +206,12 @@ def check_record(body: Any) -> None:
     n = int(body["n_frames"])
     if n < 1:
         raise ValueError("no frames")
-    for k, tail in X_S_INFO_SHAPES.items():
-        a = body["x_s_info"][k]
-        if not isinstance(a, np.ndarray) or a.shape != (n, *tail) or a.dtype.kind != "f":
-            raise ValueError(f"x_s_info[{k}] has the wrong shape")
-        _check_finite(a, f"x_s_info[{k}]")
-    for k, (tail, dtype) in FRAME_ARRAYS.items():
-        a = body[k]
-        if not isinstance(a, np.ndarray) or a.shape != (n, *tail) or a.dtype != dtype:
-            raise ValueError(f"{k} has the wrong shape or dtype")
-        _check_finite(a, k)
-    if not isinstance(body["sc"], np.ndarray) or body["sc"].shape != SC_SHAPE or body["sc"].dtype.kind != "f":
-        raise ValueError("sc has the wrong shape")
-    _check_finite(body["sc"], "sc")
+    missing = [f.name for f in fields(AvatarRecord)
+               if f.name not in body and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise KeyError(missing[0])
+    for what, declared, a in _stored_arrays(body):
+        declared.check(a, n, what)
     shape = tuple(body["f_s_shape"])
     if len(shape) != 5 or shape[0] != n:
         raise ValueError("f_s shape record is wrong")

@@ -15,13 +15,13 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ditto_fast.core.config import SOURCE_COLOURS
 from ditto_fast.media.ffpipe import colorspace_tag, pixel_format
 from ditto_fast.media.rates import rate_text
 from ditto_fast.media.yuv import COLORSPACE_TAG, Layout, layout_for, matrix_for_tag
 
 HD = (1280, 720)                    # from this size up an untagged picture is taken as BT.709
 HDR_TRANSFERS = {"smpte2084": "PQ", "arib-std-b67": "HLG"}
-SOURCE_COLOURS = ("auto", "bt601", "bt709")
 # HDR reference white (BT.2408: 203 cd/m2, also HLG's 75 % signal) becomes SDR white; what is brighter rolls off
 # (mobius), so faces and the set keep the levels they were graded at
 REFERENCE_WHITE_NITS = 203
@@ -125,12 +125,15 @@ class Picture:
 
 def read_picture(line: str, stored: tuple[int, int], source_colour: str = "auto") -> Picture:
     """The picture of the stream ffmpeg describes in `line` ("Video: hevc ..., yuv420p10le(tv, bt2020nc/bt2020/
-    smpte2084), 3840x2160 [SAR 1:1 DAR 16:9], ..."); `source_colour` bt601/bt709 overrides the matrix."""
+    smpte2084), 3840x2160 [SAR 1:1 DAR 16:9], ..."); `source_colour` (one of SOURCE_COLOURS) other than auto
+    overrides the matrix."""
+    if source_colour not in SOURCE_COLOURS:
+        raise ValueError(f"source_colour must be one of {', '.join(SOURCE_COLOURS)}, got {source_colour!r}")
     tag = colorspace_tag(line)
     primaries, transfer = _primaries_transfer(line)
     sar, fmt = _sar(line), pixel_format(line)
     fields = "tff" if "top first" in line else "bff" if "bottom first" in line else None
-    if source_colour in ("bt601", "bt709"):
+    if source_colour != "auto":
         return Picture(source_colour, "asked", transfer, primaries, sar, fmt, fields)
     if tag is None:
         hd = stored[0] >= HD[0] or stored[1] >= HD[1]

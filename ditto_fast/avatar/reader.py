@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ditto_fast.avatar.format import F_S_DTYPE, F_S_NAME, PKL_NAME, bad_blocks, nonfinite_rows, read_pkl
+from ditto_fast.avatar.format import (
+    F_S_DTYPE, F_S_NAME, PKL_NAME, AvatarRecord, bad_blocks, nonfinite_rows, read_pkl,
+)
 from ditto_fast.avatar.mouth_check import mouth_check_of
 from ditto_fast.avatar.store import (
     avatars_dir, damaged_error, existing_names, missing_error, register_hint, validate_name,
@@ -218,12 +220,12 @@ def load_avatar(
             raise AvatarError(f"avatar '{name}' at {d} keeps changing while it is opened; try again when "
                               "its registration has finished")
         return load_avatar(name_or_dir, expected_fingerprints, verify, root, checkpoints, _retry=True)
+    rec = AvatarRecord.read(body)
     avatar = Avatar(
-        name=name, dir=d, n_frames=int(body["n_frames"]), is_image=bool(body["is_image"]),
-        fps=float(body["fps"]), size=tuple(body["size"]), x_s_info=body["x_s_info"],
-        M_c2o=body["M_c2o"], eye_open=body["eye_open"], eye_ball=body["eye_ball"], sc=body["sc"],
-        f_s=f_s, plate_path=d / body["plate"], fingerprints=dict(body["fingerprints"]),
-        random_weights=bool(body["random_weights"]), meta=body, plate_fd=plate_fd,
+        name=name, dir=d, n_frames=int(body["n_frames"]), is_image=bool(rec.is_image), fps=float(rec.fps),
+        size=tuple(rec.size), x_s_info=rec.x_s_info, M_c2o=rec.M_c2o, eye_open=rec.eye_open, eye_ball=rec.eye_ball,
+        sc=rec.sc, f_s=f_s, plate_path=d / body["plate"], fingerprints=dict(rec.fingerprints),
+        random_weights=bool(rec.random_weights), meta=body, plate_fd=plate_fd,
     )
     weakref.finalize(avatar, os.close, plate_fd)
     return avatar

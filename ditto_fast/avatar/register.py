@@ -25,6 +25,7 @@ from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.core.config import RegisterConfig, load_config
 from ditto_fast.core.devices import numpy_blas_single_threaded, resolve_device
 from ditto_fast.core.errors import InputError, NoFaceError
+from ditto_fast.core.keypoint_info import X_S_INFO_KEYS
 from ditto_fast.face.crop import DSIZE, crop_params, landmarks_in_crop, params_to_matrix, smooth_params, warp_crop
 from ditto_fast.face.eyes import eye_features
 from ditto_fast.face.kept_points import KEPT_POINTS, kept_points
@@ -35,7 +36,7 @@ from ditto_fast.media.rates import rate_text
 from ditto_fast.core.smoothing import centred_mean
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.media.yuv import YuvFrame
-from ditto_fast.avatar.format import F_S_DTYPE
+from ditto_fast.avatar.format import F_S_DTYPE, AvatarRecord
 from ditto_fast.media.inputs import file_sha256
 from ditto_fast.avatar.mouth_check import MouthCheck
 from ditto_fast.avatar.plate import write_plate_image
@@ -43,7 +44,6 @@ from ditto_fast.avatar.source import SourceFrames, SourceInfo, open_source
 from ditto_fast.avatar.store import avatars_dir, validate_name
 from ditto_fast.avatar.writer import AvatarWriter
 
-INFO_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
 _MAX_FRAMES = 10**8          # no real limit: f_s grows with the frames read
 TRIM_EVERY = 100             # frames between returns of the heap's free pages to the OS (see memory.py)
 Step = Callable[..., object]
@@ -57,8 +57,6 @@ class Extractors:
         self.device = device
         self.appearance = models.load("appearance_extractor", files["appearance_extractor"], device)
         self.motion = models.load("motion_extractor", files["motion_extractor"], device)
-        self.random_weights = any(getattr(m, "ditto_meta", {}).get("random_weights")
-                                  for m in (self.appearance, self.motion))
 
     @property
     def f_s_row_bytes(self) -> int:
@@ -73,7 +71,7 @@ class Extractors:
         x = torch.from_numpy(crops256).to(self.device).permute(0, 3, 1, 2).float() / 255.0  # [B,3,256,256]
         f_s = self.appearance(x)
         out = self.motion(x)
-        return f_s, {k: out[k].float().cpu().numpy() for k in INFO_KEYS}
+        return f_s, {k: out[k].float().cpu().numpy() for k in X_S_INFO_KEYS}
 
 
 class _FeatureSink:
@@ -85,7 +83,7 @@ class _FeatureSink:
         self.step, self.timer = step, timer
         self.batch: list[np.ndarray] = []
         self.done = 0
-        self.infos: dict[str, list[np.ndarray]] = {k: [] for k in INFO_KEYS}
+        self.infos: dict[str, list[np.ndarray]] = {k: [] for k in X_S_INFO_KEYS}
 
     def add(self, crop256: np.ndarray) -> None:
         self.batch.append(crop256)
@@ -103,7 +101,7 @@ class _FeatureSink:
             torch.from_numpy(rows).copy_(f_s)      # to the host as float16, straight into the write buffer
         with self.timer("cache_write"):
             self.writer.write_f_s(self.done, rows)
-        for k in INFO_KEYS:
+        for k in X_S_INFO_KEYS:
             self.infos[k].append(info[k])
         if self.done // TRIM_EVERY != (self.done + len(self.batch)) // TRIM_EVERY:
             release_free_memory()
@@ -113,6 +111,49 @@ class _FeatureSink:
 
     def x_s_info(self) -> dict[str, np.ndarray]:
         return {k: np.concatenate(v, 0).astype(np.float32) for k, v in self.infos.items()}
+
+
+class _Crops:
+    """Tracked frames waiting for their look-ahead: frame i is cropped with crop parameters smoothed over frames
+    [i-h, i+h] once those are tracked, and its crop goes to the feature sink. What the record keeps of each frame
+    (crop parameters, eyes, mouth, kept landmarks) is collected here."""
+
+    def __init__(self, window: int, sink: _FeatureSink, timer: StageTimer):
+        self.window, self.half = window, max(1, window) // 2
+        self.sink, self.timer = sink, timer
+        self.params: list[np.ndarray] = []          # raw crop parameters per frame [4]
+        self.smoothed: list[np.ndarray] = []        # the crop parameters as used
+        self.eye_open: list[np.ndarray] = []
+        self.eye_ball: list[np.ndarray] = []
+        self.mouth: list[float] = []                # inner-lip gap / mouth width per frame
+        self.points: list[np.ndarray] = []          # the kept landmarks [K, 2] in crop pixels, per frame
+        self.queue: deque[tuple[int, np.ndarray | YuvFrame, np.ndarray]] = deque()    # (index, frame, landmarks)
+
+    def add(self, i: int, frame: np.ndarray | YuvFrame, lmk: np.ndarray, params: np.ndarray) -> None:
+        """Queue frame i with its landmarks and raw crop parameters; crop the frames whose look-ahead is complete."""
+        self.params.append(params)
+        self.queue.append((i, frame, lmk))
+        self.emit(ending=False)
+
+    def emit(self, ending: bool) -> None:
+        """Crop and featurize queued frames whose look-ahead window is complete (all of them when ending)."""
+        half, params = self.half, self.params
+        while self.queue and (ending or self.queue[0][0] + half < len(params)):
+            i, frame, lmk = self.queue.popleft()
+            with self.timer("crop_eyes"):
+                lo, hi = max(0, i - half), min(len(params), i + half + 1)
+                p = smooth_params(np.stack(params[lo:hi]), self.window)[i - lo] if hi - lo > 1 else params[i]
+                self.smoothed.append(p)
+                M = params_to_matrix(p, DSIZE)
+                crop512 = warp_crop(frame, M, DSIZE)
+                in_crop = landmarks_in_crop(lmk, M, DSIZE)
+                eo, eb = eye_features(in_crop[None])
+                self.eye_open.append(eo[0])
+                self.eye_ball.append(eb[0])
+                self.mouth.append(float(mouth_openness(in_crop[None])[0]))
+                self.points.append(kept_points(in_crop, DSIZE))
+                crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
+            self.sink.add(crop256)
 
 
 def source_statistics(raw: dict[str, np.ndarray], window: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -216,8 +257,6 @@ class Registrar:
                   timer: StageTimer, strict: bool = False, face: str | int = "largest") -> Path:
         """The streaming pass over an opened source (see register())."""
         cfg, cs = self.config, self.checkpoints
-        smooth_crop, smooth_info = cfg.crop_smooth_window, cfg.info_smooth_window
-        half = max(1, smooth_crop) // 2
         # frames expected (for the progress bar; a video's duration is only an estimate) and allowed
         n_est = 1 if info.is_image else info.est_frames
         n_cap = 1 if info.is_image else (max_frames if max_frames is not None else _MAX_FRAMES)
@@ -228,6 +267,7 @@ class Registrar:
             nets = self._extractors()
             check_free_space(writer.tmp_dir, name, n_est, nets.f_s_row_bytes, estimate_plate_bytes(info))
             sink = _FeatureSink(nets, writer, n_cap, batch_size, (progress or _no_progress)(n_est, "register"), timer)
+            crops = _Crops(cfg.crop_smooth_window, sink, timer)
             tracker = stack.enter_context(FaceTracker(min_face_px=cfg.min_face_px, source=str(source), face=face))
             caught = stack.enter_context(warnings.catch_warnings(record=True))
             warnings.simplefilter("always")
@@ -238,85 +278,75 @@ class Registrar:
             else:
                 # frames alive at once: the queue (at most half + 1) and the one being read; ffmpeg may
                 # decode the next batch while the networks run on this one
-                reader = stack.enter_context(SourceFrames(info, max_frames, ring=half + 3, plate=plate,
+                reader = stack.enter_context(SourceFrames(info, max_frames, ring=crops.half + 3, plate=plate,
                                                           ahead=batch_size + 2))
-
-            params: list[np.ndarray] = []          # raw crop parameters per frame [4]
-            smoothed: list[np.ndarray] = []
-            eyes: list[tuple[np.ndarray, np.ndarray]] = []
-            mouth: list[float] = []                # inner-lip gap / mouth width per frame
-            points: list[np.ndarray] = []          # the kept landmarks [K, 2] in crop pixels, per frame
-            queue: deque[tuple[int, np.ndarray | YuvFrame, np.ndarray]] = deque()    # (index, frame, landmarks)
-
-            def emit(ending: bool) -> None:
-                """Crop and featurize queued frames whose look-ahead window is complete."""
-                while queue and (ending or queue[0][0] + half < len(params)):
-                    i, frame, lmk = queue.popleft()
-                    with timer("crop_eyes"):
-                        lo, hi = max(0, i - half), min(len(params), i + half + 1)
-                        p = smooth_params(np.stack(params[lo:hi]), smooth_crop)[i - lo] if hi - lo > 1 else params[i]
-                        smoothed.append(p)
-                        M = params_to_matrix(p, DSIZE)
-                        crop512 = warp_crop(frame, M, DSIZE)
-                        in_crop = landmarks_in_crop(lmk, M, DSIZE)
-                        eo, eb = eye_features(in_crop[None])
-                        eyes.append((eo[0], eb[0]))
-                        mouth.append(float(mouth_openness(in_crop[None])[0]))
-                        points.append(kept_points(in_crop, DSIZE))
-                        crop256 = cv2.resize(crop512, (256, 256), interpolation=cv2.INTER_AREA)
-                    sink.add(crop256)
-
-            frames = iter([image]) if reader is None else iter(reader)
-            for i, frame in enumerate(timer.iterate(frames, "decode")):
-                with timer("landmarks"):
-                    lmk = tracker(frame, i).astype(np.float32)
-                    params.append(np.asarray(crop_params(lmk, cfg.crop_scale, cfg.crop_vx, cfg.crop_vy), np.float64))
-                queue.append((i, frame, lmk))
-                emit(ending=False)
-            if reader is not None:
-                with timer("plate_write"):
-                    reader.finish()
-            if not params:
-                raise InputError(f"{source}: the video has no frames; re-export it")
-            if tracker.face_choices:
-                self.notes.append(faces_note(source, tracker.face_choices))
-            emit(ending=True)
-            sink.flush()
-
-            n = len(params)
-            x_s_info, sc = source_statistics(sink.x_s_info(), smooth_info)
-            mouth_check = MouthCheck(np.asarray(mouth, np.float32), cfg.mouth_open_threshold, cfg.mouth_open_share)
-            if mouth_check.flagged:
-                if strict:
-                    raise NoFaceError(f"{mouth_check.message(str(source))}; refused (--strict): register a take "
-                                      "where the mouth is closed")
-                self.warnings.append(f"{mouth_check.message(str(source))}; register a take where the mouth is "
-                                     "closed (--strict refuses such sources)")
-            meta = {
-                "source": {"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
-                           "size": list(info.size), "source_size": list(info.src_size), "frames": n,
-                           **({} if info.is_image else {"picture": info.picture.record()})},
-                "fps": float(info.rate), "rate": rate_text(info.rate), "size": list(info.size),
-                "fingerprints": cs.avatar_fingerprints(),
-                "crop": {"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
-                         "smooth_window": smooth_crop,
-                         "params": np.stack(smoothed)},
-                "x_s_info": x_s_info,
-                "M_c2o": np.asarray(params_to_matrix(np.stack(smoothed), DSIZE), np.float64).reshape(n, 3, 3),
-                "eye_open": np.stack([e[0] for e in eyes]).astype(np.float32),
-                "eye_ball": np.stack([e[1] for e in eyes]).astype(np.float32),
-                "sc": sc, "is_image": info.is_image,
-                "random_weights": bool(nets.random_weights or cs.random_weights),
-                "registered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "warnings": sorted({str(w.message) for w in caught} | ({info.rate_note} if info.rate_note else set())
-                                   | set(self.warnings)),
-                "mouth": mouth_check.record(),
-                "landmarks": {"index": KEPT_POINTS.copy(), "crop_xy": np.stack(points)},   # [K], [N, K, 2] float16
-            }
+            self._track(source, image, reader, tracker, crops, timer)
+            mouth = self._check_mouth(source, crops.mouth, strict)
+            warned = sorted({str(w.message) for w in caught} | ({info.rate_note} if info.rate_note else set())
+                            | set(self.warnings))
+            record = avatar_record(source, info, cfg, crops, sink.x_s_info(), fingerprints=cs.avatar_fingerprints(),
+                                   random_weights=cs.any_random(nets.appearance, nets.motion), mouth=mouth,
+                                   warned=warned)
             with timer("cache_write"):
-                writer.finish(meta)
+                writer.finish(record)
         return writer.final_dir
 
+    def _track(self, source: Path, image: np.ndarray | None, reader: SourceFrames | None, tracker: FaceTracker,
+               crops: _Crops, timer: StageTimer) -> None:
+        """Find the face in every frame (the image, or the reader's) and crop each; the features follow in crops'
+        sink."""
+        cfg = self.config
+        frames = iter([image]) if reader is None else iter(reader)
+        for i, frame in enumerate(timer.iterate(frames, "decode")):
+            with timer("landmarks"):
+                lmk = tracker(frame, i).astype(np.float32)
+                params = np.asarray(crop_params(lmk, cfg.crop_scale, cfg.crop_vx, cfg.crop_vy), np.float64)
+            crops.add(i, frame, lmk, params)
+        if reader is not None:
+            with timer("plate_write"):
+                reader.finish()
+        if not crops.params:
+            raise InputError(f"{source}: the video has no frames; re-export it")
+        if tracker.face_choices:
+            self.notes.append(faces_note(source, tracker.face_choices))
+        crops.emit(ending=True)
+        crops.sink.flush()
+
+    def _check_mouth(self, source: Path, openness: list[float], strict: bool) -> MouthCheck:
+        """The mouth check of the frames' openness: a line in `warnings` if the mouth is open (refused if strict)."""
+        cfg = self.config
+        check = MouthCheck(np.asarray(openness, np.float32), cfg.mouth_open_threshold, cfg.mouth_open_share)
+        if check.flagged:
+            if strict:
+                raise NoFaceError(f"{check.message(str(source))}; refused (--strict): register a take where the "
+                                  "mouth is closed")
+            self.warnings.append(f"{check.message(str(source))}; register a take where the mouth is closed "
+                                 "(--strict refuses such sources)")
+        return check
+
+
+def avatar_record(source: Path, info: SourceInfo, cfg: RegisterConfig, crops: _Crops, raw_info: dict[str, np.ndarray],
+                  *, fingerprints: dict[str, str], random_weights: bool, mouth: MouthCheck,
+                  warned: list[str]) -> AvatarRecord:
+    """The record of a registered source: what was measured of each of its frames, and how."""
+    n = len(crops.params)
+    params = np.stack(crops.smoothed)                      # [N, 4] the crop parameters as used
+    x_s_info, sc = source_statistics(raw_info, cfg.info_smooth_window)
+    picture = {} if info.is_image else {"picture": info.picture.record()}
+    return AvatarRecord(
+        is_image=info.is_image, fps=float(info.rate), rate=rate_text(info.rate), size=info.size,
+        source={"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
+                "size": list(info.size), "source_size": list(info.src_size), "frames": n, **picture},
+        fingerprints=fingerprints, random_weights=random_weights,
+        crop={"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
+              "smooth_window": cfg.crop_smooth_window, "params": params},
+        x_s_info=x_s_info, M_c2o=np.asarray(params_to_matrix(params, DSIZE), np.float64).reshape(n, 3, 3),
+        eye_open=np.stack(crops.eye_open).astype(np.float32), eye_ball=np.stack(crops.eye_ball).astype(np.float32),
+        sc=sc,
+        extra={"registered": datetime.now(timezone.utc).isoformat(timespec="seconds"), "warnings": warned,
+               "mouth": mouth.record(),
+               "landmarks": {"index": KEPT_POINTS.copy(), "crop_xy": np.stack(crops.points)}},  # [K], [N, K, 2] f16
+    )
 
 
 def register_avatar(source: str | Path, name: str | None = None, max_size: int | None = None,

@@ -9,6 +9,7 @@ under the name, never a half-written one. Any exception in the with-block remove
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -20,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from ditto_fast.avatar.format import (
-    CACHE_FPS, F_S_DTYPE, F_S_HEADER_BYTES, F_S_NAME, F_S_TAIL_FULL, FORMAT_VERSION, FRAME_ARRAYS, PKL_NAME,
-    PLATE_IMAGE, PLATE_VIDEO, SC_SHAPE, X_S_INFO_SHAPES, check_record, encode_pkl, file_record, frame_array,
-    npy_header, plain,
+    F_S_DTYPE, F_S_HEADER_BYTES, F_S_NAME, F_S_TAIL_FULL, PKL_NAME, PLATE_IMAGE, PLATE_VIDEO, AvatarRecord,
+    check_record, encode_pkl, file_record, npy_header, plain, record_body,
 )
 from ditto_fast.avatar.store import (
     TMP_PREFIX, aside_path, avatars_dir, check_no_case_twin, clean_stale_tmp, ensure_writable_store, fsync_path,
@@ -32,9 +32,22 @@ from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.rates import from_stream, rate_text
 
-# meta keys finish() interprets or sets itself; any other key is kept under the record's "extra"
-_META_KEYS = frozenset({"source", "fingerprints", "crop", "x_s_info", *FRAME_ARRAYS, "sc", "is_image",
-                        "random_weights", "fps", "rate", "size", "extra", "format_version", "created"})
+
+def stored_record(record: AvatarRecord, n: int) -> AvatarRecord:
+    """The record of n frames as avatar.pkl keeps it: arrays as declared, plain data, exact types, defaults filled
+    in; ValueError or TypeError naming what cannot be kept."""
+    source = plain(dict(record.source), "source")
+    source.setdefault("n_frames", n)
+    size = tuple(int(v) for v in (record.size if record.size is not None else source["size"]))
+    if len(size) != 2:
+        raise ValueError(f"frame size must be (w, h), got {size}")
+    fps = float(record.fps)
+    return dataclasses.replace(
+        record, **record.arrays(n), is_image=bool(record.is_image), fps=fps, size=size, source=source,
+        rate=str(record.rate if record.rate is not None else rate_text(from_stream(fps))),
+        fingerprints={str(k): str(v) for k, v in dict(record.fingerprints).items()},
+        random_weights=bool(record.random_weights), crop=plain(dict(record.crop), "crop"),
+        extra=plain(dict(record.extra), "extra"))
 
 
 class _FeatureFile:
@@ -183,24 +196,16 @@ class AvatarWriter:
         """Where registration writes the background plate (plate.png for an image, else plate.mp4)."""
         return self._need_tmp() / (PLATE_IMAGE if is_image else PLATE_VIDEO)
 
-    def finish(self, meta: dict[str, Any]) -> Path:
-        """Checksum, write avatar.pkl, fsync and rename into place; return the avatar directory.
+    def finish(self, record: AvatarRecord) -> Path:
+        """Check the record, checksum, write avatar.pkl, fsync and rename into place; return the avatar directory.
 
-        meta keys (numpy values are fine; N = number of frames):
-          source: {path, sha256, fps, size: (w, h), n_frames, ...} (stored as given)
-          fingerprints: {network: short hash} (e.g. CheckpointSet.avatar_fingerprints())
-          fps: rate of the cached frames and plate (optional, default 25); rate: the same exactly ("30000/1001")
-          size: (w, h) of the cached frames and plate (optional, default source["size"])
-          crop: dict   x_s_info: {pitch, yaw, roll [N,66], t [N,3], exp [N,63], scale [N,1], kp [N,63]}
-          M_c2o [N,3,3]   eye_open [N,2]   eye_ball [N,6]   sc [63]   is_image: bool
-          random_weights: bool   extra: dict (optional, plain data; unknown keys are added to it)
-        format_version and created are set here (values given in meta are ignored).
-        N must equal the f_s rows written (at most the frames given to open_f_s()).
+        The record's arrays may be of any dtype and carry extra singleton dims (numpy values are fine anywhere);
+        its frame count N (M_c2o's) must equal the f_s rows written (at most the frames given to open_f_s()).
         """
         tmp = self._need_tmp()
         if self._f_s is None:
             raise RuntimeError("finish() before open_f_s(): f_s.npy was not written")
-        body = self._build_record(tmp, meta)
+        body = self._build_record(tmp, record)
         with open(tmp / PKL_NAME, "wb") as f:
             f.write(encode_pkl(body))
             f.flush()
@@ -209,55 +214,23 @@ class AvatarWriter:
         self._install(tmp)
         return self.final_dir
 
-    def _build_record(self, tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
-        """Validate meta, complete and sync f_s, checksum the plate; return the record for avatar.pkl."""
-        x_in = meta["x_s_info"]
-        n = int(np.asarray(meta["M_c2o"]).shape[0])
-        x_s_info = {k: frame_array(x_in[k], n, t, np.dtype(np.float32), f"x_s_info[{k}]")
-                    for k, t in X_S_INFO_SHAPES.items()}
-        frame = {k: frame_array(meta[k], n, t, d, k) for k, (t, d) in FRAME_ARRAYS.items()}
-        sc = np.asarray(meta["sc"], dtype=np.float32).reshape(SC_SHAPE)
-        is_image = bool(meta["is_image"])
-
-        plate_name = PLATE_IMAGE if is_image else PLATE_VIDEO
-        other = PLATE_VIDEO if is_image else PLATE_IMAGE
+    def _build_record(self, tmp: Path, record: AvatarRecord) -> dict[str, Any]:
+        """Check and complete the record, complete and sync f_s, checksum the plate; return avatar.pkl's dict."""
+        n = int(np.asarray(record.M_c2o).shape[0])
+        record = stored_record(record, n)
+        plate_name = PLATE_IMAGE if record.is_image else PLATE_VIDEO
+        other = PLATE_VIDEO if record.is_image else PLATE_IMAGE
         plate = tmp / plate_name
         if not plate.is_file():
             raise ValueError(f"the plate was not written to {plate}")
         if (tmp / other).exists():
             raise ValueError(f"both plate files exist in {tmp}; write only {plate_name}")
         fsync_path(plate)
-
-        source = plain(dict(meta["source"]), "source")
-        source.setdefault("n_frames", n)
-        size = tuple(int(v) for v in meta.get("size", source["size"]))
-        if len(size) != 2:
-            raise ValueError(f"frame size must be (w, h), got {size}")
-        extra = plain(dict(meta.get("extra", {})), "extra")
-        extra.update({k: plain(v, k) for k, v in meta.items() if k not in _META_KEYS})
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         f_s, self._f_s = self._f_s, None
-        body = {
-            "format_version": FORMAT_VERSION,
-            "name": self.name,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "n_frames": n,
-            "f_s_shape": (n, *f_s.tail),
-            "is_image": is_image,
-            "fps": float(meta.get("fps", CACHE_FPS)),
-            "rate": str(meta.get("rate", rate_text(from_stream(float(meta.get("fps", CACHE_FPS)))))),
-            "size": size,
-            "source": source,
-            "fingerprints": {str(k): str(v) for k, v in dict(meta["fingerprints"]).items()},
-            "random_weights": bool(meta.get("random_weights", False)),
-            "crop": plain(dict(meta.get("crop", {})), "crop"),
-            "x_s_info": x_s_info,
-            **frame,
-            "sc": sc,
-            "plate": plate_name,
-            # f_s: header for n rows, fsync'd, CRC-32 of each row as written; the plate: read once here
-            "checksums": {F_S_NAME: f_s.finish(n), plate_name: file_record(plate)},
-            "extra": extra,
-        }
+        # f_s: header for n rows, fsync'd, CRC-32 of each row as written; the plate: read once here
+        checksums = {F_S_NAME: f_s.finish(n), plate_name: file_record(plate)}
+        body = record_body(record, self.name, created, (n, *f_s.tail), plate_name, checksums)
         check_record(body)
         return body
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ditto_fast.core.errors import CheckpointError
-from ditto_fast.models import NETWORK_NAMES, SPECS, load
+from ditto_fast.models import NETWORK_NAMES, SPECS, is_random, load
 
 MODELS_SUBDIR = Path("ditto_pytorch") / "models"
 HUBERT_DIRNAMES = ("hubert-large-ls960-ft", "hubert")
@@ -43,6 +43,11 @@ class CheckpointSet:
         """Fingerprints of the networks an avatar cache depends on (registration side)."""
         fp = self.fingerprints()
         return {k: fp[k] for k in ("appearance_extractor", "motion_extractor")}
+
+    def any_random(self, *nets: object) -> bool:
+        """Whether what these loaded networks make is noise: the set is marked random or any of them was loaded
+        from an init-random file."""
+        return self.random_weights or is_random(*nets)
 
     def check_loads(self, names: Iterable[str]) -> None:
         """Load each named network's file once (cached): CheckpointError naming the first that is unreadable or not

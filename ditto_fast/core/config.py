@@ -32,6 +32,7 @@ DEFAULT_YAML = CONFIG_DIR / "default.yaml"
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
 CODECS = ("h264", "hevc", "prores")
 BLENDS = ("seamless", "feather")
+SOURCE_COLOURS = ("auto", "bt601", "bt709")   # a video's matrix: as tagged (untagged: by size), or the one named
 
 
 def setting(kind: type, low: float | None = None, high: float | None = None,
@@ -53,7 +54,7 @@ class RegisterConfig:
     min_face_px: int = setting(int, 8, 4096)
     mouth_open_threshold: float = setting(float, 0.0, 2.0)   # inner-lip gap / mouth width counted as open
     mouth_open_share: float = setting(float, 0.0, 1.0)       # warn when more frames than this are open
-    source_colour: str = setting(str, choices=("auto", "bt601", "bt709"))  # the matrix of a video's pixels
+    source_colour: str = setting(str, choices=SOURCE_COLOURS)  # the matrix of a video's pixels
     face: int | str = setting(int, 1, 99, words=("largest", "left", "right"))  # which of several faces (N: from the left)
 
 

@@ -111,8 +111,7 @@ class Renderer:
         self.stitch_net = models.load("stitch_network", files["stitch_network"], "cpu")
         self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype)
         self.hubert = HubertFeatures(self.checkpoints.hubert_dir, device=self.device)
-        self.random_weights = bool(self.checkpoints.random_weights or any(
-            getattr(m, "ditto_meta", {}).get("random_weights") for m in (self.lmdm, self.stitch_net)))
+        self.random_weights = self.checkpoints.any_random(self.lmdm, self.stitch_net)
         self._avatars: dict[str, tuple[tuple[int, int] | None, Avatar]] = {}
         self.load_seconds = time.perf_counter() - t0
         self._unreported_load = self.load_seconds      # goes into the first render's profile

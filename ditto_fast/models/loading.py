@@ -169,6 +169,11 @@ def _has_meta_tensors(net: nn.Module) -> bool:
     return False
 
 
+def is_random(*nets: nn.Module) -> bool:
+    """Whether any of these loaded networks came from an init-random file (its metadata says so)."""
+    return any(getattr(m, "ditto_meta", {}).get("random_weights") for m in nets)
+
+
 def load(name: str, path: str | os.PathLike, device: str | torch.device = "cpu",
          dtype: torch.dtype = torch.float32, fuse: bool = True) -> nn.Module:
     """Network `name` from checkpoint `path`, in eval mode, on `device` in `dtype`, folded for inference."""

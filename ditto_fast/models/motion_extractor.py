@@ -105,10 +105,11 @@ class MotionExtractor(nn.Module):
         self.detector = ConvNeXtV2(tuple(dims), tuple(depths), num_kp, num_bins)
 
     def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every head's output, named as its `fc_*` layer (the keys of x_s_info)."""
         det = self.detector
         feat = det.features(image.to(det.fc_kp.weight.dtype))  # [B, C]
-        return {name: getattr(det, f"fc_{name}")(feat).float() for name in
-                ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")}
+        return {name.removeprefix("fc_"): head(feat).float() for name, head in det.named_children()
+                if name.startswith("fc_")}
 
 
 def widths_from_state_dict(sd: dict[str, torch.Tensor]) -> dict:

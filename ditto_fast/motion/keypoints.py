@@ -6,13 +6,13 @@ from typing import Any
 
 import numpy as np
 
+from ditto_fast.core.keypoint_info import NUM_BINS, NUM_KP, X_S_INFO_WIDTHS
+
 MOTION_DIM = 265
-NUM_KP = 21
-NUM_BINS = 66
-# The layout of one motion vector: (key, width). `scale` is stored as scale - 1.
-MOTION_LAYOUT: tuple[tuple[str, int], ...] = (
-    ("scale", 1), ("pitch", NUM_BINS), ("yaw", NUM_BINS), ("roll", NUM_BINS), ("t", 3), ("exp", 3 * NUM_KP),
-)
+# The layout of one motion vector (the LMDM's order): (key, width), x_s_info's parts but kp. `scale` is stored as
+# scale - 1.
+MOTION_LAYOUT: tuple[tuple[str, int], ...] = tuple(
+    (key, X_S_INFO_WIDTHS[key]) for key in ("scale", "pitch", "yaw", "roll", "t", "exp"))
 # The leading dims of a motion vector that are smoothed over time (scale, pose, translation; not exp).
 SMOOTHED_DIMS = MOTION_DIM - 3 * NUM_KP
 

@@ -34,8 +34,6 @@ class FusedRenderer:
         self.device, self.dtype = torch.device(device), dtype
         self.warp = models.load("warp_network", warp_path, self.device, dtype)
         self.decoder = models.load("decoder", decoder_path, self.device, dtype)
-        self.random_weights = any(getattr(m, "ditto_meta", {}).get("random_weights")
-                                  for m in (self.warp, self.decoder))
         self._pinned: dict[tuple, torch.Tensor] = {}
         self._slot = 0
 

@@ -17,29 +17,29 @@ from pathlib import Path
 import numpy as np
 
 from ditto_fast.avatar import AvatarWriter, load_avatar
-from ditto_fast.avatar.format import F_S_TAIL_FULL
+from ditto_fast.avatar.format import F_S_TAIL_FULL, AvatarRecord
+from ditto_fast.core.keypoint_info import X_S_INFO_WIDTHS
 
 N_FRAMES = 200
 TARGET_S = 0.3
 BATCH = 16
 
 
-def _meta(n: int, rng: np.random.Generator) -> dict:
+def _meta(n: int, rng: np.random.Generator) -> AvatarRecord:
     """Synthetic registration output for n frames."""
-    x = {k: rng.standard_normal((n, d)).astype(np.float32)
-         for k, d in {"pitch": 66, "yaw": 66, "roll": 66, "t": 3, "exp": 63, "scale": 1, "kp": 63}.items()}
-    return {
-        "source": {"path": "bench.mp4", "sha256": "0" * 64, "fps": 25.0, "size": (1920, 1080), "n_frames": n},
-        "fingerprints": {"appearance_extractor": "bench", "motion_extractor": "bench"},
-        "crop": {"scale": 2.3, "vx": 0.0, "vy": -0.125},
-        "x_s_info": x,
-        "M_c2o": rng.standard_normal((n, 3, 3)),
-        "eye_open": rng.random((n, 2), dtype=np.float32),
-        "eye_ball": rng.random((n, 6), dtype=np.float32),
-        "sc": rng.standard_normal(63).astype(np.float32),
-        "is_image": False,
-        "random_weights": True,
-    }
+    x = {k: rng.standard_normal((n, d)).astype(np.float32) for k, d in X_S_INFO_WIDTHS.items()}
+    return AvatarRecord(
+        source={"path": "bench.mp4", "sha256": "0" * 64, "fps": 25.0, "size": (1920, 1080), "n_frames": n},
+        fingerprints={"appearance_extractor": "bench", "motion_extractor": "bench"},
+        crop={"scale": 2.3, "vx": 0.0, "vy": -0.125},
+        x_s_info=x,
+        M_c2o=rng.standard_normal((n, 3, 3)),
+        eye_open=rng.random((n, 2), dtype=np.float32),
+        eye_ball=rng.random((n, 6), dtype=np.float32),
+        sc=rng.standard_normal(63).astype(np.float32),
+        is_image=False,
+        random_weights=True,
+    )
 
 
 def _time_load(root: Path, verify: str, repeats: int) -> list[float]:
