@@ -213,7 +213,8 @@ def test_a_broken_extractor_file_is_a_checkpoint_error_not_a_stale_avatar(video_
     jobs.write_text(json.dumps({"avatar": "anchor", "audio": str(SPEECH_2S), "output": str(out)}) + "\n")
     r = run_cli(["batch", str(jobs), "--quiet", "--report", str(tmp_path / "r.json")], env)
     row, = json.loads((tmp_path / "r.json").read_text())["jobs"]
-    assert r.returncode == 7 and row["exit_code"] == 6 and row["error"] == line.split("error: ", 1)[1], row
+    assert r.returncode == 7 and row["exit_code"] == 6, row
+    assert row["error"] == f"{jobs}:1: " + line.split("error: ", 1)[1]
     assert not out.exists()
 
 
