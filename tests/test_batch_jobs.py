@@ -113,7 +113,8 @@ def test_outputs_that_are_inputs_fail_alone(video_avatar, tiny_checkpoints, clip
     import shutil
 
     from ditto_fast.batch.jobs import check_jobs
-    from ditto_fast.engine.setup import RenderSetup
+    from ditto_fast.engine.options import EngineOptions
+    from ditto_fast.engine.render_setup import RenderSetup
 
     import subprocess
 
@@ -135,7 +136,7 @@ def test_outputs_that_are_inputs_fail_alone(video_avatar, tiny_checkpoints, clip
     f.write_text("".join(json.dumps({"avatar": "anchor", **r}) + "\n" for r in rows))
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     jobs = read_jobs(f)
-    check_jobs(jobs, RenderSetup.resolve(tiny_checkpoints, device="cpu"))
+    check_jobs(jobs, RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints)))
     assert jobs[0].status == "pending", jobs[0].error
     assert [j.exit_code for j in jobs[1:]] == [2] * 5, [j.error for j in jobs]
     said = ("would overwrite an input", "is an input of this batch")

@@ -12,7 +12,8 @@ import torch
 from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.core.config import load_config
 from ditto_fast.core.errors import UsageError
-from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.options import EngineOptions
+from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.render import batch_size as bsz
 from ditto_fast.render.fused import FusedRenderer
 
@@ -84,13 +85,13 @@ def test_cpu_auto_is_one_without_a_probe_and_a_number_is_kept(tiny_set, tmp_path
     monkeypatch.setenv("DITTO_FAST_HOME", str(tmp_path))
     monkeypatch.setattr(bsz, "measure", lambda *a, **k: pytest.fail("probed batch sizes on a CPU"))
     assert bsz.auto_batch_size(tiny_set, torch.device("cpu"), torch.float32) == (1, bsz.CPU_CHOICE)
-    setup = RenderSetup.resolve(tiny_set, "cpu", "fp32")
+    setup = RenderSetup.resolve(EngineOptions(device="cpu", precision="fp32", checkpoints=tiny_set))
     assert load_config().render.batch_size == "auto" and setup.batch_size == 1
     assert setup.batch_choice == bsz.CPU_CHOICE and not (tmp_path / "probes").exists()
-    given = RenderSetup.resolve(tiny_set, "cpu", "fp32", batch_size=3)
+    given = RenderSetup.resolve(EngineOptions(device="cpu", precision="fp32", batch_size=3, checkpoints=tiny_set))
     assert given.batch_size == 3 and given.batch_choice.startswith("3: set by")
     with pytest.raises(UsageError, match="1..64 or auto"):
-        RenderSetup.resolve(tiny_set, "cpu", "fp32", batch_size=65)
+        RenderSetup.resolve(EngineOptions(device="cpu", precision="fp32", batch_size=65, checkpoints=tiny_set))
 
 
 def test_the_measured_verdict_is_kept_and_read_back(tiny_set, tmp_path, monkeypatch):

@@ -290,30 +290,35 @@ def test_avatar_files_follow_the_umask(tmp_path, tiny_checkpoints, monkeypatch):
 
 
 def test_encoders_software_by_default_on_cpu_and_nvenc_refused_where_it_does_not_work(tiny_checkpoints):
-    from ditto_fast.engine.setup import RenderSetup
+    from ditto_fast.engine.options import EngineOptions
+    from ditto_fast.engine.render_setup import RenderSetup
     from ditto_fast.render.formats import Format, nvenc_works
 
-    assert RenderSetup.resolve(tiny_checkpoints, "cpu").nvenc is False                  # auto on a CPU
-    assert RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="software").nvenc is False
+    def resolve(**options):
+        return RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints, **options))
+
+    assert resolve().nvenc is False                  # auto on a CPU
+    assert resolve(encoder="software").nvenc is False
     assert Format("mp4", "hevc", nvenc=True).encoder == "hevc_nvenc"
     assert "-cq" in Format("mp4", "h264", nvenc=True).video_args(18, "veryfast")
     assert Format("mov", "prores", nvenc=True).encoder == "prores_aw"
     works, why = nvenc_works("h264")
     if works:
-        assert RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="nvenc").nvenc is True
+        assert resolve(encoder="nvenc").nvenc is True
     else:
         assert why                                            # ffmpeg's reason, e.g. no libcuda
         with pytest.raises(UsageError, match="NVENC does not work on this machine"):
-            RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="nvenc")
+            resolve(encoder="nvenc")
     with pytest.raises(UsageError, match="unknown encoder"):
-        RenderSetup.resolve(tiny_checkpoints, "cpu", encoder="x264")
+        resolve(encoder="x264")
 
 
 def test_nvenc_options_crf_zero_and_a_codec_whose_nvenc_fails(tiny_checkpoints):
     import dataclasses
     from types import SimpleNamespace
 
-    from ditto_fast.engine.setup import RenderSetup
+    from ditto_fast.engine.options import EngineOptions
+    from ditto_fast.engine.render_setup import RenderSetup
     from ditto_fast.render.formats import Format, nvenc_works
 
     lossless = Format("mp4", "h264", nvenc=True).video_args(0, "veryfast")
@@ -321,7 +326,8 @@ def test_nvenc_options_crf_zero_and_a_codec_whose_nvenc_fails(tiny_checkpoints):
     quality = Format("mp4", "hevc", nvenc=True).video_args(23, "veryfast")
     assert quality[quality.index("-cq") + 1] == "23" and quality[quality.index("-tune") + 1] == "hq"
     # a setup that encodes on NVENC gives a clip the software encoder when that codec's NVENC does not work
-    setup = dataclasses.replace(RenderSetup.resolve(tiny_checkpoints, "cpu"), nvenc=True)
+    setup = RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints))
+    setup = dataclasses.replace(setup, nvenc=True)
     for codec in ("h264", "hevc"):
         clip = SimpleNamespace(format=Format("mp4", codec))
         assert setup.output_format(clip).nvenc is nvenc_works(codec)[0]

@@ -14,15 +14,13 @@ from ditto_fast.core.errors import DittoError, InputError, UsageError, one_line
 from ditto_fast.core.files import MIB, read_bounded
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.media.ffpipe import container_comment
 from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.motion.conditions import schedule_file
 from ditto_fast.render.formats import default_suffix
 
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
-EXIT_SOME_FAILED = 7
-EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143     # Ctrl-C (SIGINT), SIGTERM: as the CLI exits
 JOBS_MAX_BYTES = 64 * MIB       # a night of jobs is kilobytes to a few megabytes
 
 
@@ -217,11 +215,6 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
         except DittoError as e:
             job.fail(e)
     return clips
-
-
-def is_finished(job: Job, clip: Clip, setup: RenderSetup) -> bool:
-    """Whether the job's output exists and was made from the same inputs and settings (its digest tag)."""
-    return clip_is_finished(clip, setup)
 
 
 def clip_is_finished(clip: Clip, setup: RenderSetup) -> bool:

@@ -33,6 +33,10 @@ X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"
 CODECS = ("h264", "hevc", "prores")
 BLENDS = ("seamless", "feather")
 SOURCE_COLOURS = ("auto", "bt601", "bt709")   # a video's matrix: as tagged (untagged: by size), or the one named
+# the engine's choices (engine/options.py): `auto` is the engine's own choice on the machine it runs on
+DEVICES = ("auto", "cpu", "cuda")               # a Python caller may also name one GPU: cuda:1
+PRECISIONS = ("auto", "fp16", "bf16", "fp32")   # the networks' dtype (fp16 on a GPU only)
+ENCODERS = ("auto", "software", "nvenc")        # H.264/HEVC: x264/x265, or the GPU's NVENC
 
 
 def setting(kind: type, low: float | None = None, high: float | None = None,

@@ -29,7 +29,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -40,12 +40,12 @@ from ditto_fast.avatar import Avatar, load_avatar
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.avatar.store import avatars_dir
 from ditto_fast.checkpoints import CheckpointSet
-from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.engine.clip import Clip, avatar_identity, check_clip
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.options import EngineOptions
+from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
 from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
@@ -92,15 +92,12 @@ class Renderer:
     Avatars are opened once per name and reopened only when the store's copy was replaced.
     """
 
-    def __init__(self, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
-                 precision: str = "auto", config: Config | None = None, batch_size: int | str | None = None,
-                 crf: int | None = None, preset: str | None = None, encoder: str = "auto", *,
-                 setup: RenderSetup | None = None):
-        """Load the networks for `checkpoints` (default: $DITTO_FAST_CHECKPOINTS or ./checkpoints) on `device`,
-        or for an already resolved `setup`."""
+    def __init__(self, checkpoints: str | Path | CheckpointSet | None = None, *, options: EngineOptions | None = None,
+                 setup: RenderSetup | None = None, **fields: Any):
+        """Load the networks for the engine's `options` (or its fields as keywords: Renderer("ckpt", device="cpu");
+        checkpoints default to $DITTO_FAST_CHECKPOINTS or ./checkpoints), or for an already resolved `setup`."""
         t0 = time.perf_counter()
-        self.setup = setup or RenderSetup.resolve(checkpoints, device, precision, config, batch_size, crf, preset,
-                                                  encoder)
+        self.setup = setup or RenderSetup.resolve(options or EngineOptions(checkpoints=checkpoints, **fields))
         self.config, self.checkpoints = self.setup.config, self.setup.checkpoints
         self.device, self.dtype = self.setup.device, self.setup.dtype
         files = self.checkpoints.files

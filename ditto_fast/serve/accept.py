@@ -14,7 +14,7 @@ from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import shown
 from ditto_fast.engine.clip import check_clip, request_inputs
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
 
 EXTRA_KEYS = ("priority", "callback")     # what a job may carry beside the request's fields

@@ -68,20 +68,23 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
         import ray
 
         from ditto_fast.batch.ray_actors import BatchWorker
+        from ditto_fast.engine.options import EngineOptions
 
         t0 = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
         remote = ray.remote(num_cpus=1)(BatchWorker)
-        actors = [remote.remote({"checkpoints": str(ckpt), "device": "cpu", "precision": precision},
-                                env["DITTO_FAST_HOME"], {}) for _ in range(2)]
+        options = EngineOptions(device="cpu", precision=precision, checkpoints=str(ckpt))
+        actors = [remote.remote(options, env["DITTO_FAST_HOME"], {}) for _ in range(2)]
         ray.get([a.ready.remote() for a in actors])
         ray_start = time.perf_counter() - t0
         ray.shutdown()
     except ImportError:
         pass
 
-    from ditto_fast.engine.setup import RenderSetup
+    from ditto_fast.engine.options import EngineOptions
+    from ditto_fast.engine.render_setup import RenderSetup
 
+    dtype = RenderSetup.resolve(EngineOptions(device="cpu", precision=precision, checkpoints=ckpt)).dtype
     mean_sep = sum(fixed_sep) / clips_n
     result = {"clips": clips_n, "audio_seconds": seconds, "steps": steps, "networks": "tiny" if tiny else "full",
               "precision": precision, "separate_wall_s": separate, "batch_wall_s": batch_wall,
@@ -91,7 +94,7 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
               "same_bytes": same,
               "ray_two_actors_start_s": ray_start}
     print(f"{clips_n} clips of {seconds} s, {result['networks']} networks, precision {precision} "
-          f"({RenderSetup.resolve(ckpt, 'cpu', precision).dtype}), {steps} steps")
+          f"({dtype}), {steps} steps")
     print(f"  separate processes: {separate:8.1f} s wall, fixed cost {mean_sep:6.2f} s per clip")
     print(f"  one batch:          {batch_wall:8.1f} s wall, fixed cost {fixed_batch:6.2f} s per clip "
           f"({100 * result['fixed_ratio']:.1f}% of separate; one engine load shared by {clips_n} clips cannot go "

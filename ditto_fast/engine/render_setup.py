@@ -1,27 +1,24 @@
-"""The engine's settings that decide its outputs' bytes (checkpoints, device, precision, batch size, encoder,
-crf, preset), settled once before any network loads."""
+"""The RenderSetup an engine's options settle into before any network loads: everything that decides its outputs'
+bytes (checkpoints, device, precision, batch size, encoder, crf, preset, settings)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ditto_fast.checkpoints import CheckpointSet, find_checkpoints
-from ditto_fast.core.config import Config, check_setting, load_config
+from ditto_fast.core.config import ENCODERS, Config, check_setting
 from ditto_fast.core.devices import resolve_device
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.digest import clip_digest
+from ditto_fast.engine.options import EngineOptions
 from ditto_fast.render.batch_size import auto_batch_size
 from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, nvenc_works
 from ditto_fast.render.precision import choose_precision
-
-ENCODERS = ("auto", "software", "nvenc")
-
 
 @dataclass
 class RenderSetup:
@@ -39,26 +36,25 @@ class RenderSetup:
     batch_choice: str = ""           # why `auto` gave this batch size
 
     @classmethod
-    def resolve(cls, checkpoints: str | Path | CheckpointSet | None = None, device: str = "auto",
-                precision: str = "auto", config: Config | None = None, batch_size: int | str | None = None,
-                crf: int | None = None, preset: str | None = None, encoder: str = "auto") -> "RenderSetup":
+    def resolve(cls, options: EngineOptions | None = None) -> "RenderSetup":
         """Find the checkpoints, pick device, precision and encoder, fill what is not given from the config.
 
         encoder: "software" (x264/x265), "nvenc" (the GPU's encoder; refused if it does not work here) or
         "auto" (NVENC when rendering on CUDA and it works, else software)."""
-        config = config or load_config()
-        cs = checkpoints if isinstance(checkpoints, CheckpointSet) else find_checkpoints(checkpoints)
-        dev = resolve_device(device)
+        o = options or EngineOptions()
+        config = o.settings()
+        cs = o.checkpoints if isinstance(o.checkpoints, CheckpointSet) else find_checkpoints(o.checkpoints)
+        dev = resolve_device(o.device)
         r = config.render
-        dtype, why = choose_precision(precision, dev, cs)
-        batch = check_setting("render", "batch_size", batch_size or r.batch_size, "batch size")
+        dtype, why = choose_precision(o.precision, dev, cs)
+        batch = check_setting("render", "batch_size", o.batch_size or r.batch_size, "batch size")
         if batch == "auto":                     # 1 on a CPU; on CUDA the probe's verdict (measured once per GPU)
             batch, batch_why = auto_batch_size(cs, dev, dtype)
         else:
             batch_why = f"{batch}: set by --batch-size or render.batch_size"
-        crf = r.crf if crf is None else check_setting("render", "crf", crf, "crf")
-        preset = r.preset if preset is None else check_setting("render", "preset", preset, "preset")
-        return cls(config, cs, dev, dtype, batch, crf, preset, _use_nvenc(encoder, dev), why, batch_why)
+        crf = r.crf if o.crf is None else check_setting("render", "crf", o.crf, "crf")
+        preset = r.preset if o.preset is None else check_setting("render", "preset", o.preset, "preset")
+        return cls(config, cs, dev, dtype, batch, crf, preset, _use_nvenc(o.encoder, dev), why, batch_why)
 
     def output_format(self, clip: Clip) -> Format:
         """The clip's format with this setup's encoder (the software one for a codec whose NVENC does not work
@@ -80,7 +76,7 @@ class RenderSetup:
 def _use_nvenc(encoder: str, device: torch.device) -> bool:
     """Whether to encode with NVENC: asked for (and working), or `auto` on a CUDA device where it works."""
     if encoder not in ENCODERS:
-        raise UsageError(f"unknown encoder {encoder!r}; use auto, software or nvenc")
+        raise UsageError(f"unknown encoder {encoder!r}; use {', '.join(ENCODERS[:-1])} or {ENCODERS[-1]}")
     if encoder == "software" or (encoder == "auto" and device.type != "cuda"):
         return False
     works, why = nvenc_works("h264")

@@ -1,0 +1,60 @@
+"""The engine's options, declared once in EngineOptions: the render, batch and serve options are made from its
+fields (choices and ranges from the config's declarations), the same --checkpoints and --device everywhere, and
+the object goes whole to the engine and, pickled, to a Ray actor."""
+
+from __future__ import annotations
+
+import pickle
+
+import click
+import pytest
+
+from ditto_fast.core.config import DEVICES, ENCODERS, PRECISIONS, declaration, load_config
+from ditto_fast.engine.options import ENGINE_FIELDS, EngineOptions
+
+
+def _options(command: click.Command) -> dict[str, click.Option]:
+    return {p.name: p for p in command.params if isinstance(p, click.Option)}
+
+
+def test_the_engine_commands_take_every_engine_option_as_declared():
+    from ditto_fast.cli import batch, render, serve
+
+    flagged = [f for f in ENGINE_FIELDS if f.metadata["flags"]]
+    assert {f.name for f in ENGINE_FIELDS} - {f.name for f in flagged} == {"config"}     # --config: a file
+    for command in (render, batch, serve):
+        opts = _options(command)
+        for f in flagged:
+            assert opts[f.name].opts == list(f.metadata["flags"]), (command.name, f.name)
+    opts = _options(render)
+    assert [tuple(opts[k].type.choices) for k in ("device", "precision", "encoder")] == [DEVICES, PRECISIONS, ENCODERS]
+    for key in ("batch_size", "crf", "preset"):             # checked by render.<key>'s declaration
+        assert (opts[key].type.section, opts[key].type.key) == ("render", key)
+    assert opts["batch_size"].type.decl == declaration("render", "batch_size")
+
+
+def test_checkpoints_and_device_are_one_option_everywhere():
+    from ditto_fast.cli import checkpoints_info, doctor, register, render
+
+    ref = _options(render)
+    for command in (register, checkpoints_info, doctor):
+        opt = _options(command)["checkpoints"]
+        assert (opt.opts, opt.help) == (ref["checkpoints"].opts, ref["checkpoints"].help), command.name
+    assert _options(register)["device"].type.choices == ref["device"].type.choices
+
+
+@pytest.mark.parametrize("args, said", [(["--crf", "52"], "must be in 0..51, got 52"),
+                                        (["--batch-size", "0"], "must be in 1..64 or auto, got 0"),
+                                        (["--precision", "fp8"], "'fp8' is not one of 'auto', 'fp16', 'bf16', 'fp32'")])
+def test_a_bad_engine_option_is_refused_before_anything_loads(args, said, run_cli, tmp_path):
+    for command in (["render", "--avatar", "a", "--audio", "x.wav"], ["batch", str(tmp_path / "jobs.jsonl")]):
+        r = run_cli([*command, *args], {"DITTO_FAST_HOME": str(tmp_path)})
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
+def test_the_options_pickle_whole():
+    """What a Ray actor gets: the options as given, the settings with them."""
+    options = EngineOptions(device="cpu", precision="fp32", batch_size=2, crf=20, checkpoints="/ckpt",
+                            config=load_config())
+    assert pickle.loads(pickle.dumps(options)) == options
+    assert EngineOptions().settings() == load_config()
