@@ -16,7 +16,8 @@ from ditto_fast.batch.jobs import Job, read_jobs
 from ditto_fast.batch.local import run_batch
 from ditto_fast.cli import main
 from ditto_fast.media.ffpipe import container_comment
-from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.options import EngineOptions
+from ditto_fast.engine.render_setup import RenderSetup
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +107,7 @@ def test_batch_refuses_outputs_that_are_inputs_or_shared(clips, tmp_path, video_
             {"avatar": "anchor", "audio": str(wav[1]), "output": "same.mp4", "steps": 2},
             {"avatar": "anchor", "audio": str(wav[2]), "output": "same.mp4", "steps": 2}]
     jobs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = run_batch(read_jobs(jobs), RenderSetup.resolve(tiny_checkpoints, "cpu"))
+    out = run_batch(read_jobs(jobs), RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints)))
     assert [j.status for j in out] == ["failed", "failed", "done", "failed"]
     assert "overwrite an input" in out[0].error and "is an input of this batch" in out[1].error
     assert "also the output of job 2" in out[3].error and all(j.exit_code == 2 for j in (out[0], out[1], out[3]))
@@ -125,7 +126,8 @@ def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_batch(jobs, RenderSetup.resolve(tiny_checkpoints, "cpu"), report=tmp_path / "r.json", progress=progress)
+        run_batch(jobs, RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints)),
+                  report=tmp_path / "r.json", progress=progress)
     rows = json.loads((tmp_path / "r.json").read_text())["jobs"]
     assert [r["status"] for r in rows] == ["done", "failed"] and rows[1]["exit_code"] == 130
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4", "r.json"]

@@ -13,6 +13,7 @@ import pytest
 import imageio_ffmpeg
 import numpy as np
 
+from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.batch.jobs import Job
 from ditto_fast.cli import main
@@ -55,11 +56,11 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     from ditto_fast.avatar import store_root
 
     jobs = _jobs(clips, tmp_path)
-    setup_args = {"checkpoints": str(tiny_checkpoints), "device": "cpu"}
+    options = EngineOptions(device="cpu", checkpoints=str(tiny_checkpoints))
     stale = [tmp_path / ".ditto-fast.probe0a1b2c3d", store_root() / "avatars" / ".ditto-fast.probe4e5f6a7b"]
     for path in stale:                      # a killed driver's tokens (nobody holds their flock)
         path.write_text("0123")
-    run_batch_ray(jobs, setup_args, workers=2, report=tmp_path / "r.json", on_dispatch=kill_first)
+    run_batch_ray(jobs, options, workers=2, report=tmp_path / "r.json", on_dispatch=kill_first)
     assert not any(path.exists() for path in stale)
     assert [j.status for j in jobs] == ["done"] * 3 and killed == [0]
     assert [j.extra["attempts"] for j in jobs] == [2, 1, 1]             # the killed actor's job was run again
@@ -78,7 +79,7 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     # loads its networks only for a job to render; one actor alone on the node has all its cores
     jobs[1].output.unlink()
     again, sent = _jobs(clips, tmp_path), []
-    run_batch_ray(again, setup_args, workers=1, on_dispatch=lambda job, actor: sent.append(job.index))
+    run_batch_ray(again, options, workers=1, on_dispatch=lambda job, actor: sent.append(job.index))
     assert [j.status for j in again] == ["skipped", "done", "skipped"] and sent == [1]
     assert again[1].extra["torch_threads"] == len(os.sched_getaffinity(0))
 
@@ -105,7 +106,8 @@ def test_ray_delivers_to_a_profile(local_ray, video_avatar, clips, engine, tmp_p
     from ditto_fast.batch.ray_actors import run_batch_ray
 
     jobs = [Job(0, RenderRequest("anchor", clips[0], tmp_path / "d.mxf", delivery="xdcam-hd422-1080i50", steps=2))]
-    run_batch_ray(jobs, {"checkpoints": str(tiny_checkpoints), "device": "cpu"}, workers=1, report=tmp_path / "r.json")
+    options = EngineOptions(device="cpu", checkpoints=str(tiny_checkpoints))
+    run_batch_ray(jobs, options, workers=1, report=tmp_path / "r.json")
     (row,) = json.loads((tmp_path / "r.json").read_text())["jobs"]
     assert row["status"] == "done" and row["delivery"]["qc"].endswith("ok"), row
     assert abs(row["delivery"]["loudness"]["output"]["integrated_lufs"] + 23) <= 0.5
@@ -145,7 +147,7 @@ class NodeBlindToTheStore:
     """Mixed into BatchWorker by the test below: the first actors to start (as many as the store's `blind-slots`
     file says) read a token other than the driver's, as on a node that mounts another store at that path."""
 
-    def __init__(self, setup_args, store, probes, share=None):
+    def __init__(self, options, store, probes, share=None):
         from pathlib import Path
 
         slots = Path(store) / "blind-slots"
@@ -156,7 +158,7 @@ class NodeBlindToTheStore:
                 continue
             probes = {path: "another store's token" for path in probes}
             break
-        super().__init__(setup_args, store, probes, share)
+        super().__init__(options, store, probes, share)
 
 
 def test_an_actor_whose_node_cannot_see_the_store_says_why(local_ray, video_avatar, clips, tmp_path,
@@ -170,7 +172,7 @@ def test_an_actor_whose_node_cannot_see_the_store_says_why(local_ray, video_avat
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])    # the actors get the class itself
     monkeypatch.setattr(ray_actors, "BatchWorker", type("BlindWorker", (NodeBlindToTheStore, ray_actors.BatchWorker),
                                                         {}))
-    setup_args = {"checkpoints": str(tiny_checkpoints), "device": "cpu"}
+    options = EngineOptions(device="cpu", checkpoints=str(tiny_checkpoints))
     store = store_root()
     try:
         for blind, outcome in ((1, ["done"] * 3), (2, ["failed"] * 3)):
@@ -181,7 +183,7 @@ def test_an_actor_whose_node_cannot_see_the_store_says_why(local_ray, video_avat
             jobs = _jobs(clips, tmp_path / f"blind{blind}")
             (tmp_path / f"blind{blind}").mkdir()
             run_batch_ray = ray_actors.run_batch_ray
-            run_batch_ray(jobs, setup_args, workers=2, report=tmp_path / f"r{blind}.json", warn=warnings.append)
+            run_batch_ray(jobs, options, workers=2, report=tmp_path / f"r{blind}.json", warn=warnings.append)
             assert [j.status for j in jobs] == outcome, [j.error for j in jobs]
             report = json.loads((tmp_path / f"r{blind}.json").read_text())
             (node,) = report["ray_nodes"]             # two actors on this machine's one node

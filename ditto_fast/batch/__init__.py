@@ -1,2 +1,3 @@
-"""`ditto-fast batch`: jobs (a render request each) checked all first, rendered by one engine here (`local`) or
-by one engine per Ray actor (`ray_actors`), with a report of every job's outcome."""
+"""`ditto-fast batch`: jobs (a render request each) read and checked all first (`jobs`), then run by one runner
+(`runner`: skip finished, fail-fast, the report) on one engine here (`local`) or one engine per Ray actor
+(`ray_actors`); `launch` is the command's whole batch."""

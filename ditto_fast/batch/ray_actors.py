@@ -6,12 +6,12 @@ actor opens the avatar from its own view of the store."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 import torch
 
 from ditto_fast.audio.decode import DecodedAudio
-from ditto_fast.batch.jobs import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, EXIT_TERMINATED, Job, check_jobs, is_finished,
-                                   record_result, write_report)
-from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
-from ditto_fast.engine.clip import Clip
-from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.batch.jobs import Job
+from ditto_fast.batch.runner import Book, run_job, run_jobs
+from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, InputError, UsageError
+from ditto_fast.engine.options import EngineOptions
+from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import Progress
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
@@ -57,7 +57,7 @@ class BatchWorker:
     `share`: on a CPU node, how many actors share its cores (torch gets an equal part of them; Ray starts
     every actor with OMP_NUM_THREADS=1, which left a CPU render on one core); None on a GPU node."""
 
-    def __init__(self, setup_args: dict[str, Any], store: str, probes: dict[str, str], share: int | None = None):
+    def __init__(self, options: EngineOptions, store: str, probes: dict[str, str], share: int | None = None):
         os.environ["DITTO_FAST_HOME"] = store
         self.problem: DittoError | None = None
         self.setup: RenderSetup | None = None
@@ -69,7 +69,7 @@ class BatchWorker:
             if share is not None:            # before the CPU precision and batch probes, which time the networks
                 torch.set_num_threads(_cpu_threads(share))
             reuse_freed_memory()
-            self.setup = RenderSetup.resolve(**setup_args)
+            self.setup = RenderSetup.resolve(options)
         except DittoError as e:     # said by ready(): raised here it reaches the driver as a bare ActorDiedError
             self.problem = e
 
@@ -86,18 +86,13 @@ class BatchWorker:
         from ditto_fast.engine.clip import check_clip
         from ditto_fast.engine.renderer import Renderer
 
-        t0 = time.perf_counter()
-        try:
+        def render():
             if self.renderer is None:       # its load time goes into the first render's profile
                 self.renderer = Renderer(setup=self.setup)
             clip = check_clip(job.request, self.renderer.avatar(job.avatar), self.setup.config, audio=audio)
-            result = self.renderer.render(clip)
-            record_result(job, result.profile, result.warnings)
-        except DittoError as e:
-            job.fail(e)
-        except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
-            job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1", 1)
-        job.seconds = time.perf_counter() - t0
+            return self.renderer.render(clip)
+
+        run_job(job, render)
         job.extra["node"], job.extra["node_id"] = _node(), _node_id()
         job.extra["torch_threads"] = torch.get_num_threads()
         return job
@@ -240,15 +235,18 @@ def _last_cause(e: BaseException) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
-def run_batch_ray(jobs: list[Job], setup_args: dict[str, Any], *, address: str = "local", workers: int | None = None,
+def run_batch_ray(jobs: list[Job], options: EngineOptions, *, address: str = "local", workers: int | None = None,
                   force: bool = False, fail_fast: bool = False, report: str | Path | None = None,
                   progress: Progress | None = None, on_dispatch: Callable[[Job, Any], None] | None = None,
                   warn: Callable[[str], None] | None = None) -> list[Job]:
-    """Run `jobs` on Ray actors; a job whose actor dies is retried once on another actor. An actor that cannot
-    render (its node does not see the store, say) gets no job: `warn` hears why, once a node, and the report's
-    "ray_nodes" lists every node's actors and what stopped them."""
+    """Run `jobs` on Ray actors (see runner.run_jobs); a job whose actor dies is retried once on another actor. An
+    actor that cannot render (its node does not see the store, say) gets no job: `warn` hears why, once a node,
+    and the report's "ray_nodes" lists every node's actors and what stopped them."""
+    # the checkpoints as an absolute root, which every node resolves the same
+    options = dataclasses.replace(options, checkpoints=str(options.find_checkpoints().root.resolve()))
     with ray_session(address) as ray:
-        return _run_on_actors(ray, jobs, setup_args, workers, force, fail_fast, report, progress, on_dispatch, warn)
+        return run_jobs(jobs, RayActors(ray, options, workers, progress, on_dispatch, warn), force=force,
+                        fail_fast=fail_fast, report=report)
 
 
 @contextlib.contextmanager
@@ -265,71 +263,80 @@ def ray_session(address: str):
                 ray.shutdown()
 
 
-def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: int | None, force: bool,
-                   fail_fast: bool, report: str | Path | None, progress: Progress | None,
-                   on_dispatch: Callable[[Job, Any], None] | None, warn: Callable[[str], None] | None) -> list[Job]:
-    from ditto_fast.avatar import store_root
+class RayActors:
+    """Executes checked jobs on Ray actors, one engine each (an actor per GPU, or per node without GPUs), handing
+    each actor a job as it frees up; `progress` hears the frames of finished jobs. Finished jobs are skipped by
+    the setup each actor reports, before any job goes to it."""
 
-    # the driver only checks the jobs (checkpoints, avatars, inputs): no device, fp32 and batch 1 so that no
-    # `auto` starts a probe here; the actors resolve the real setup
-    clips = check_jobs(jobs, RenderSetup.resolve(**{**setup_args, "device": "cpu", "precision": "fp32",
-                                                    "batch_size": 1, "encoder": "software"}))
-    todo = [j for j in jobs if j.status == "pending"]
-    total, done_frames = sum(clips[j.index].frames for j in todo), 0
-    # `--device cpu` renders on CPU actors even where the cluster has GPUs
-    gpus = 0 if setup_args.get("device") == "cpu" else int(ray.cluster_resources().get("GPU", 0))
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    count = min(len(todo), workers or (gpus or nodes), *([gpus] if gpus else []))
-    store = store_root() / "avatars"
-    probes, locks = _probes(todo, store) if todo else ({}, [])
-    if gpus:
-        remote, share = ray.remote(num_gpus=1)(BatchWorker), None
-    else:   # spread over the nodes, each actor's torch on its part of the node's cores
-        remote, share = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker), math.ceil(count / max(1, nodes))
-    actors = [remote.remote(setup_args, str(store_root()), probes, share) for _ in range(max(0, count))]
-    starting = {a.ready.remote(): a for a in actors}        # an actor gets jobs once it says it can render
-    seen: dict[str, dict[str, Any]] = {}                    # Ray node id -> its actors and what stopped them
-    tried: dict[int, set[str]] = {}                         # job -> the digests its output was compared with
-    unable: dict[str, Any] | None = None                    # the last actor that could not render, and why
-    retried: set[int] = set()
-    running: dict[Any, tuple[Job, Any]] = {}
-    queue = list(todo)
-    extra: dict[str, Any] = {"ray_nodes": []}               # in the report beside the jobs
-    try:
-        if report:
-            write_report(report, jobs, extra)
+    def __init__(self, ray, options: EngineOptions, workers: int | None, progress: Progress | None,
+                 on_dispatch: Callable[[Job, Any], None] | None, warn: Callable[[str], None] | None):
+        self.ray, self.options, self.workers = ray, options, workers
+        self.progress, self.on_dispatch, self.warn = progress, on_dispatch, warn
+        # the driver only checks the jobs (checkpoints, avatars, inputs): no device, fp32 and batch 1 so that no
+        # `auto` starts a probe here; the actors resolve the real setup
+        self.check_setup = RenderSetup.resolve(dataclasses.replace(options, device="cpu", precision="fp32",
+                                                                   batch_size=1, encoder="software"))
+        self.render_setup = None
+        self.extra: dict[str, Any] = {"ray_nodes": []}          # in the report beside the jobs
+        self.actors: list[Any] = []
+        self.probes: dict[str, str] = {}
+        self.locks: list[int] = []
+
+    def start(self, book: Book) -> None:
+        """Visibility tokens in the store and the output folders, and the actors started."""
+        from ditto_fast.avatar import store_root
+
+        ray, todo = self.ray, book.queue
+        self.total = sum(book.clips[j.index].frames for j in todo)
+        # `--device cpu` renders on CPU actors even where the cluster has GPUs
+        gpus = 0 if self.options.device == "cpu" else int(ray.cluster_resources().get("GPU", 0))
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        count = min(len(todo), self.workers or (gpus or nodes), *([gpus] if gpus else []))
+        if todo:
+            self.probes, self.locks = _probes(todo, store_root() / "avatars")
+        if gpus:
+            remote, share = ray.remote(num_gpus=1)(BatchWorker), None
+        else:   # spread over the nodes, each actor's torch on its part of the node's cores
+            remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker)
+            share = math.ceil(count / max(1, nodes))
+        self.actors = [remote.remote(self.options, str(store_root()), self.probes, share)
+                       for _ in range(max(0, count))]
+
+    def execute(self, book: Book) -> None:
+        ray, progress = self.ray, self.progress
+        starting = {a.ready.remote(): a for a in self.actors}   # an actor gets jobs once it says it can render
+        seen: dict[str, dict[str, Any]] = {}                    # Ray node id -> its actors and what stopped them
+        unable: dict[str, Any] | None = None                    # the last actor that could not render, and why
+        retried: set[int] = set()
+        running: dict[Any, tuple[Job, Any]] = {}
         free: list[Any] = []
-        while queue or running:
-            while queue and free:
-                job, actor = queue.pop(0), free.pop(0)
-                if fail_fast and any(j.status == "failed" for j in jobs):
-                    job.fail("not run: an earlier job failed (--fail-fast)", EXIT_SOME_FAILED)
-                    free.append(actor)
-                    continue
+        done_frames = 0
+        while book.queue or running:
+            while free and (job := book.take()) is not None:
+                actor = free.pop(0)
                 if progress and not running and not done_frames:   # the rate's clock starts with the first job
-                    progress("frames of finished jobs", 0, total)
-                running[actor.run.remote(job, clips[job.index].audio)] = (job, actor)
-                if on_dispatch:
-                    on_dispatch(job, actor)
+                    progress("frames of finished jobs", 0, self.total)
+                running[actor.run.remote(job, book.clips[job.index].audio)] = (job, actor)
+                if self.on_dispatch:
+                    self.on_dispatch(job, actor)
             if not running and not starting:
-                if queue:       # every actor is gone
+                if book.queue:      # every actor is gone
                     why = f" ({unable['error']})" if unable else " (see the failed jobs for why)"
-                    for job in queue:
-                        job.fail(f"not run: no Ray actor is left{why}", unable["exit_code"] if unable else 1)
-                    queue.clear()
+                    book.fail_queued(f"not run: no Ray actor is left{why}",
+                                     unable["exit_code"] if unable else EXIT_INTERNAL)
                 break
             ready, _ = ray.wait([*running, *starting], num_returns=1)
             if ready[0] in starting:
                 actor = starting.pop(ready[0])
                 info = _started(ray, ready[0])
-                if _note_node(seen, info, warn):
+                if _note_node(seen, info, self.warn):
                     free.append(actor)
-                    if not force:       # before any job goes there: a rerun loads no network to skip its jobs
-                        total -= sum(j.frames for j in _skip_finished(queue, clips, info["setup"], tried))
+                    # before any job goes there: a rerun loads no network to skip its jobs
+                    self.total -= sum(j.frames for j in book.skip_finished(info["setup"]))
                 else:
                     unable = info
                     ray.kill(actor)
-                extra["ray_nodes"] = list(seen.values())
+                self.extra["ray_nodes"] = list(seen.values())
                 continue
             job, actor = running.pop(ready[0])
             try:
@@ -337,51 +344,24 @@ def _run_on_actors(ray, jobs: list[Job], setup_args: dict[str, Any], workers: in
             except ray.exceptions.RayActorError as e:
                 if job.index not in retried:
                     retried.add(job.index)
-                    queue.insert(0, job)
+                    book.again(job)
                 else:
-                    job.fail(f"its Ray actor died twice ({type(e).__name__}); render it alone to see why", 1)
+                    job.fail(f"its Ray actor died twice ({type(e).__name__}); render it alone to see why",
+                             EXIT_INTERNAL)
                     job.extra["attempts"] = 2
                 continue
             _copy_outcome(result, job)
             job.extra["attempts"] = 2 if job.index in retried else 1     # 2: its first actor died
             free.append(actor)
-            done_frames += clips[job.index].frames
+            done_frames += book.clips[job.index].frames
             if progress:
-                progress("frames of finished jobs", done_frames, total)
-            if report:
-                write_report(report, jobs, extra)
-    except BaseException as e:
-        code = EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else \
-            EXIT_TERMINATED if isinstance(e, Terminated) else 1
-        for job in jobs:
-            if job.status == "pending":
-                job.fail("interrupted before it finished; run the batch again to resume", code)
-        raise
-    finally:
-        _remove_probes(probes, locks)
-        for a in actors:
-            ray.kill(a)
-        if report:
-            write_report(report, jobs, extra)
-    return jobs
+                progress("frames of finished jobs", done_frames, self.total)
+            book.write()
 
-
-def _skip_finished(queue: list[Job], clips: dict[int, Clip], setup: RenderSetup, tried: dict[int, set[str]]
-                   ) -> list[Job]:
-    """Take out of `queue` (and mark skipped) the jobs whose output a render with an actor's `setup` would make
-    again; each output's tag is read once for each digest it is compared with. The jobs taken out."""
-    skipped = []
-    for job in list(queue):
-        clip = clips[job.index]
-        digest = setup.digest(clip)
-        if digest in tried.setdefault(job.index, set()):
-            continue
-        tried[job.index].add(digest)
-        if is_finished(job, clip, setup):
-            job.status, job.frames = "skipped", clip.frames
-            queue.remove(job)
-            skipped.append(job)
-    return skipped
+    def close(self) -> None:
+        _remove_probes(self.probes, self.locks)
+        for a in self.actors:
+            self.ray.kill(a)
 
 
 def _started(ray, ref) -> dict[str, Any]:

@@ -2,6 +2,11 @@
 
 
 MESSAGE_CHARS = 2000        # the longest message a user is shown; a longer one is cut in the middle
+# the exit codes that are not an error class's own
+EXIT_INTERNAL = 1           # a bug (one line; the traceback with DITTO_FAST_DEBUG=1)
+EXIT_SOME_FAILED = 7        # some jobs of a batch failed (each job's own code is in its report row)
+EXIT_INTERRUPTED = 130      # Ctrl-C (SIGINT), as a shell reports a process that a SIGINT ended
+EXIT_TERMINATED = 143       # SIGTERM
 
 
 def one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
@@ -17,7 +22,7 @@ class DittoError(Exception):
     """Base class: a failure with a one-line message that names the file and the fix (kept to one line of at most
     MESSAGE_CHARS characters, whatever values went into it)."""
 
-    exit_code = 1
+    exit_code = EXIT_INTERNAL
 
     def __init__(self, message: object = "", *args: object) -> None:
         super().__init__(one_line(str(message)), *args)
@@ -60,4 +65,4 @@ class QCError(DittoError):
 
 
 class Terminated(BaseException):
-    """Raised in the main thread on SIGTERM so that cleanup runs as for Ctrl-C (exit 143)."""
+    """Raised in the main thread on SIGTERM so that cleanup runs as for Ctrl-C (exit EXIT_TERMINATED)."""

@@ -10,33 +10,58 @@ import socket
 import sys
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import Terminated, UsageError
 from ditto_fast.core.files import read_bounded
 from ditto_fast.core.home import store_root
-from ditto_fast.engine.setup import RenderSetup
+from ditto_fast.engine.options import EngineOptions
+
+if TYPE_CHECKING:
+    from ditto_fast.engine.render_setup import RenderSetup
 
 DEFAULT_PORT = 8750
 TOKEN_MAX_BYTES = 4096
 
 
+def _option(default: Any = None, *, flags: tuple[str, ...] = (), kind: str = "text",
+            range: tuple[float, float] | None = None, multiple: bool = False, help: str = "") -> Any:
+    """A serve option: `flags` its command-line spelling; `kind` text or path; a number within `range`; `multiple`:
+    repeatable (a list)."""
+    meta = {"flags": flags, "kind": kind, "range": range, "multiple": multiple, "help": help}
+    return field(default_factory=list, metadata=meta) if multiple else field(default=default, metadata=meta)
+
+
 @dataclass
 class ServeOptions:
-    """What `serve` was started with (engine options aside)."""
+    """What `serve` was started with (engine options aside); the command's options are made from these fields."""
 
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    token_file: Path | None = None
-    roots: list[Path] = field(default_factory=list)
-    watch: Path | None = None
-    out: Path | None = None
+    host: str = _option("127.0.0.1", flags=("--host",),
+                        help="Address to listen on; anything beyond this machine needs --token-file.")
+    port: int = _option(DEFAULT_PORT, flags=("--port",), range=(1, 65535))
+    token_file: Path | None = _option(flags=("--token-file",), kind="path",
+                                      help="A file holding the bearer token every API request must carry.")
+    roots: list[Path] = _option(flags=("--root",), kind="path", multiple=True,
+                                help="A folder the jobs' files may lie in (repeatable; the watch folders count) "
+                                     "[default: the current folder].")
+    watch: Path | None = _option(flags=("--watch",), kind="path",
+                                 help="A watch folder: each speech file dropped in it becomes a job once it stops "
+                                      "growing.")
+    out: Path | None = _option(flags=("--out",), kind="path", help="With --watch: where the outputs go.")
+    settle_s: float = _option(5.0, flags=("--settle",), range=(0.5, 600),
+                              help="Seconds a dropped file's size and time must stay the same before it is taken.")
+    poll_s: float = _option(2.0, flags=("--poll",), range=(0.1, 60), help="Seconds between looks at the watch folder.")
     defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
-    settle_s: float = 5.0
-    poll_s: float = 2.0
     quiet: bool = False
+
+    def __post_init__(self) -> None:
+        """The roots as a list; the defaults as a job line would give them: unset ones left out, paths absolute."""
+        self.roots = list(self.roots)
+        self.defaults = {k: (str(v.absolute()) if isinstance(v, Path) else v) for k, v in self.defaults.items()
+                         if v is not None}
 
 
 def is_loopback(host: str) -> bool:
@@ -83,6 +108,9 @@ def check_options(opts: ServeOptions) -> str | None:
     return token
 
 
+SERVE_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(ServeOptions)
+
+
 def json_log(stream: TextIO, quiet: bool) -> Callable[[dict], None]:
     """One JSON line per event on `stream` (a station's log shipper reads them); `quiet`: errors only."""
     lock = threading.Lock()
@@ -97,9 +125,21 @@ def json_log(stream: TextIO, quiet: bool) -> Callable[[dict], None]:
     return log
 
 
-def serve(setup: RenderSetup, opts: ServeOptions, stream: TextIO = sys.stderr) -> None:
-    """Load the engine, open the queue, start the render thread and the watch folder, serve the API until a
-    signal; then stop the render thread (its job queued again) and return."""
+def serve(options: EngineOptions, opts: ServeOptions, stream: TextIO = sys.stderr) -> None:
+    """Check the options (before the networks load), load the engine, open the queue, start the render thread and
+    the watch folder, serve the API until SIGINT or SIGTERM (a clean stop); then stop the render thread (its job
+    queued again) and return."""
+    from ditto_fast.engine.render_setup import RenderSetup
+
+    token = check_options(opts)
+    setup = RenderSetup.resolve(options)
+    try:
+        _serve(setup, opts, token, stream)
+    except (KeyboardInterrupt, Terminated):     # uvicorn passes the signal on once it has stopped: a clean stop
+        pass
+
+
+def _serve(setup: RenderSetup, opts: ServeOptions, token: str | None, stream: TextIO) -> None:
     import uvicorn
 
     from ditto_fast.engine.renderer import Renderer
@@ -110,7 +150,6 @@ def serve(setup: RenderSetup, opts: ServeOptions, stream: TextIO = sys.stderr) -
     from ditto_fast.serve.watch import WatchFolder
     from ditto_fast.serve.worker import Worker
 
-    token = check_options(opts)
     log = json_log(stream, opts.quiet)
     roots = [*opts.roots, *([opts.watch, opts.out] if opts.watch else [])] or [Path.cwd()]
     if opts.out is not None:

@@ -1,0 +1,149 @@
+"""The batch runner, the same for every way of executing jobs: every job checked first, finished ones skipped
+(their output carries the digest a render would write), the rest handed to an executor; fail-fast, the report
+rewritten after every job and when interrupted, and what an interrupted batch leaves in it.
+
+An executor (`local.LocalEngine`: one engine in this process; `ray_actors.RayActors`: one engine per Ray actor)
+only executes checked jobs: it takes them from the `Book` one by one, renders each (`run_job`) and hands it back.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from ditto_fast.batch.jobs import Job, check_jobs, clip_is_finished, record_result, write_report
+from ditto_fast.core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SOME_FAILED, EXIT_TERMINATED, DittoError,
+                                    Terminated)
+from ditto_fast.engine.clip import Clip
+from ditto_fast.engine.render_setup import RenderSetup
+from ditto_fast.engine.renderer import RenderResult
+
+INTERRUPTED = "interrupted before it finished; run the batch again to resume"
+
+
+class Book:
+    """A batch's jobs, their checked clips and the queue of those still to render; the report (if any) is written
+    from here alone."""
+
+    def __init__(self, jobs: list[Job], clips: dict[int, Clip], *, force: bool, fail_fast: bool,
+                 report: str | Path | None, previews: dict[int, Path], extra: dict[str, Any]):
+        self.jobs, self.clips, self.force, self.fail_fast = jobs, clips, force, fail_fast
+        self.report, self.previews, self.extra = report, previews, extra
+        self.queue = [j for j in jobs if j.status == "pending"]
+        self._tried: dict[int, set[str]] = {}       # job -> the digests its output was compared with
+
+    def skip_finished(self, setup: RenderSetup) -> list[Job]:
+        """Take out of the queue (and mark skipped) the jobs whose output a render with `setup` would make again
+        (none with `force`); each output's tag is read once for each digest it is compared with. The jobs taken."""
+        skipped = []
+        for job in [] if self.force else list(self.queue):
+            clip = self.clips[job.index]
+            digest = setup.digest(clip)
+            if digest in self._tried.setdefault(job.index, set()):
+                continue
+            self._tried[job.index].add(digest)
+            if clip_is_finished(clip, setup):
+                job.status, job.frames = "skipped", clip.frames
+                if job.index in self.previews and self.previews[job.index].exists():
+                    job.extra["preview"] = str(self.previews[job.index])
+                self.queue.remove(job)
+                skipped.append(job)
+        return skipped
+
+    def take(self) -> Job | None:
+        """The next job to render (None when the queue is empty); with fail-fast, once a job failed, the ones
+        after it fail unrun."""
+        while self.queue:
+            job = self.queue.pop(0)
+            if self.fail_fast and any(j.status == "failed" for j in self.jobs):
+                job.fail("not run: an earlier job failed (--fail-fast)", EXIT_SOME_FAILED)
+                continue
+            return job
+        return None
+
+    def fail_queued(self, why: str, exit_code: int) -> None:
+        """Fail every job still in the queue, unrun (its executor cannot run them)."""
+        for job in self.queue:
+            job.fail(why, exit_code)
+        self.queue.clear()
+
+    def again(self, job: Job) -> None:
+        """Put a taken job back at the head of the queue (its executor lost it)."""
+        self.queue.insert(0, job)
+
+    def write(self) -> None:
+        """Rewrite the report (if any): after each job that came back, and at the start and end."""
+        if self.report:
+            write_report(self.report, self.jobs, self.extra)
+
+    def stop(self, e: BaseException) -> None:
+        """The batch stops on `e` (an interrupt, a signal, an error outside any one job): every job not finished
+        fails with why, and the exit code the command ends with."""
+        if isinstance(e, DittoError):
+            why, code = str(e), e.exit_code
+        else:
+            code = EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else \
+                EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERNAL
+            why = INTERRUPTED if code != EXIT_INTERNAL else f"not run: internal error {type(e).__name__}: {e}"
+        for job in self.jobs:
+            if job.status == "pending":
+                job.fail(why, code)
+
+
+class Executor(Protocol):
+    """A way to execute checked jobs."""
+
+    check_setup: RenderSetup            # what the jobs are checked with
+    render_setup: RenderSetup | None    # what they render with, when known before any starts (else the executor
+    #                                     calls Book.skip_finished with each setup it learns)
+    extra: dict[str, Any]               # the report's entries beside the jobs
+
+    def start(self, book: Book) -> None:
+        """Get ready (before the first report is written; nothing to undo if it fails)."""
+
+    def execute(self, book: Book) -> None:
+        """Render the book's jobs, taken one by one and handed back, until none is left."""
+
+    def close(self) -> None:
+        """Let go of what `start` took (also after an interrupt)."""
+
+
+def run_jobs(jobs: list[Job], executor: Executor, *, force: bool = False, fail_fast: bool = False,
+             report: str | Path | None = None, previews: dict[int, Path] | None = None) -> list[Job]:
+    """Check all jobs, skip those whose output was made from the same inputs and settings (unless `force`), have
+    `executor` render the rest. The report (if any) is rewritten after every job and when interrupted; a skipped
+    job whose preview (`previews`: job index -> PNG) exists names it."""
+    book = Book(jobs, check_jobs(jobs, executor.check_setup), force=force, fail_fast=fail_fast, report=report,
+                previews=previews or {}, extra=executor.extra)
+    if executor.render_setup is not None:
+        book.skip_finished(executor.render_setup)
+    executor.start(book)
+    try:
+        book.write()
+        executor.execute(book)
+    except BaseException as e:
+        book.stop(e)
+        raise
+    finally:
+        executor.close()
+        book.write()
+    return jobs
+
+
+def run_job(job: Job, render: Callable[[], RenderResult], then: Callable[[RenderResult], None] | None = None
+            ) -> None:
+    """Render one job (`render`) and record on it what became of it: done with its profile (then `then`, such as
+    its preview), or failed with the error; a bug in one job is that job's internal error, not the batch's."""
+    t0 = time.perf_counter()
+    try:
+        result = render()
+        record_result(job, result.profile, result.warnings)
+        if then:
+            then(result)
+    except DittoError as e:
+        job.fail(e)
+    except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs
+        job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1",
+                 EXIT_INTERNAL)
+    job.seconds = time.perf_counter() - t0
