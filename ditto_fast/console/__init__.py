@@ -1,0 +1,1 @@
+"""What the commands (cli.py) share: their options made from the declarations, and the progress display."""

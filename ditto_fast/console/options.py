@@ -1,0 +1,134 @@
+"""The commands' shared options, made from the declarations: the engine's (EngineOptions' fields) and the render
+request's (RenderRequest's fields), each checked by its config declaration; `--config` and `--quiet`; and the
+progress display the long commands show on stderr."""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from ditto_fast.core.config import check_setting, declaration, default
+from ditto_fast.core.errors import DittoError
+from ditto_fast.engine.options import ENGINE_FIELDS, EngineOptions
+from ditto_fast.engine.request import FIELDS
+
+
+class DeclaredSetting(click.ParamType):
+    """An option checked by its config declaration (`section.key`): the same values refused with the same message
+    as in a job line, a config file or a RenderRequest made in Python."""
+
+    def __init__(self, section: str, key: str):
+        self.section, self.key = section, key
+        self.decl = declaration(section, key)
+        self.name = "|".join(self.decl["choices"]) if self.decl["choices"] else \
+            "|".join(("N", *self.decl["words"])) if self.decl["words"] else \
+            "INTEGER" if self.decl["kind"] is int else "TEXT"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return f"[{self.name}]" if self.decl["choices"] else self.name
+
+    def convert(self, value, param, ctx):
+        if self.decl["kind"] is int and isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                pass                            # refused below, with the setting's own message
+        try:
+            return check_setting(self.section, self.key, value, "")
+        except DittoError as e:                 # the setting's UsageError; click names the option
+            self.fail(str(e).strip(), param, ctx)
+
+
+def default_help(section: str, key: str) -> str:
+    """' [default: VALUE]' for a help text, read from the packaged settings."""
+    return f" [default: {default(section, key)}; config {section}.{key}]"
+
+
+def setting_option(*decls: str, setting: tuple[str, str], help: str, **kwargs):
+    """An option checked by the config declaration `setting` (section, key), its default named in its help."""
+    return click.option(*decls, type=DeclaredSetting(*setting), default=None, help=help + default_help(*setting),
+                        **kwargs)
+
+
+def field_option(f: dataclasses.Field):
+    """A dataclass field as a click option, its flags, type, default and help from its metadata (EngineOptions',
+    ServeOptions'): a config declaration, choices, a path, or a number in a range."""
+    meta = f.metadata
+    if meta.get("setting"):
+        return setting_option(*meta["flags"], f.name, setting=meta["setting"], help=meta["help"])
+    span = meta.get("range")
+    kind = click.Choice(meta["choices"]) if meta.get("choices") else \
+        click.Path(path_type=Path) if meta["kind"] == "path" else \
+        (click.IntRange if isinstance(span[0], int) else click.FloatRange)(*span) if span else None
+    default = None if f.default is dataclasses.MISSING else f.default
+    return click.option(*meta["flags"], f.name, type=kind, default=default, show_default=default is not None,
+                        multiple=meta.get("multiple", False), help=meta["help"] or None)
+
+
+def field_options(fields: tuple[dataclasses.Field, ...]):
+    """A decorator giving a command the options of `fields` (those with flags), in their order."""
+    def decorate(command):
+        for f in reversed(fields):
+            command = field_option(f)(command) if f.metadata.get("flags") else command
+        return command
+    return decorate
+
+
+def take(values: dict, fields: tuple[dataclasses.Field, ...]) -> dict:
+    """The values of `fields`' options, taken out of a command's `values`."""
+    return {f.name: values.pop(f.name) for f in fields if f.metadata.get("flags")}
+
+
+ENGINE = {f.name: field_option(f) for f in ENGINE_FIELDS if f.metadata["flags"]}    # --checkpoints, --device...
+CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+                      help="YAML overriding some settings (`ditto-fast config` prints them all).")
+QUIET = click.option("--quiet", is_flag=True, help="No progress bar or tables on stderr (serve: log errors only).")
+engine_options = field_options(ENGINE_FIELDS)          # render's, batch's and serve's
+
+
+def take_engine_options(values: dict, config_path: Path | None) -> EngineOptions:
+    """The engine's options, taken out of a command's `values`, with the settings of `config_path` (the packaged
+    defaults when None)."""
+    from ditto_fast.core.config import load_config
+
+    return EngineOptions(config=load_config(config_path), **take(values, ENGINE_FIELDS))
+
+
+def request_options(skip: tuple[str, ...] = (), job_default: bool = False):
+    """The render request's fields as click options (their names, types, ranges and help from the request and the
+    config's declarations), leaving out `skip`; with `job_default` each one is the default of a batch's jobs."""
+    def decorate(command):
+        for f in reversed(FIELDS):
+            if f.name in skip:
+                continue
+            meta = f.metadata
+            kind = DeclaredSetting(*meta["setting"]) if meta["setting"] else \
+                click.Path(path_type=Path) if meta["kind"] == "path" else None
+            help_text = meta["help"] + (default_help(*meta["setting"]) if meta["setting"] else "")
+            if job_default:
+                help_text += f' A job\'s own "{f.name}" wins.'
+            command = click.option(*meta["flags"], f.name, type=kind, default=None,
+                                   required=meta["required"] and not job_default, help=help_text,
+                                   metavar={"rate": "RATE", "profile": "NAME|FILE", "loudness": "off|LUFS",
+                                            "timecode": "HH:MM:SS:FF"}.get(meta["kind"]))(command)
+        return command
+    return decorate
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool):
+    """A progress callback (stage, done, total) on stderr (bars on a terminal, plain lines in a log; see
+    ditto_fast/engine/progress.py); None when quiet."""
+    if quiet:
+        yield None
+        return
+    from ditto_fast.engine.progress import ProgressReport
+
+    report = ProgressReport(label)
+    try:
+        yield report
+    finally:
+        report.close()
