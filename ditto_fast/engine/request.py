@@ -19,19 +19,23 @@ from ditto_fast.avatar.store import validate_name
 from ditto_fast.core.config import check_setting, declaration
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import shown
-from ditto_fast.media.rates import parse_rate
+from ditto_fast.media.rates import MOTION_FPS, NAMED_RATES, RENDER_RATES, parse_rate, rate_text
+from ditto_fast.motion.conditions import EMOTIONS
 from ditto_fast.render.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
 
-EMOTION_HELP = ("angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, or a per-frame "
-                "schedule: a JSON file, or inline JSON like '{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")
-FPS_HELP = ("Output frame rate: 24, 25, 30, 50, 60 or the NTSC rates 23.976, 29.97, 59.94 (also as 24000/1001, "
-            "30000/1001, 60000/1001) [default: the avatar's own rate; 25 for image avatars].")
-CODEC_HELP = "Video codec: h264 (default), hevc, or prores (ProRes 422 HQ with PCM audio; .mov only)."
-DELIVERY_HELP = ("A delivery profile: a name from configs/delivery (xdcam-hd422-1080i50, xdcam-hd422-1080i5994, "
-                 "dnxhd-1080i50, prores-hq-1080p, web-h264) or a FILE.yaml of the same shape. It sets container, "
-                 "codec, size, rate, scan, audio tracks, loudness and timecode; the output is checked (QC) before "
-                 "it is renamed into place.")
-LOUDNESS_HELP = "With --delivery: off (levels as spoken) or a target in LUFS (-40..-5) instead of the profile's."
+_WHOLE_RATES = [rate_text(r) for r in RENDER_RATES if r.denominator == 1]
+_NTSC_RATES = {name: rate for name, rate in NAMED_RATES.items() if rate in RENDER_RATES}
+EMOTION_HELP = (f"{'|'.join(EMOTIONS)}, a mix like happy+surprise, or a per-frame schedule: a JSON file, or inline "
+                "JSON like '{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")
+FPS_HELP = (f"Output frame rate: {', '.join(_WHOLE_RATES)} or the NTSC rates {', '.join(_NTSC_RATES)} (also as "
+            f"{', '.join(rate_text(r) for r in _NTSC_RATES.values())}) [default: the avatar's own rate; {MOTION_FPS} "
+            "for image avatars].")
+CODEC_HELP = "Video codec (prores: ProRes 422 HQ with PCM audio; .mov only)."
+DELIVERY_HELP = (f"A delivery profile: a name from configs/delivery ({', '.join(shipped_profiles())}) or a FILE.yaml "
+                 "of the same shape. It sets container, codec, size, rate, scan, audio tracks, loudness and timecode; "
+                 "the output is checked (QC) before it is renamed into place.")
+LOUDNESS_HELP = (f"With --delivery: off (levels as spoken) or a target in LUFS ({LOUDNESS_RANGE[0]:g}.."
+                 f"{LOUDNESS_RANGE[1]:g}) instead of the profile's.")
 TIMECODE_HELP = "With --delivery: start timecode HH:MM:SS:FF (HH:MM:SS;FF drop-frame, at 29.97/59.94 only)."
 BLEND_HELP = ("Putback: seamless (only the face the motion changes, its colour matched to the plate at the edge; "
               "the plate's own pixels elsewhere) or feather (the whole crop square through a feathered edge, as "
