@@ -136,7 +136,9 @@ def render(profile, preview, quiet, config_path, **values):
 
 
 # ----------------------------------------------------------------------------- batch
-@cli.command()
+@cli.command(help=f"Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional "
+                  f"{', '.join(k for k in JOB_KEYS if k not in ('avatar', 'audio', 'output'))}) or --avatar NAME "
+                  f"--audio-dir IN --out-dir OUT. Exit {EXIT_SOME_FAILED} if any job failed.")
 @click.argument("jobs_file", required=False, type=click.Path(path_type=Path))
 @click.option("--avatar", help="With --audio-dir: the avatar for every job.")
 @click.option("--audio-dir", type=click.Path(path_type=Path), help="One job per audio file in this folder.")
@@ -190,11 +192,6 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
     click.echo(", ".join(f"{k} {v}" for k, v in counts.items()))
     if counts["failed"]:
         sys.exit(EXIT_SOME_FAILED)
-
-
-batch.help = (f"Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional "
-              f"{', '.join(k for k in JOB_KEYS if k not in ('avatar', 'audio', 'output'))}) or --avatar NAME "
-              f"--audio-dir IN --out-dir OUT. Exit {EXIT_SOME_FAILED} if any job failed.")
 
 
 # ----------------------------------------------------------------------------- serve

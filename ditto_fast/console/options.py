@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ditto_fast.core.config import check_setting, declaration, default
+from ditto_fast.core.config import check_setting, declaration, default, load_config
 from ditto_fast.core.errors import DittoError
 from ditto_fast.engine.options import ENGINE_FIELDS, EngineOptions
 from ditto_fast.engine.request import FIELDS
@@ -92,8 +92,6 @@ engine_options = field_options(ENGINE_FIELDS)          # render's, batch's and s
 def take_engine_options(values: dict, config_path: Path | None) -> EngineOptions:
     """The engine's options, taken out of a command's `values`, with the settings of `config_path` (the packaged
     defaults when None)."""
-    from ditto_fast.core.config import load_config
-
     return EngineOptions(config=load_config(config_path), **take(values, ENGINE_FIELDS))
 
 
