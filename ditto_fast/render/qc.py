@@ -1,5 +1,5 @@
 """QC: a file checked against a delivery profile, one requirement a line (ok or FAIL, with what was measured):
-container, codec and profile/level, bitrate, GOP, scan and field order, frame size and rate, colour tags, audio
+container, completeness (a truncated file: essence shorter than declared, packets cut short), codec and profile/level, bitrate, GOP, scan and field order, frame size and rate, colour tags, audio
 tracks, silence off the speech tracks, loudness and true peak, timecode, audio vs video duration."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ditto_fast.render.profiles import DeliveryProfile, load_profile, shipped_pr
 BITRATE_TOLERANCE = 0.05        # CBR within 5 % of nominal
 LOUDNESS_TOLERANCE = 0.5        # LU
 SILENT_DBFS = -90.0
+DURATION_ROUNDING = 0.01        # ffmpeg gives the declared duration in 1/100 s, rounded down
 HZ = r"(\d+) Hz"
 MPEG2_PL = {0x82: ("422", "high"), 0x85: ("422", "main"), 0x44: ("main", "high"), 0x48: ("main", "main")}
 FFMPEG_PROFILE = {"prores": {"hq": "HQ"}, "h264": {"high": "High", "main": "Main", "baseline": "Baseline"}}
@@ -50,6 +51,7 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
         out.append(Requirement(name, bool(ok), expected, measured))
 
     req("container", facts.container == profile.container, profile.container, facts.container)
+    _complete(req, facts)
     video = facts.video
     if video is None:
         req("video", False, v.codec, "no video stream")
@@ -130,6 +132,23 @@ def _rate(stream) -> Fraction | None:
     """The stream's frame rate as ffmpeg reads it, exact for the broadcast rates."""
     m = re.search(r"([\d.]+) fps", stream.detail)
     return None if m is None else from_stream(float(m.group(1)))
+
+
+def _complete(req, facts: MediaFacts) -> None:
+    """Whether the file holds all it declares: the essence (the longest stream's packets) lasts the container's
+    declared duration (to within one frame and the 1/100 s it is given in), and no packet is cut short."""
+    frame = 1 / float(_rate(facts.video) or 25) if facts.video else 1 / 25
+    declared, held = facts.declared_seconds, facts.essence_seconds
+    short = declared is not None and held < declared - frame - DURATION_ROUNDING
+    cut = [f"{s.corrupt} {s.kind} packet{'s' if s.corrupt > 1 else ''} cut short (stream {s.index})"
+           for s in facts.streams if s.corrupt]
+    said = f"{declared:.2f} s declared" if declared is not None else "no duration declared"
+    if short or cut:
+        measured = "truncated: " + "; ".join([*([f"the essence lasts {held:.3f} s of the {said}"] if short else []),
+                                              *cut])
+    else:
+        measured = f"{held:.3f} s of essence, {said}"
+    req("complete", not (short or cut), "all of the declared duration, no packet cut short", measured)
 
 
 def _profile_level(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
