@@ -12,7 +12,7 @@ import imageio_ffmpeg
 import pytest
 
 from ditto_fast.render.profiles import load_profile
-from ditto_fast.render.qc import check_file
+from ditto_fast.render.qc import check_file, picture_tags
 
 FF = imageio_ffmpeg.get_ffmpeg_exe()
 BT709 = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
@@ -74,3 +74,40 @@ def test_a_truncated_file_is_called_truncated(tmp_path, make, profile, run_cli):
             assert "IsTruncated" in info
     res = run_cli(["qc", part, "--delivery", profile])
     assert res.returncode == 8 and "FAIL complete        truncated" in res.stdout, res.stdout
+
+
+def test_picture_tags_read_each_colour_tag_and_the_field_order():
+    assert picture_tags(" (4:2:2), yuv422p(tv, bt470bg/bt470bg/bt709, top first), 1920x1080 [SAR 1:1 DAR 16:9], "
+                        "25 fps") == {"pix_fmt": "yuv422p", "range": "tv", "matrix": "bt470bg",
+                                      "primaries": "bt470bg", "transfer": "bt709", "field": "top first"}
+    assert picture_tags(" (High) (avc1 / 0x31637661), yuv420p(tv, bt709, progressive), 320x180") == {
+        "pix_fmt": "yuv420p", "range": "tv", "matrix": "bt709", "primaries": "bt709", "transfer": "bt709",
+        "field": "progressive"}
+    swapped = picture_tags(" (4:2:2), yuv422p(tv, top coded first (swapped)), 1920x1080, 25 fps")
+    assert swapped == {"pix_fmt": "yuv422p", "range": "tv",
+                       "field": "top coded first, bottom shown first (swapped)"}
+    assert picture_tags(", yuv420p, 64x36, 25 fps") == {"pix_fmt": "yuv420p"}
+
+
+@pytest.mark.parametrize("tags, ok", [
+    (BT709, True),
+    ("setparams=colorspace=bt470bg:color_primaries=bt470bg:color_trc=smpte170m:range=tv", False),     # BT.601
+    ("setparams=colorspace=bt2020nc:color_primaries=bt2020:color_trc=smpte2084:range=tv", False),     # HDR10
+    ("setparams=colorspace=bt709:color_primaries=bt709:color_trc=smpte170m:range=tv", False),         # one tag off
+])
+def test_each_colour_tag_is_checked_against_the_profile(tmp_path, tags, ok):
+    """An XDCAM tagged BT.601, BT.2020/PQ, or BT.709 with another transfer (which only the MPEG-2 bitstream's own
+    colour description says: MXF writes BT.601's transfer as BT.709's) fails the colour line; BT.709 passes."""
+    out = xdcam_mxf(tmp_path / "x.mxf", seconds=0.2, tags=tags)
+    colour = lines(check_file(out, load_profile("xdcam-hd422-1080i50")))["colour"]
+    assert colour.ok == ok, colour.line()
+    assert colour.expected == "primaries bt709, transfer bt709, matrix bt709, range tv"
+
+
+def test_an_h264_tagged_hdr_fails_web_h264(tmp_path):
+    out = tmp_path / "hdr.mp4"
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=s=320x180:r=25:d=0.2", "-vf",
+           "setparams=colorspace=bt2020nc:color_primaries=bt2020:color_trc=smpte2084:range=tv", "-c:v", "libx264",
+           "-pix_fmt", "yuv420p", out)
+    colour = lines(check_file(out, load_profile("web-h264")))["colour"]
+    assert not colour.ok and colour.measured == "primaries bt2020, transfer smpte2084, matrix bt2020nc, range tv"

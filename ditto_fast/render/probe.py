@@ -126,7 +126,8 @@ def _keyframes(path: Path) -> list[float]:
 
 def _mpeg2_headers(path: Path) -> dict | None:
     """The first picture's MPEG-2 headers, parsed from the stream's bytes: profile and level, chroma format,
-    progressive_sequence, and its picture coding extension (picture structure, top_field_first,
+    progressive_sequence, the sequence display extension's colour description (None: none), and its picture
+    coding extension (picture structure, top_field_first,
     progressive_frame)."""
     data = _run(["-v", "error", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-frames:v", "1", "-f", "data",
                  "-"]).stdout
@@ -140,6 +141,9 @@ def _mpeg2_headers(path: Path) -> dict | None:
             found["profile_level"] = ((b[0] & 0x0F) << 4) | (b[1] >> 4)
             found["progressive_sequence"] = (b[1] >> 3) & 1
             found["chroma_format"] = {1: "4:2:0", 2: "4:2:2", 3: "4:4:4"}.get((b[1] >> 1) & 3, "?")
+        elif ext == 2 and "colour" not in found:                # sequence display extension
+            found["colour"] = None if not b[0] & 1 else \
+                {"primaries": b[1], "transfer": b[2], "matrix": b[3]}    # H.273 codes, after a colour_description bit
         elif ext == 8 and "picture_structure" not in found:    # picture coding extension
             bits = int.from_bytes(b[:5], "big")                 # 40 bits; the fields start after 4 + 16 bits
 

@@ -21,6 +21,18 @@ SILENT_DBFS = -90.0
 DURATION_ROUNDING = 0.01        # ffmpeg gives the declared duration in 1/100 s, rounded down
 HZ = r"(\d+) Hz"
 MPEG2_PL = {0x82: ("422", "high"), 0x85: ("422", "main"), 0x44: ("main", "high"), 0x48: ("main", "main")}
+COLOUR_KEYS = ("primaries", "transfer", "matrix", "range")
+FIELD_ORDERS = {"progressive": "progressive", "top first": "top first", "bottom first": "bottom first",
+                "top coded first (swapped)": "top coded first, bottom shown first (swapped)",
+                "bottom coded first (swapped)": "bottom coded first, top shown first (swapped)"}
+# ITU-T H.273 codes (MPEG-2's sequence display extension uses them) by ffmpeg's names for them
+H273 = {"primaries": {1: "bt709", 2: "unknown", 4: "bt470m", 5: "bt470bg", 6: "smpte170m", 7: "smpte240m",
+                      8: "film", 9: "bt2020", 10: "smpte428", 11: "smpte431", 12: "smpte432"},
+        "transfer": {1: "bt709", 2: "unknown", 4: "gamma22", 5: "gamma28", 6: "smpte170m", 7: "smpte240m",
+                     8: "linear", 11: "iec61966-2-4", 13: "iec61966-2-1", 14: "bt2020-10", 15: "bt2020-12",
+                     16: "smpte2084", 18: "arib-std-b67"},
+        "matrix": {0: "gbr", 1: "bt709", 2: "unknown", 4: "fcc", 5: "bt470bg", 6: "smpte170m", 7: "smpte240m",
+                   8: "ycgco", 9: "bt2020nc", 10: "bt2020c"}}
 FFMPEG_PROFILE = {"prores": {"hq": "HQ"}, "h264": {"high": "High", "main": "Main", "baseline": "Baseline"}}
 
 
@@ -77,9 +89,7 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
     got_rate = _rate(video)
     req("frame rate", got_rate is not None and (want_rate is None or got_rate == want_rate),
         f"{float(want_rate):.3f} fps" if want_rate else "any", f"{float(got_rate or 0):.3f} fps")
-    colour = re.search(r"\((tv|pc)[^)]*\)", video.detail)
-    tags = colour.group(0) if colour else "untagged"
-    req("colour", colour is not None and "tv" in tags and "bt709" in tags, "tv range, BT.709", tags)
+    _colour(req, facts, profile)
     req("pixel format", re.search(rf"\b{v.pix_fmt}\b", video.detail) is not None, v.pix_fmt,
         (re.search(r"\b(yuv\w+|rgb\w+)", video.detail) or [None, "?"])[1] if video.detail else "?")
     _audio(req, facts, profile, path, profile.loudness if loudness == "profile" else loudness)
@@ -165,11 +175,62 @@ def _profile_level(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
             (re.search(r"^\s*\(([^)]*)\)", facts.video.detail) or [None, "?"])[1])
 
 
+def picture_tags(detail: str) -> dict[str, str]:
+    """What ffmpeg's stream line says in the parentheses after the pixel format, by name: range (tv, pc), matrix,
+    primaries, transfer (ffmpeg's names; "unknown" where unset) and field order; a name it does not say is absent.
+    The parentheses may nest ("top coded first (swapped)")."""
+    items = _split_top(detail)
+    for item in items[1:]:
+        m = re.fullmatch(r"\s*([a-z][a-z0-9_]*)(?:\((.*)\))?\s*", item, re.S)
+        if m is None:
+            continue
+        tags = {"pix_fmt": m.group(1)}
+        for part in _split_top(m.group(2) or ""):
+            part = part.strip()
+            if part in ("tv", "pc"):
+                tags["range"] = part
+            elif part in FIELD_ORDERS:
+                tags["field"] = FIELD_ORDERS[part]
+            elif re.fullmatch(r"[\w-]+(/[\w-]+/[\w-]+)?", part):     # one name for all three, or matrix/primaries/trc
+                names = part.split("/") * (1 if "/" in part else 3)
+                tags.update(zip(("matrix", "primaries", "transfer"), names))
+        return tags
+    return {}
+
+
+def _split_top(text: str) -> list[str]:
+    """`text` split at the commas outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]] if text else []
+
+
+def _colour(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
+    """Primaries, transfer, matrix and range each against the profile's, as the container and codec say; MPEG-2's
+    sequence display extension (its own colour description) as well."""
+    want = profile.video.colour
+    tags = picture_tags(facts.video.detail)
+    got = {k: tags.get(k, "unknown") for k in COLOUR_KEYS}
+    ok = got == {k: want[k] for k in COLOUR_KEYS}
+    measured = ", ".join(f"{k} {got[k]}" for k in COLOUR_KEYS)
+    bits = (facts.mpeg2 or {}).get("colour") if profile.video.codec == "mpeg2video" else None
+    if facts.mpeg2 is not None and profile.video.codec == "mpeg2video":
+        if bits is None:
+            measured += "; bitstream: no colour description"
+        else:
+            said = {k: H273[k].get(code, f"code {code}") for k, code in bits.items()}
+            ok = ok and all(said[k] == want[k] for k in said)
+            measured += "; bitstream: " + ", ".join(f"{k} {said[k]}" for k in COLOUR_KEYS if k in said)
+    req("colour", ok, ", ".join(f"{k} {want[k]}" for k in COLOUR_KEYS), measured)
+
+
 def _scan(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
     v = profile.video
-    detail = facts.video.detail
-    got = "top first" if "top first" in detail else "bottom first" if "bottom first" in detail else \
-        "progressive" if "progressive" in detail else "unflagged"
+    got = picture_tags(facts.video.detail).get("field", "unflagged")
     want = {"tff": "top first", "bff": "bottom first"}.get(v.field_order, "progressive")
     ok = got == want or (want == "progressive" and got == "unflagged")
     if v.codec == "mpeg2video" and facts.mpeg2:
