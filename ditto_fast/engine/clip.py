@@ -107,7 +107,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     else:
         fmt, rate = delivery_format(request, profile, avatar, output)
     audio = audio or decode_audio(request.audio)
-    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt)
+    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt, peak=audio.peak)
     n = frames_for(len(audio.samples), rate)
     if profile is not None and profile.video.field_rate:
         n += n % 2                          # fields come in pairs: the audio is padded to the last one

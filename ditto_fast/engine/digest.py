@@ -34,6 +34,6 @@ def clip_digest(clip: Clip, settings: dict) -> str:
         parts["delivery"] = {"profile": clip.delivery.sha256, "loudness": clip.loudness,
                              "timecode": clip.format.timecode, "size": list(clip.format.size)}
     track = clip.soundtrack
-    if track is not None and (track.mix is not None or track.channels > 2):   # mono and stereo: digests as before
+    if track is not None and (track.mix is not None or track.channels > 2 or track.gain_db):   # else as before
         parts["soundtrack"] = [track.channels, track.filters()]
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
