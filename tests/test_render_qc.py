@@ -111,3 +111,54 @@ def test_an_h264_tagged_hdr_fails_web_h264(tmp_path):
            "-pix_fmt", "yuv420p", out)
     colour = lines(check_file(out, load_profile("web-h264")))["colour"]
     assert not colour.ok and colour.measured == "primaries bt2020, transfer smpte2084, matrix bt2020nc, range tv"
+
+
+def small_file(out: Path, audio: list[str], seconds: float = 1.0, codec: str = "pcm_s24le") -> Path:
+    """64x36 H.264 (BT.709) with one audio track per lavfi source in `audio`, `seconds` long."""
+    inputs = [x for src in audio for x in ("-f", "lavfi", "-i", f"{src}:d={seconds}")]
+    maps = [x for i in range(len(audio)) for x in ("-map", f"{i + 1}:a")]
+    ffmpeg("-f", "lavfi", "-i", f"color=c=black:s=64x36:r=25:d={seconds}", *inputs, "-map", "0:v", *maps,
+           "-vf", BT709, "-c:v", "libx264", "-pix_fmt", "yuv420p", "-c:a", codec, "-ar", "48000", "-ac", "1", out)
+    return out
+
+
+def test_levels_as_spoken_are_noted_not_failed_and_only_when_asked(tmp_path, run_cli):
+    """A 0 dBTP tone: the profile's loudness and true peak FAIL (exit 8); with --loudness off (as the render was
+    told) the same two lines are measured and noted, not failed, and qc exits 0 if nothing else fails."""
+    tone = small_file(tmp_path / "tone.mov", ["aevalsrc=sin(2*PI*997*t):s=48000"], codec="pcm_s24le")
+    profile = load_profile("web-h264")
+    strict = lines(check_file(tone, profile))
+    off = lines(check_file(tone, profile, loudness="off"))
+    for name in ("loudness", "true peak"):
+        assert strict[name].status == "FAIL" and off[name].status == "note", (strict[name], off[name])
+        assert off[name].measured == strict[name].measured
+    assert float(off["true peak"].measured.split()[0]) > -1
+    res = run_cli(["qc", tone, "--delivery", "web-h264"])
+    assert res.returncode == 8 and "FAIL loudness" in res.stdout
+    res = run_cli(["qc", tone, "--delivery", "web-h264", "--loudness", "off"])
+    assert "note loudness" in res.stdout and "note true peak" in res.stdout
+    assert "FAIL loudness" not in res.stdout and "FAIL true peak" not in res.stdout
+
+
+def test_speech_too_short_to_gate_or_silent_fails_saying_why(tmp_path):
+    """0.3 s has no 400 ms gating block: "unmeasurable", a FAIL; silence reads -70 LUFS and says it is the gate."""
+    short = lines(check_file(small_file(tmp_path / "short.mov", ["sine=f=997:sample_rate=48000"], 0.3),
+                             load_profile("web-h264")))["loudness"]
+    assert short.status == "FAIL" and short.measured.startswith("unmeasurable: 0.3") and "gating block" in \
+        short.measured
+    silent = lines(check_file(small_file(tmp_path / "silent.mov", ["anullsrc=r=48000:cl=mono"]),
+                              load_profile("web-h264")))["loudness"]
+    assert silent.status == "FAIL" and silent.measured == "-70.0 LUFS (silent, or under BS.1770's -70 LUFS gate)"
+
+
+def test_a_file_of_fewer_tracks_is_still_measured(tmp_path):
+    """Two mono tracks checked against XDCAM's eight: the track line fails, and the speech on tracks 1 and 2 is
+    measured (it used to lose its loudness lines without a word); a file of one track says why it is not."""
+    two = small_file(tmp_path / "two.mov", ["sine=f=997:sample_rate=48000", "sine=f=997:sample_rate=48000"])
+    got = lines(check_file(two, load_profile("xdcam-hd422-1080i50")))
+    assert not got["audio tracks"].ok and got["audio tracks"].measured.startswith("2: ")
+    assert got["loudness"].measured.endswith(" LUFS") and got["true peak"].measured.endswith(" dBTP")
+    one = small_file(tmp_path / "one.mov", ["sine=f=997:sample_rate=48000"])
+    got = lines(check_file(one, load_profile("xdcam-hd422-1080i50")))
+    assert got["loudness"].status == "FAIL"
+    assert got["loudness"].measured == "not measured: the speech goes on tracks 1, 2 and the file has 1 audio track"

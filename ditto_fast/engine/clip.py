@@ -25,6 +25,7 @@ from ditto_fast.motion.controls import Controls, load_controls, read_control_fil
 from ditto_fast.render.delivery import DeliveryFormat
 from ditto_fast.render.formats import Format, default_suffix, output_format
 from ditto_fast.render.profiles import DeliveryProfile, check_timecode, load_profile
+from ditto_fast.render.qc import loudness_wanted
 from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
 from ditto_fast.render.writer import check_output_path
 
@@ -154,8 +155,5 @@ def delivery_format(request: RenderRequest, profile: DeliveryProfile, avatar: Av
 def _loudness_target(request: RenderRequest, profile: DeliveryProfile | None) -> tuple[float, float] | None:
     """The (target, ceiling) the audio is leveled to: the profile's, or --loudness (off: none; a target keeps the
     profile's ceiling, or -1 dBTP)."""
-    if profile is None or request.loudness == "off":
-        return None
-    if request.loudness is not None:
-        return float(request.loudness), profile.loudness[1] if profile.loudness else -1.0
-    return profile.loudness
+    wanted = None if profile is None else loudness_wanted(profile, request.loudness)
+    return None if wanted == "off" else wanted

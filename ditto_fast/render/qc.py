@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from ditto_fast.audio.loudness import measure
+from ditto_fast.audio.loudness import GATE_SECONDS, QUIET_LUFS, measure
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.media.rates import from_stream
 from ditto_fast.render.probe import MediaFacts, read_facts
@@ -42,10 +42,14 @@ class Requirement:
     ok: bool
     expected: str
     measured: str
+    waived: bool = False            # not met, but the user said so (--loudness off): a note, not a failure
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.ok else "note" if self.waived else "FAIL"
 
     def line(self) -> str:
-        return f"{'ok' if self.ok else 'FAIL':<5}{self.name:<16}{self.measured}" + \
-            ("" if self.ok else f"  (expected {self.expected})")
+        return f"{self.status:<5}{self.name:<16}{self.measured}" + ("" if self.ok else f"  (expected {self.expected})")
 
 
 def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, int] | None = None,
@@ -53,14 +57,15 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
                loudness: tuple[float, float] | None | str = "profile",
                facts: MediaFacts | None = None) -> list[Requirement]:
     """Every requirement of `profile` checked on the file. `size`, `rate` are what a profile that leaves them open
-    is checked for (None: any); `timecode` and `loudness` override the profile's (loudness None: not leveled);
-    `facts`: the file's, when already read."""
+    is checked for (None: any); `timecode` and `loudness` override the profile's: loudness "profile", a (target,
+    ceiling), "off" (measured against the profile's, a note where not met: the user chose levels as spoken) or
+    None (no loudness lines; see loudness_wanted); `facts`: the file's, when already read."""
     facts = facts or read_facts(path)
     v = profile.video
     out: list[Requirement] = []
 
-    def req(name: str, ok: bool, expected: str, measured: str) -> None:
-        out.append(Requirement(name, bool(ok), expected, measured))
+    def req(name: str, ok: bool, expected: str, measured: str, waived: bool = False) -> None:
+        out.append(Requirement(name, bool(ok), expected, measured, bool(waived) and not ok))
 
     req("container", facts.container == profile.container, profile.container, facts.container)
     _complete(req, facts)
@@ -92,7 +97,8 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
     _colour(req, facts, profile)
     req("pixel format", re.search(rf"\b{v.pix_fmt}\b", video.detail) is not None, v.pix_fmt,
         (re.search(r"\b(yuv\w+|rgb\w+)", video.detail) or [None, "?"])[1] if video.detail else "?")
-    _audio(req, facts, profile, path, profile.loudness if loudness == "profile" else loudness)
+    _audio(req, facts, profile, path, profile.loudness if loudness in ("profile", "off") else loudness,
+           waived=loudness == "off")
     want_tc = timecode or profile.timecode
     req("timecode", want_tc is None or facts.timecode == want_tc, want_tc or "none", facts.timecode or "none")
     if facts.audio:
@@ -117,9 +123,25 @@ def closest_profile(path: str | Path) -> tuple[DeliveryProfile, list[Requirement
     return best, result, [p.name for p in candidates]
 
 
+def loudness_wanted(profile: DeliveryProfile, value: str | float | None) -> tuple[float, float] | str | None:
+    """check_file's `loudness` for a --loudness value (render's, qc's): None the profile's, "off" as it is, a
+    target in LUFS that target under the profile's true-peak ceiling (-1 dBTP where it has none)."""
+    if value is None or value == "off":
+        return profile.loudness if value is None else "off"
+    return float(value), profile.loudness[1] if profile.loudness else -1.0
+
+
 def failures(requirements: list[Requirement]) -> list[Requirement]:
-    """The requirements that fail."""
-    return [r for r in requirements if not r.ok]
+    """The requirements that fail (a waived one is a note, not a failure)."""
+    return [r for r in requirements if not r.ok and not r.waived]
+
+
+def summary(requirements: list[Requirement]) -> str:
+    """'16/17 ok, 1 FAIL', '15/17 ok, 2 noted (--loudness off)'."""
+    ok, bad = sum(r.ok for r in requirements), len(failures(requirements))
+    noted = len(requirements) - ok - bad
+    return f"{ok}/{len(requirements)} ok" + (f", {bad} FAIL" if bad else "") + \
+        (f", {noted} noted (--loudness off)" if noted else "")
 
 
 def require(path: str | Path, profile: DeliveryProfile, shown: str | Path | None = None,
@@ -242,7 +264,10 @@ def _scan(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
     req("scan", ok, "interlaced, " + want if v.interlaced else want, got)
 
 
-def _audio(req, facts: MediaFacts, profile: DeliveryProfile, path, loudness) -> None:
+def _audio(req, facts: MediaFacts, profile: DeliveryProfile, path, loudness, waived: bool = False) -> None:
+    """Track layout, silence off the speech tracks, and the speech's loudness and true peak: measured on the
+    profile's speech tracks wherever the file has them (a file of fewer or other tracks included), or a FAIL
+    saying why not."""
     a = profile.audio
     tracks = facts.audio
     layout = "stereo" if a.channels == 2 else "mono"
@@ -250,23 +275,37 @@ def _audio(req, facts: MediaFacts, profile: DeliveryProfile, path, loudness) -> 
     want = f"{a.tracks} x {a.codec} {a.rate} Hz {layout}"
     req("audio tracks", len(tracks) == a.tracks and all(s == f"{a.codec} {a.rate} Hz {layout}" for s in shapes),
         want, f"{len(tracks)}: " + (", ".join(sorted(set(shapes), key=shapes.index)) or "none"))
-    if len(tracks) != a.tracks:
-        return
-    quiet = [t for t in range(1, a.tracks + 1) if t not in a.speech]
+    quiet = [t for t in range(1, min(a.tracks, len(tracks)) + 1) if t not in a.speech]
     if quiet:
         peaks = [measure(path, f"[0:a:{t - 1}]aformat=sample_fmts=fltp").true_peak for t in quiet]
         req("silent tracks", all(p <= SILENT_DBFS for p in peaks), f"tracks {quiet} silent",
             f"loudest peak {max(peaks):.1f} dBTP")
-    if loudness is not None:
-        if len(a.speech) == 2:
-            graph = f"[0:a:{a.speech[0] - 1}][0:a:{a.speech[1] - 1}]amerge=inputs=2"
-        else:
-            graph = f"[0:a:{a.speech[0] - 1}]anull"
-        got = measure(path, graph)
-        target, ceiling = loudness
-        req("loudness", abs(got.integrated - target) <= LOUDNESS_TOLERANCE, f"{target:g} LUFS ±{LOUDNESS_TOLERANCE}",
-            f"{got.integrated:.1f} LUFS")
-        req("true peak", got.true_peak <= ceiling, f"<= {ceiling:g} dBTP", f"{got.true_peak:.1f} dBTP")
+    if loudness is None:
+        return
+    target, ceiling = loudness
+    expected = (f"{target:g} LUFS ±{LOUDNESS_TOLERANCE}", f"<= {ceiling:g} dBTP")
+    missing = [t for t in a.speech if t > len(tracks)]
+    if missing:
+        why = (f"not measured: the speech goes on track{'s' if len(a.speech) > 1 else ''} "
+               f"{', '.join(map(str, a.speech))} and the file has {len(tracks) or 'no'} audio track"
+               f"{'' if len(tracks) == 1 else 's'}")
+        req("loudness", False, expected[0], why, waived)
+        req("true peak", False, expected[1], why, waived)
+        return
+    if len(a.speech) == 2:
+        graph = f"[0:a:{a.speech[0] - 1}][0:a:{a.speech[1] - 1}]amerge=inputs=2"
+    else:
+        graph = f"[0:a:{a.speech[0] - 1}]anull"
+    got = measure(path, graph)
+    seconds = min(tracks[t - 1].seconds for t in a.speech)
+    if seconds < GATE_SECONDS:
+        level = f"unmeasurable: {seconds:.2f} s of speech, under BS.1770's {GATE_SECONDS:g} s gating block"
+    else:
+        level = f"{got.integrated:.1f} LUFS" + (" (silent, or under BS.1770's -70 LUFS gate)"
+                                                if got.integrated <= QUIET_LUFS else "")
+    req("loudness", seconds >= GATE_SECONDS and abs(got.integrated - target) <= LOUDNESS_TOLERANCE, expected[0],
+        level, waived)
+    req("true peak", got.true_peak <= ceiling, expected[1], f"{got.true_peak:.1f} dBTP", waived)
 
 
 def _field(text: str, pattern: str) -> str:
