@@ -187,6 +187,18 @@ def test_loudness_meets_the_target_from_quiet_and_loud_speech(tmp_path, speech_w
     assert abs(got - profile.loudness[0]) <= 0.5
 
 
+def test_a_dc_offset_is_blocked_in_the_delivered_programme(tmp_path, speech_wav):
+    """0.5 x speech + 0.4 (a DC offset of -8 dBFS) delivered as XDCAM: the programme's DC blocker takes the offset
+    out (QC's dc offset line under -50 dBFS; it was delivered as it came), the loudness still on target."""
+    audio, sr = sf.read(speech_wav, dtype="float32")
+    speech = tmp_path / "dc.wav"
+    sf.write(speech, 0.5 * audio[sr: 2 * sr] + np.float32(0.4), sr, subtype="FLOAT")
+    profile = load_profile("xdcam-hd422-1080i50")
+    result = {r.name: r for r in _deliver(tmp_path / "dc.mxf", profile.name, speech, profile.loudness)}
+    assert result["dc offset"].ok and float(result["dc offset"].measured.split()[0]) < -60, result["dc offset"]
+    assert result["loudness"].ok and result["true peak"].ok
+
+
 def test_silent_speech_gets_no_gain_and_a_warning(tmp_path):
     silent = tmp_path / "silent.wav"
     sf.write(silent, np.zeros(16000 * 2, np.float32), 16000)

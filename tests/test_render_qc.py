@@ -162,3 +162,12 @@ def test_a_file_of_fewer_tracks_is_still_measured(tmp_path):
     got = lines(check_file(one, load_profile("xdcam-hd422-1080i50")))
     assert got["loudness"].status == "FAIL"
     assert got["loudness"].measured == "not measured: the speech goes on tracks 1, 2 and the file has 1 audio track"
+
+
+def test_a_dc_offset_fails(tmp_path):
+    """Speech riding on a DC offset of 0.4 (-8 dBFS): the dc offset line fails; a tone without one passes."""
+    offset = small_file(tmp_path / "dc.mov", ["aevalsrc=0.4+0.3*sin(2*PI*440*t):s=48000"])
+    dc = lines(check_file(offset, load_profile("prores-hq-1080p")))["dc offset"]     # a profile without loudness
+    assert dc.status == "FAIL" and dc.measured == "-8.0 dBFS" and dc.expected == "under -50 dBFS"
+    clean = small_file(tmp_path / "clean.mov", ["aevalsrc=0.3*sin(2*PI*440*t):s=48000"])
+    assert lines(check_file(clean, load_profile("prores-hq-1080p")))["dc offset"].ok

@@ -26,6 +26,7 @@ MARGIN_DB = 0.3                 # the limiter's ceiling below the profile's, for
 class Loudness:
     integrated: float           # LUFS (-70.0 for silence)
     true_peak: float            # dBTP
+    dc: float = 0.0             # the largest DC offset (mean) of any channel, linear (1.0: full scale)
 
     def as_dict(self) -> dict:
         return {"integrated_lufs": self.integrated, "true_peak_dbtp": self.true_peak}
@@ -50,9 +51,11 @@ class Leveling:
 
 def measure(path: str | Path, graph: str) -> Loudness:
     """Loudness of the signal `graph` (an ffmpeg filter graph head on input 0, e.g. "[0:a:0]aresample=48000")
-    makes from the file at `path` (integrated -70 LUFS where there is none: silence, or under GATE_SECONDS)."""
+    makes from the file at `path` (integrated -70 LUFS where there is none: silence, or under GATE_SECONDS), and
+    its DC offset."""
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-i", str(path),
-           "-filter_complex", f"{graph},ebur128=peak=true:framelog=quiet", "-f", "null", "-"]
+           "-filter_complex", f"{graph},astats=measure_perchannel=DC_offset:measure_overall=none,"
+                              "ebur128=peak=true:framelog=quiet", "-f", "null", "-"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     summary = res.stderr.rsplit("Summary:", 1)[-1]
     i = re.search(r"I:\s+(-?[\d.]+|-inf|nan) LUFS", summary)
@@ -61,7 +64,9 @@ def measure(path: str | Path, graph: str) -> Loudness:
         last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"ffmpeg exit {res.returncode}"
         raise InputError(f"{path}: cannot measure its loudness ({last}); check it is a readable audio or video file")
     integrated = float(i.group(1))
-    return Loudness(integrated if math.isfinite(integrated) else QUIET_LUFS, float(peak.group(1)))
+    dc = [abs(float(d)) for d in re.findall(r"^\[Parsed_astats_\d+ @ [^\]]+\] DC offset:\s+(-?[\d.]+)$", res.stderr,
+                                            re.M)]
+    return Loudness(integrated if math.isfinite(integrated) else QUIET_LUFS, float(peak.group(1)), max(dc, default=0.0))
 
 
 def level(path: str | Path, programme: str, measured_as: str, target: float, ceiling: float,

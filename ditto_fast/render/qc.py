@@ -4,6 +4,7 @@ tracks, silence off the speech tracks, loudness and true peak, timecode, audio v
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -18,6 +19,7 @@ from ditto_fast.render.profiles import DeliveryProfile, load_profile, shipped_pr
 BITRATE_TOLERANCE = 0.05        # CBR within 5 % of nominal
 LOUDNESS_TOLERANCE = 0.5        # LU
 SILENT_DBFS = -90.0
+DC_LIMIT_DBFS = -50.0           # a DC offset (mean) above this on the speech fails
 DURATION_ROUNDING = 0.01        # ffmpeg gives the declared duration in 1/100 s, rounded down
 HZ = r"(\d+) Hz"
 MPEG2_PL = {0x82: ("422", "high"), 0x85: ("422", "main"), 0x44: ("main", "high"), 0x48: ("main", "main")}
@@ -280,23 +282,28 @@ def _audio(req, facts: MediaFacts, profile: DeliveryProfile, path, loudness, wai
         peaks = [measure(path, f"[0:a:{t - 1}]aformat=sample_fmts=fltp").true_peak for t in quiet]
         req("silent tracks", all(p <= SILENT_DBFS for p in peaks), f"tracks {quiet} silent",
             f"loudest peak {max(peaks):.1f} dBTP")
-    if loudness is None:
-        return
-    target, ceiling = loudness
-    expected = (f"{target:g} LUFS ±{LOUDNESS_TOLERANCE}", f"<= {ceiling:g} dBTP")
+    dc_expected = f"under {DC_LIMIT_DBFS:g} dBFS"
+    target, ceiling = loudness or (None, None)
+    expected = (f"{target:g} LUFS ±{LOUDNESS_TOLERANCE}", f"<= {ceiling:g} dBTP") if loudness else ("", "")
     missing = [t for t in a.speech if t > len(tracks)]
     if missing:
         why = (f"not measured: the speech goes on track{'s' if len(a.speech) > 1 else ''} "
                f"{', '.join(map(str, a.speech))} and the file has {len(tracks) or 'no'} audio track"
                f"{'' if len(tracks) == 1 else 's'}")
-        req("loudness", False, expected[0], why, waived)
-        req("true peak", False, expected[1], why, waived)
+        req("dc offset", False, dc_expected, why)
+        if loudness is not None:
+            req("loudness", False, expected[0], why, waived)
+            req("true peak", False, expected[1], why, waived)
         return
     if len(a.speech) == 2:
         graph = f"[0:a:{a.speech[0] - 1}][0:a:{a.speech[1] - 1}]amerge=inputs=2"
     else:
         graph = f"[0:a:{a.speech[0] - 1}]anull"
     got = measure(path, graph)
+    dc_db = 20 * math.log10(got.dc) if got.dc > 0 else -math.inf
+    req("dc offset", dc_db <= DC_LIMIT_DBFS, dc_expected, f"{dc_db:.1f} dBFS" + (" (none)" if got.dc == 0 else ""))
+    if loudness is None:
+        return
     seconds = min(tracks[t - 1].seconds for t in a.speech)
     if seconds < GATE_SECONDS:
         level = f"unmeasurable: {seconds:.2f} s of speech, under BS.1770's {GATE_SECONDS:g} s gating block"
