@@ -171,3 +171,25 @@ def test_a_dc_offset_fails(tmp_path):
     assert dc.status == "FAIL" and dc.measured == "-8.0 dBFS" and dc.expected == "under -50 dBFS"
     clean = small_file(tmp_path / "clean.mov", ["aevalsrc=0.3*sin(2*PI*440*t):s=48000"])
     assert lines(check_file(clean, load_profile("prores-hq-1080p")))["dc offset"].ok
+
+
+def test_qc_messages_say_what_they_mean(tmp_path, run_cli):
+    """A missing file and a folder say so (exit 3); an MP4 named .mxf fails its extension; what a file does not
+    say reads "unknown" (no "?@"); every measured value closes its parentheses."""
+    res = run_cli(["qc", tmp_path / "none.mxf"])
+    assert res.returncode == 3 and "none.mxf: file not found" in res.stderr, res.stderr
+    res = run_cli(["qc", tmp_path])
+    assert res.returncode == 3 and f"{tmp_path}: is a directory" in res.stderr, res.stderr
+    mp4 = small_file(tmp_path / "web.mp4", ["aevalsrc=0.1*sin(2*PI*440*t):s=48000"], codec="aac")
+    renamed = tmp_path / "web.mxf"
+    renamed.write_bytes(mp4.read_bytes())
+    res = run_cli(["qc", renamed])
+    assert res.returncode == 8 and "FAIL extension       .mxf, but the file is MP4 (name it .mp4)" in res.stdout
+    got = lines(check_file(mp4, load_profile("xdcam-hd422-1080i50")))
+    assert got["profile/level"].measured == "unknown (no MPEG-2 sequence extension in the video)"
+    assert lines(check_file(mp4, load_profile("web-h264")))["extension"].ok
+    swapped = tmp_path / "swapped.mxf"             # -field_order tt without the frames' own: top coded first, swapped
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=s=1920x1080:r=25:d=0.12", "-vf", BT709, "-c:v", "mpeg2video",
+           "-pix_fmt", "yuv422p", "-b:v", "50M", "-flags", "+ildct+ilme", "-field_order", "tb", swapped)
+    for r in check_file(swapped, load_profile("xdcam-hd422-1080i50")):
+        assert r.measured.count("(") == r.measured.count(")") and "?" not in r.measured, r.line()

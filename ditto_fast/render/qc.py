@@ -23,6 +23,8 @@ DC_LIMIT_DBFS = -50.0           # a DC offset (mean) above this on the speech fa
 DURATION_ROUNDING = 0.01        # ffmpeg gives the declared duration in 1/100 s, rounded down
 HZ = r"(\d+) Hz"
 MPEG2_PL = {0x82: ("422", "high"), 0x85: ("422", "main"), 0x44: ("main", "high"), 0x48: ("main", "main")}
+FILE_EXTENSIONS = {"mxf": (".mxf",), "mov": (".mov", ".qt"), "mp4": (".mp4", ".m4v"),
+                   "matroska": (".mkv", ".webm"), "mpegts": (".ts", ".m2ts", ".mts"), "avi": (".avi",)}
 COLOUR_KEYS = ("primaries", "transfer", "matrix", "range")
 FIELD_ORDERS = {"progressive": "progressive", "top first": "top first", "bottom first": "bottom first",
                 "top coded first (swapped)": "top coded first, bottom shown first (swapped)",
@@ -70,6 +72,7 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
         out.append(Requirement(name, bool(ok), expected, measured, bool(waived) and not ok))
 
     req("container", facts.container == profile.container, profile.container, facts.container)
+    _extension(req, Path(path), facts, profile)
     _complete(req, facts)
     video = facts.video
     if video is None:
@@ -91,14 +94,14 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
     got = (int(got_size.group(1)), int(got_size.group(2))) if got_size else None
     want = v.size or size
     req("frame size", got is not None and (want is None or got == tuple(want)),
-        "x".join(map(str, want)) if want else "any", "x".join(map(str, got)) if got else "?")
+        "x".join(map(str, want)) if want else "any", "x".join(map(str, got)) if got else "unknown")
     want_rate = v.rate or rate
     got_rate = _rate(video)
     req("frame rate", got_rate is not None and (want_rate is None or got_rate == want_rate),
         f"{float(want_rate):.3f} fps" if want_rate else "any", f"{float(got_rate or 0):.3f} fps")
     _colour(req, facts, profile)
-    req("pixel format", re.search(rf"\b{v.pix_fmt}\b", video.detail) is not None, v.pix_fmt,
-        (re.search(r"\b(yuv\w+|rgb\w+)", video.detail) or [None, "?"])[1] if video.detail else "?")
+    pix_fmt = picture_tags(video.detail).get("pix_fmt", "unknown")
+    req("pixel format", pix_fmt == v.pix_fmt, v.pix_fmt, pix_fmt)
     _audio(req, facts, profile, path, profile.loudness if loudness in ("profile", "off") else loudness,
            waived=loudness == "off")
     want_tc = timecode or profile.timecode
@@ -168,6 +171,17 @@ def _rate(stream) -> Fraction | None:
     return None if m is None else from_stream(float(m.group(1)))
 
 
+def _extension(req, path: Path, facts: MediaFacts, profile: DeliveryProfile) -> None:
+    """The file's name says what it holds: its extension is its container's (an MP4 named .mxf fails) and the
+    profile's."""
+    suffix = path.suffix.lower()
+    theirs = FILE_EXTENSIONS.get(facts.container)
+    fits = (theirs is None or suffix in theirs) and suffix == profile.extension
+    measured = (suffix or "(none)") + ("" if theirs is None or suffix in theirs else
+                                       f", but the file is {facts.container.upper()} (name it {theirs[0]})")
+    req("extension", fits, profile.extension, measured)
+
+
 def _complete(req, facts: MediaFacts) -> None:
     """Whether the file holds all it declares: the essence (the longest stream's packets) lasts the container's
     declared duration (to within one frame and the 1/100 s it is given in), and no packet is cut short."""
@@ -189,14 +203,17 @@ def _profile_level(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
     v = profile.video
     if v.codec == "mpeg2video":
         pl = (facts.mpeg2 or {}).get("profile_level")
-        got = MPEG2_PL.get(pl, (f"0x{pl:02x}" if pl is not None else "?", ""))
+        got = MPEG2_PL.get(pl)
         want = (v.profile or "422", v.level or "high")
-        chroma = (facts.mpeg2 or {}).get("chroma_format", "?")
-        req("profile/level", got == want, f"{want[0]}@{want[1]}", f"{got[0]}@{got[1]} ({chroma}, from the bitstream)")
+        chroma = (facts.mpeg2 or {}).get("chroma_format", "?").replace("?", "chroma unknown")
+        measured = "unknown (no MPEG-2 sequence extension in the video)" if pl is None else \
+            f"unknown (profile_and_level_indication 0x{pl:02x}; {chroma}, from the bitstream)" if got is None else \
+            f"{got[0]}@{got[1]} ({chroma}, from the bitstream)"
+        req("profile/level", got == want, f"{want[0]}@{want[1]}", measured)
     elif v.profile and v.codec in FFMPEG_PROFILE:
         name = FFMPEG_PROFILE[v.codec][v.profile]
         req("profile", f"({name})" in facts.video.detail, name,
-            (re.search(r"^\s*\(([^)]*)\)", facts.video.detail) or [None, "?"])[1])
+            (re.search(r"^\s*\(([^)]*)\)", facts.video.detail) or [None, "unknown"])[1])
 
 
 def picture_tags(detail: str) -> dict[str, str]:
@@ -317,9 +334,9 @@ def _audio(req, facts: MediaFacts, profile: DeliveryProfile, path, loudness, wai
 
 def _field(text: str, pattern: str) -> str:
     m = re.search(pattern, text)
-    return m.group(1) if m else "?"
+    return m.group(1) if m else "unknown"
 
 
 def _channels(detail: str) -> str:
     m = re.search(r"Hz, ([^,]+)", detail)
-    return m.group(1).strip() if m else "?"
+    return m.group(1).strip() if m else "unknown"
