@@ -247,3 +247,23 @@ def test_a_render_of_float_audio_over_full_scale_clips_nothing(run_cli, video_av
     assert f"ditto-fast: note: {wav}: float audio peaking at +9.8 dBFS, above full scale; lowered by" in res.stderr
     audio, _ = decoded(out)
     assert (np.abs(audio) >= 0.999).sum() == 0, "clipped samples"
+
+
+def test_only_audio_that_is_not_leveled_gets_the_full_scale_gain(video_avatar, tiny_checkpoints, tmp_path,
+                                                                 speech_wav):
+    """A delivery that levels the speech (its limiter keeps the peaks under the ceiling) takes it as it is; levels
+    as spoken (ProRes HQ's profile, --loudness off) and plain outputs are lowered."""
+    from ditto_fast.avatar import load_avatar
+    from ditto_fast.checkpoints import find_checkpoints
+    from ditto_fast.core.config import load_config
+    from ditto_fast.engine.clip import check_clip
+    from ditto_fast.engine.request import RenderRequest
+
+    avatar = load_avatar("anchor", checkpoints=find_checkpoints(tiny_checkpoints))
+    wav = _over_full_scale(tmp_path / "loud.wav", speech_wav, seconds=0.5)
+    gains = {}
+    for name, fields in (("web", {"delivery": "web-h264"}), ("off", {"delivery": "web-h264", "loudness": "off"}),
+                         ("prores", {"delivery": "prores-hq-1080p"}), ("plain", {})):
+        out = tmp_path / f"{name}{'.mov' if name == 'prores' else '.mp4'}"
+        gains[name] = check_clip(RenderRequest("anchor", wav, out, **fields), avatar, load_config()).soundtrack.gain_db
+    assert gains["web"] == 0 and gains["off"] < -10 and gains["prores"] < -10 and gains["plain"] < -10, gains

@@ -108,7 +108,10 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     else:
         fmt, rate = delivery_format(request, profile, avatar, output)
     audio = audio or decode_audio(request.audio)
-    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt, peak=audio.peak)
+    loudness = _loudness_target(request, profile)
+    # audio over full scale is lowered unless it is leveled: leveling's limiter keeps it under the ceiling
+    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt,
+                                 peak=audio.peak if loudness is None else 0.0)
     n = frames_for(len(audio.samples), rate)
     if profile is not None and profile.video.field_rate:
         n += n % 2                          # fields come in pairs: the audio is padded to the last one
@@ -119,7 +122,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
                 hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
-                profile, _loudness_target(request, profile), soundtrack)
+                profile, loudness, soundtrack)
 
 
 CODEC_OF_PROFILE = {"prores": "prores", "h264": "h264"}     # a profile codec that --codec also names
