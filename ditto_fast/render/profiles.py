@@ -296,7 +296,8 @@ def _codec_limits(err: "_Checker", codec: str, profile: str | None, level: str |
             high = min(high, MPEG2_LIMITS[(profile, level)][2])
         if not low <= bitrate <= high:
             at = f" at {profile}@{level}" if codec == "mpeg2video" else ""
-            err.fail("video.bitrate", f"must be {low / 1e6:g}M..{high / 1e6:g}M for {codec}{at}, got {bitrate / 1e6:g}M")
+            err.fail("video.bitrate",
+                     f"must be {low / 1e6:g}M..{high / 1e6:g}M for {codec}{at}, got {bitrate / 1e6:g}M")
     if codec == "mpeg2video" and size is not None:
         width, height, _ = MPEG2_LIMITS[(profile, level)]
         if size[0] > width or size[1] > height:

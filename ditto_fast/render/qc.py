@@ -1,6 +1,8 @@
-"""QC: a file checked against a delivery profile, one requirement a line (ok or FAIL, with what was measured):
-container, completeness (a truncated file: essence shorter than declared, packets cut short), codec and profile/level, bitrate, GOP, scan and field order, frame size and rate, colour tags, audio
-tracks, silence off the speech tracks, loudness and true peak, timecode, audio vs video duration."""
+"""QC: a file checked against a delivery profile, one requirement a line (ok, FAIL, or a note where the user
+waived it, with what was measured): container and extension, completeness (a truncated file: essence shorter than
+declared, packets cut short), codec and profile/level, bitrate, GOP, scan and field order, frame size and rate,
+colour tags (each), pixel format, audio tracks, silence off the speech tracks, DC offset, loudness and true peak,
+timecode, audio vs video duration. The render runs the same check on its file before the rename."""
 
 from __future__ import annotations
 
@@ -258,8 +260,8 @@ def _colour(req, facts: MediaFacts, profile: DeliveryProfile) -> None:
     got = {k: tags.get(k, "unknown") for k in COLOUR_KEYS}
     ok = got == {k: want[k] for k in COLOUR_KEYS}
     measured = ", ".join(f"{k} {got[k]}" for k in COLOUR_KEYS)
-    bits = (facts.mpeg2 or {}).get("colour") if profile.video.codec == "mpeg2video" else None
     if facts.mpeg2 is not None and profile.video.codec == "mpeg2video":
+        bits = facts.mpeg2.get("colour")
         if bits is None:
             measured += "; bitstream: no colour description"
         else:
