@@ -41,7 +41,7 @@ from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.avatar.store import avatars_dir
 from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.core.config import Config
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.engine.clip import Clip, avatar_identity, check_clip
 from ditto_fast.engine.request import RenderRequest
@@ -160,7 +160,9 @@ class Renderer:
         warnings: tuple[str, ...] = ()
         if delivery is not None:
             profile["delivery"] = delivery
-            warnings = tuple(w for w in [(delivery.get("loudness") or {}).get("warning")] if w)
+            warnings = tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
+                             f"{clip.delivery.name} asks: levels as spoken (--loudness off); `ditto-fast qc` "
+                             "without --loudness off fails it" for r in delivery["requirements"] if r["waived"])
         return RenderResult(clip.output, profile, mouth, warnings)
 
     def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None
@@ -172,9 +174,14 @@ class Renderer:
         if clip.delivery is not None:
             if clip.loudness is not None:       # measured once per clip; the motion is made from the speech as is
                 programme = ",".join([*clip.soundtrack.filters(), programme_chain(clip.delivery)])
-                leveling = level(clip.request.audio, programme, measured_as(clip.delivery), *clip.loudness)
+                leveling = level(clip.request.audio, programme, measured_as(clip.delivery), *clip.loudness,
+                                 seconds=float(clip.frames / clip.rate))
+                if leveling.warning:            # the QC would fail it: refused before any frame
+                    raise QCError(f"{leveling.warning}, and {clip.delivery.name} asks {clip.loudness[0]:g} LUFS; "
+                                  f"nothing was written to {clip.output}; give audible speech of at least 0.4 s, or "
+                                  "--loudness off to deliver it as spoken")
                 fmt = dataclasses.replace(fmt, gain=leveling.filters)
-            check = _qc_check(clip, fmt, leveled=leveling is not None and leveling.warning is None)
+            check = _qc_check(clip, fmt)
         # the plate reader is told every frame it will serve, so ffmpeg decodes its first block beside HuBERT and
         # the LMDM, and each next block while one is pasted into
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes",
@@ -197,19 +204,20 @@ class Renderer:
         return mouth, _delivery_record(clip, leveling, writer.checked)
 
 
-def _qc_check(clip: Clip, fmt, leveled: bool) -> Callable[[Path], list]:
-    """The QC a delivery's finished temporary file must pass before it is renamed into place (QCError if not);
-    speech too quiet to level is not held to the loudness target."""
+def _qc_check(clip: Clip, fmt) -> Callable[[Path], list]:
+    """The QC a delivery's finished temporary file must pass before it is renamed into place (QCError if not): the
+    one `ditto-fast qc --delivery NAME` runs, with the render's --loudness and --timecode (off: the loudness lines
+    are notes)."""
     def check(path: Path) -> list:
         return qc.require(path, clip.delivery, clip.output, size=fmt.size, rate=fmt.rate, timecode=fmt.timecode,
-                          loudness=clip.loudness if leveled else None)
+                          loudness=qc.loudness_wanted(clip.delivery, clip.request.loudness))
     return check
 
 
 def _delivery_record(clip: Clip, leveling: Leveling | None, checked: list) -> dict:
     """The profile JSON's "delivery": profile, the QC lines, loudness measured on the speech and on the file."""
     v = clip.delivery.video
-    record = {"profile": clip.delivery.name, "qc": f"{len(checked)}/{len(checked)} ok",
+    record = {"profile": clip.delivery.name, "qc": qc.summary(checked),
               "scan": ("interlaced " + v.field_order + (", field-rate motion" if v.field_rate else ", PsF"))
               if v.interlaced else "progressive", "delivered_rate": rate_text(clip.format.rate),
               "requirements": qc.as_json(checked), "loudness": None}

@@ -165,3 +165,8 @@ def _loudness(value: Any) -> str | float:
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(RenderRequest)
 JOB_KEYS = tuple(f.name for f in FIELDS)
+
+
+def check_field(name: str, value: Any) -> Any:
+    """One field's value checked as a request checks it (`qc --loudness` as `render --loudness`)."""
+    return _checked(next(f for f in FIELDS if f.name == name), value)
