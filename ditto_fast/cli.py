@@ -288,7 +288,7 @@ def render(device, precision, batch_size, crf, preset, encoder, checkpoints_dir,
     from ditto_fast.engine.setup import RenderSetup
     from ditto_fast.media.claims import claimed
     from ditto_fast.media.outputs import check_writes, write_json
-    from ditto_fast.render.writer import check_output_path
+    from ditto_fast.encoding.writer import check_output_path
 
     request = RenderRequest(**fields)
     config = load_config(config_path)
@@ -368,7 +368,7 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
     config = load_config(config_path)
     defaults = {k: v for k, v in defaults.items() if v is not None}
     if "delivery" in defaults:          # every job's profile: a bad one is bad usage, before anything loads
-        from ditto_fast.render.profiles import load_profile
+        from ditto_fast.delivery.profiles import load_profile
 
         load_profile(defaults["delivery"])
     jobs = read_jobs(jobs_file, defaults) if jobs_file is not None else \
@@ -378,7 +378,7 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
     if previews_dir is not None and ray_address is not None:
         raise click.UsageError("--previews does not work with --ray yet; render previews with `render --preview`")
     if report is not None:
-        from ditto_fast.render.writer import check_output_path
+        from ditto_fast.encoding.writer import check_output_path
 
         check_output_path(report)
     from ditto_fast.batch.jobs import check_side_files
@@ -484,8 +484,8 @@ def qc_cmd(file, delivery, loudness, timecode, as_json):
     render and batch --delivery run on their file before it is renamed into place."""
     from ditto_fast.core.errors import QCError
     from ditto_fast.engine.request import check_field
-    from ditto_fast.render import qc
-    from ditto_fast.render.profiles import load_profile
+    from ditto_fast.delivery import qc
+    from ditto_fast.delivery.profiles import load_profile
 
     loudness, timecode = check_field("loudness", loudness), check_field("timecode", timecode)
     if delivery:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
+from ditto_fast.engine.precision import BF16_FLAGS, cpu_kind
 
 REPO = Path(__file__).resolve().parents[1]
 # one precision for every test render on any CPU (the probe's own tests unset it): no probe per test store,

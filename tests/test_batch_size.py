@@ -13,7 +13,7 @@ from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.core.config import load_config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.setup import RenderSetup
-from ditto_fast.render import batch_size as bsz
+from ditto_fast.engine import batch_size as bsz
 from ditto_fast.render.fused import FusedRenderer
 
 

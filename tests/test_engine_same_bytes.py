@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, cli_exit_code
-from ditto_fast.render.precision import cpu_kind
+from ditto_fast.engine.precision import cpu_kind
 
 GOLDEN = REPO / "tests" / "data" / "golden_render.json"
 # a clip that leaves the defaults: another seed, fewer steps, a mix of emotions, an output rate that is not

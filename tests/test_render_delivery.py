@@ -18,15 +18,16 @@ import soundfile as sf
 import yaml
 
 from conftest import store_env
-from ditto_fast.audio.loudness import level, measure
+from ditto_fast.audio.loudness import measure
+from ditto_fast.delivery.leveling import level
 from ditto_fast.core.config import CONFIG_DIR
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.media.ffpipe import container_comment
-from ditto_fast.render.delivery import DeliveryFormat, measured_as, programme_chain
-from ditto_fast.render.profiles import load_profile
-from ditto_fast.render.qc import check_file, failures
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.delivery.format import DeliveryFormat, measured_as, programme_chain
+from ditto_fast.delivery.profiles import load_profile
+from ditto_fast.delivery.qc import check_file, failures
+from ditto_fast.encoding.writer import VideoWriter
 
 SHIPPED = {"xdcam-hd422-1080i50": ".mxf", "xdcam-hd422-1080i5994": ".mxf", "dnxhd-1080i50": ".mxf",
            "prores-hq-1080p": ".mov", "web-h264": ".mp4"}

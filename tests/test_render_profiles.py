@@ -15,7 +15,7 @@ import yaml
 from conftest import REPO
 from ditto_fast.core.config import CONFIG_DIR, DEFAULT_YAML
 from ditto_fast.core.errors import UsageError
-from ditto_fast.render.profiles import check_timecode, load_profile, shipped_profiles
+from ditto_fast.delivery.profiles import check_timecode, load_profile, shipped_profiles
 
 SHIPPED = ("xdcam-hd422-1080i50", "xdcam-hd422-1080i5994", "dnxhd-1080i50", "prores-hq-1080p", "web-h264")
 

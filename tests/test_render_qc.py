@@ -11,8 +11,8 @@ from pathlib import Path
 import imageio_ffmpeg
 import pytest
 
-from ditto_fast.render.profiles import load_profile
-from ditto_fast.render.qc import check_file, picture_tags
+from ditto_fast.delivery.profiles import load_profile
+from ditto_fast.delivery.qc import check_file, picture_tags
 
 FF = imageio_ffmpeg.get_ffmpeg_exe()
 BT709 = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"

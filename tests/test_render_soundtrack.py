@@ -17,9 +17,9 @@ from conftest import store_env
 from ditto_fast.audio.decode import decode_audio
 from ditto_fast.audio.layout import MINUS_3DB, speakers, stereo_mix
 from ditto_fast.core.errors import InputError
-from ditto_fast.render.formats import aac_bitrate, output_format
-from ditto_fast.render.soundtrack import plan_soundtrack
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.formats import aac_bitrate, output_format
+from ditto_fast.encoding.soundtrack import plan_soundtrack
+from ditto_fast.encoding.writer import VideoWriter
 
 RATE = 48000
 # one sine per channel of a 5.1 file (FL FR FC LFE BL BR), each at its own frequency, all at the same level

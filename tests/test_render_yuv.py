@@ -12,7 +12,7 @@ from ditto_fast.engine.request import RenderRequest
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.render import putback as putback_mod
 from ditto_fast.render.putback import YuvPutback
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 from ditto_fast.media.yuv import YuvFrame, i420_planes, rgb_to_i420
 from test_render_putback import CASES, blend_kernel, reference_putback, smooth_crop  # noqa: F401 - a fixture
 

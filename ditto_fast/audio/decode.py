@@ -6,7 +6,7 @@ to_mono) and the signal is resampled to 16 kHz with soxr at "HQ" quality (libros
 ``res_type="soxr_hq"``). Resampling streams chunk by chunk (bit-identical to soxr's one-shot
 call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio. The file's
 channel count and layout (the speaker mask ffmpeg writes on the pipe) are kept for the output's
-soundtrack (render/soundtrack.py).
+soundtrack (encoding/soundtrack.py).
 """
 
 from __future__ import annotations

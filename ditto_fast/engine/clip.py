@@ -24,12 +24,12 @@ from ditto_fast.media.outputs import check_writes
 from ditto_fast.media.rates import frames_for, parse_rate
 from ditto_fast.motion.conditions import emotion_schedule, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
-from ditto_fast.render.delivery import DeliveryFormat
-from ditto_fast.render.formats import Format, default_suffix, output_format
-from ditto_fast.render.profiles import DeliveryProfile, check_timecode, load_profile, profile_path
-from ditto_fast.render.qc import loudness_wanted
-from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
-from ditto_fast.render.writer import check_output_path
+from ditto_fast.delivery.format import DeliveryFormat
+from ditto_fast.encoding.formats import Format, default_suffix, output_format
+from ditto_fast.delivery.profiles import DeliveryProfile, check_timecode, load_profile, profile_path
+from ditto_fast.delivery.qc import loudness_wanted
+from ditto_fast.encoding.soundtrack import Soundtrack, plan_soundtrack
+from ditto_fast.encoding.writer import check_output_path
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def request_inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
     """Check one request against its opened avatar without any network: the output can be written, no other
     process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
-    `audio` is its decoding already) and its channels go into the output (render/soundtrack.py), emotion and
+    `audio` is its decoding already) and its channels go into the output (encoding/soundtrack.py), emotion and
     controls parse for its length. Raises the DittoError a user caused."""
     key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)

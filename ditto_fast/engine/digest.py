@@ -12,7 +12,7 @@ from ditto_fast.avatar import Avatar
 from ditto_fast.core.version import __version__
 from ditto_fast.engine.clip import Clip
 from ditto_fast.media.rates import rate_text
-from ditto_fast.render.delivery import programme_chain
+from ditto_fast.delivery.format import programme_chain
 
 
 def _avatar_record_hash(avatar: Avatar) -> str:

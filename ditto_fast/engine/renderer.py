@@ -35,7 +35,7 @@ import numpy as np
 
 from ditto_fast import models
 from ditto_fast.audio.hubert import HubertFeatures
-from ditto_fast.audio.loudness import Leveling, level
+from ditto_fast.delivery.leveling import Leveling, level
 from ditto_fast.avatar import Avatar, load_avatar
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.avatar.store import avatars_dir
@@ -49,10 +49,10 @@ from ditto_fast.engine.setup import RenderSetup
 from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
 from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
-from ditto_fast.render import qc
-from ditto_fast.render.delivery import measured_as, programme_chain
+from ditto_fast.delivery import qc
+from ditto_fast.delivery.format import measured_as, programme_chain
 from ditto_fast.render.fused import FusedRenderer
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 
 STAGES = ("load_models", "load_avatar", "audio_features", "motion", "stitch", "render", "putback", "write")
 

@@ -20,7 +20,7 @@ from ditto_fast.core.config import check_setting, declaration
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import shown
 from ditto_fast.media.rates import parse_rate
-from ditto_fast.render.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
+from ditto_fast.delivery.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
 
 EMOTION_HELP = ("angry|disgust|fear|happy|neutral|sad|surprise|contempt, a mix like happy+surprise, or a per-frame "
                 "schedule: a JSON file, or inline JSON like '{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")

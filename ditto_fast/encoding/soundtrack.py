@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from ditto_fast.audio.layout import MAX_MIXED, layout_name, speakers, stereo_mix
 from ditto_fast.audio.loudness import measure
 from ditto_fast.core.errors import InputError
-from ditto_fast.render.formats import AUDIO_RATE, Format
+from ditto_fast.encoding.formats import AUDIO_RATE, Format
 
 SPEECH_LAYOUTS = (1, 2)         # channel counts an output carries as they are (delivery profiles may name theirs)
 _PAN_LAYOUTS = {1: "mono", 2: "stereo"}

@@ -21,7 +21,7 @@ import torch
 from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.core.errors import UsageError
 from ditto_fast.render.fused import FusedRenderer
-from ditto_fast.render.probes import remembered, sample_inputs
+from ditto_fast.engine.measurements import remembered, sample_inputs
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MIN_PSNR_DB = 45.0
