@@ -600,7 +600,7 @@ def checkpoints():
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 def checkpoints_init_random(directory, tiny, seed):
     """Write random weights for all six networks and HuBERT into DIRECTORY (outputs are labelled random)."""
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
 
     root = write_random(directory, tiny=tiny, seed=seed)
     click.echo(f"wrote {'tiny ' if tiny else ''}random checkpoints (seed {seed}) to {root}")

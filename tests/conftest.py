@@ -101,7 +101,7 @@ def assert_close_to_ref(got: np.ndarray, ref: np.ndarray, what: str, rel: float 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> Path:
     """A checkpoint root with tiny random weights for all six networks and HuBERT (written once)."""
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
 
     root = tmp_path_factory.mktemp("ckpt_tiny")
     if STACK_FIXTURES:           # the first stack's files, so that its avatars match them

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["DITTO_FAST_CPU_PRECISION"] = "fp32"
     os.environ["DITTO_FAST_HOME"] = str(args.dir / "home")
     from ditto_fast.avatar.register import register_avatar
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
     from synthetic import write_test_anchor
 
     args.dir.mkdir(parents=True, exist_ok=True)

@@ -85,6 +85,7 @@ def test_a_bad_user_profile_is_refused_naming_file_and_key(tmp_path, change, key
     ("prores-hq-1080p", lambda d: d["video"].update(bitrate="200M"), "video.bitrate", "no bitrate to choose"),
     ("web-h264", lambda d: d["audio"].update(bitrate="16k"), "audio.bitrate", "32000..512000 bits/s"),
     ("web-h264", lambda d: d["video"].update(crf=60), "video.crf", "0..51"),
+    ("web-h264", lambda d: d["video"].update(preset="warp9"), "video.preset", "one of ultrafast"),
 ])
 def test_every_profile_number_is_checked_against_its_range(tmp_path, base, change, key, words):
     """`bitrate: 1k` used to pass, the whole render ran and QC failed it after: every number is in its declared

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ditto_fast.core.config import CONFIG_DIR, read_yaml_file
+from ditto_fast.core.config import CONFIG_DIR, declaration, read_yaml_file
 from ditto_fast.core.errors import UsageError
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
 
@@ -45,7 +45,7 @@ KEYS = {
 TIMECODE = re.compile(r"^(\d\d):([0-5]\d):([0-5]\d)([:;])(\d\d)$")
 # the range of every number a profile holds: (low, high, unit)
 RANGES: dict[str, tuple[float, float, str]] = {
-    "video.crf": (0, 51, ""),
+    "video.crf": (declaration("render", "crf")["low"], declaration("render", "crf")["high"], ""),   # as render.crf
     "video.gop": (1, 300, "frames"),
     "video.b_frames": (0, 4, "frames"),
     "video.size": (64, 8192, "pixels a side"),
@@ -95,11 +95,6 @@ class VideoSpec:
     colour: dict[str, str]
     field_rate: bool = False        # interlaced: each field its own moment (rendered at twice the frame rate)
 
-    @property
-    def render_rate(self) -> Fraction | None:
-        """The rate frames are rendered at: the frame rate, or the field rate for field-rate motion."""
-        return None if self.rate is None else self.rate * (2 if self.field_rate else 1)
-
 
 @dataclass(frozen=True)
 class AudioSpec:
@@ -109,11 +104,6 @@ class AudioSpec:
     tracks: int
     channels: int                   # per track
     speech: tuple[int, ...]         # 1-based tracks that carry the speech
-
-    @property
-    def programme_channels(self) -> int:
-        """Channels of the programme as measured: 2 for speech on two mono tracks or one stereo track, else 1."""
-        return min(2, len(self.speech) * self.channels)
 
 
 @dataclass(frozen=True)
@@ -218,8 +208,9 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
     size = err.size(v.get("size"), "video.size")
     _codec_limits(err, codec, profile, level, pix_fmt, interlaced, size, bitrate)
     preset = v.get("preset")
-    if preset is not None and (codec != "h264" or not isinstance(preset, str)):
-        err.fail("video.preset", "an x264 preset name, for h264 only")
+    presets = declaration("render", "preset")["choices"]       # render.preset's: one list of x264 presets
+    if preset is not None and (codec != "h264" or preset not in presets):
+        err.fail("video.preset", f"one of {', '.join(presets)}, for h264 only")
     colour = err.mapping(v.get("colour") or {"primaries": "bt709", "transfer": "bt709", "matrix": "bt709",
                                              "range": "tv"}, "colour", required=KEYS["colour"])
     colour = {k: err.choice(colour[k], f"video.colour.{k}", ("bt709",) if k != "range" else ("tv",))

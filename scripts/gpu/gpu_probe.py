@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ditto_fast.checkpoints import MODELS_SUBDIR
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
     from ditto_fast.models import SPECS
     from ditto_fast.engine.batch_size import FRAMES, SIZES, choose, measure
 
