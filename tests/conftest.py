@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,23 @@ def engine(video_avatar, tiny_checkpoints):
     from ditto_fast.engine.renderer import Renderer
 
     return Renderer(tiny_checkpoints, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def blend_kernel():
+    """The compiled _blend module, built in place if missing; skips when no C compiler is available."""
+    try:
+        mod = importlib.import_module("ditto_fast.render._blend")
+    except ImportError:
+        if shutil.which("cc") is None and shutil.which("gcc") is None:
+            pytest.skip("no C compiler available to build ditto_fast.render._blend")
+        res = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            pytest.skip(f"building ditto_fast.render._blend failed: {res.stderr.strip().splitlines()[-1:]}")
+        importlib.invalidate_caches()
+        mod = importlib.import_module("ditto_fast.render._blend")
+    from ditto_fast.render import putback
+
+    putback._blend = mod
+    return mod

@@ -26,7 +26,7 @@ from ditto_fast.engine.request import RenderRequest
 from ditto_fast.media.ffpipe import container_comment
 from ditto_fast.delivery.format import DeliveryFormat, measured_as, programme_chain
 from ditto_fast.delivery.profiles import load_profile
-from ditto_fast.delivery.qc import check_file, failures
+from ditto_fast.delivery.qc import check_file
 from ditto_fast.encoding.writer import VideoWriter
 
 SHIPPED = {"xdcam-hd422-1080i50": ".mxf", "xdcam-hd422-1080i5994": ".mxf", "dnxhd-1080i50": ".mxf",

@@ -1,0 +1,80 @@
+"""What several test files share: the putback's float reference and test pictures, YUV planes from RGB, a render's
+hash with its digest tag blanked. (Fixtures live in conftest.py.)"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from ditto_fast.media.yuv import Layout, rgb_to_yuv_matrix
+from ditto_fast.render.putback import feathered_mask
+
+
+def reference_putback(bg: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
+    """Full-frame float32 blend: warp crop and mask over the whole frame, blend, round."""
+    h, w = bg.shape[:2]
+    mask = feathered_mask(crop.shape[0])
+    mask_w = cv2.warpAffine(mask, M_c2o[:2], (w, h), flags=cv2.INTER_LINEAR).clip(0, 1)[..., None]
+    crop_w = cv2.warpAffine(crop.astype(np.float32), M_c2o[:2], (w, h), flags=cv2.INTER_LINEAR)
+    out = mask_w * crop_w + (1.0 - mask_w) * bg.astype(np.float32)
+    return np.round(out).clip(0, 255).astype(np.uint8)
+
+
+def smooth_crop(rng: np.random.Generator, size: int = 512, cells: int = 24) -> np.ndarray:
+    """Random band-limited crop (like a rendered face, unlike white noise).
+
+    OpenCV quantises warp source coordinates to 1/32 px and rounds them differently for a
+    translated ROI than for the full frame, so white noise can differ by ~10 levels between the
+    two warps; with image-like content the difference stays within one level.
+    """
+    small = rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8)
+    return cv2.resize(small, (size, size), interpolation=cv2.INTER_CUBIC)
+
+
+def similarity(scale: float, angle: float, tx: float, ty: float) -> np.ndarray:
+    """3x3 crop->frame matrix: rotate by angle (radians), scale, translate."""
+    c, s = scale * np.cos(angle), scale * np.sin(angle)
+    return np.array([[c, -s, tx], [s, c, ty], [0.0, 0.0, 1.0]])
+
+
+CASES = {
+    "scale_translate": ((360, 640), similarity(0.8, 0.0, 150.3, 20.7)),
+    "rotated": ((360, 640), similarity(0.7, 0.35, 250.0, 10.0)),
+    "rotated_neg_upscale": ((360, 640), similarity(1.1, -0.6, 100.0, 150.0)),
+    "left_top_outside": ((360, 640), similarity(0.9, 0.2, -180.0, -120.0)),
+    "right_bottom_outside": ((360, 640), similarity(0.9, -0.1, 480.0, 250.0)),
+    "larger_than_frame": ((200, 300), similarity(1.5, 0.1, -200.0, -250.0)),
+    "quarter_turn": ((360, 640), similarity(0.6, np.pi / 2, 400.0, 20.0)),
+    "sheared_flipped": ((360, 640), np.array([[0.5, 0.2, 200.0], [0.1, -0.6, 340.0], [0.0, 0.0, 1.0]])),
+}
+
+
+def background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A random band-limited RGB picture [h, w, 3]."""
+    return cv2.resize(rng.integers(0, 256, (h // 20, w // 20, 3), dtype=np.uint8), (w, h),
+                      interpolation=cv2.INTER_CUBIC)
+
+
+def planes_of(rgb: np.ndarray, layout: Layout) -> np.ndarray:
+    """A limited-range BT.709 frame in `layout` from RGB (float conversion; chroma averaged as it is subsampled)."""
+    h, w = rgb.shape[:2]
+    yuv = cv2.transform(rgb.astype(np.float32), rgb_to_yuv_matrix("bt709") * layout.scale)
+    frame = np.empty(layout.shape(w, h), layout.dtype)
+    luma, chroma = layout.planes(frame)
+    luma[0] = np.rint(yuv[..., 0])
+    uv = cv2.resize(yuv[..., 1:], (w // 2, h // layout.chroma_rows), interpolation=cv2.INTER_AREA)
+    chroma[0], chroma[1] = np.rint(uv[..., 0]), np.rint(uv[..., 1])
+    return frame
+
+
+def blanked_sha256(path: Path) -> str:
+    """The file's sha256 with its digest tag's hash blanked (the digest names the avatar's creation time, which
+    differs per registration); the three paths' whole files are compared too."""
+    data = path.read_bytes()
+    blanked = re.sub(rb"(ditto-fast [0-9.]+ )[0-9a-f]{32}", rb"\g<1>" + b"0" * 32, data)
+    assert blanked != data, "no digest tag in the output"
+    return hashlib.sha256(blanked).hexdigest()
