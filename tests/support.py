@@ -1,10 +1,13 @@
 """What several test files share: the putback's float reference and test pictures, YUV planes from RGB, a render's
-hash with its digest tag blanked. (Fixtures live in conftest.py.)"""
+hash with its digest tag blanked, another process holding an output's claim. (Fixtures live in conftest.py.)"""
 
 from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import cv2
@@ -78,3 +81,25 @@ def blanked_sha256(path: Path) -> str:
     blanked = re.sub(rb"(ditto-fast [0-9.]+ )[0-9a-f]{32}", rb"\g<1>" + b"0" * 32, data)
     assert blanked != data, "no digest tag in the output"
     return hashlib.sha256(blanked).hexdigest()
+
+
+HOLD = textwrap.dedent("""
+    import sys
+    from ditto_fast.media.claims import claimed
+    with claimed(sys.argv[1]):
+        print("held", flush=True)
+        sys.stdin.read()            # until the test closes our stdin (or kills us)
+""")
+
+
+def hold(target: Path) -> subprocess.Popen:
+    """Another process that claims `target` and keeps the claim until its stdin is closed."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline() == "held\n"
+    return p
+
+
+def busy_message(target: Path, pid: int) -> str:
+    return (f"{target}: is being written by another process (pid {pid}); wait for it to finish or choose another "
+            "output path")
