@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "support"))
 
 REFERENCE_SPEECH = (1.0, 2.0)   # the reference render's audio: seconds start, length of the committed speech
 
