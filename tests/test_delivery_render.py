@@ -172,6 +172,7 @@ def _deliver(out: Path, profile_name: str, speech: Path, target: tuple[float, fl
     return check_file(out, profile, size=size, rate=rate, loudness=target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("input_lufs", [-35, -23, -10])
 @pytest.mark.parametrize("name", ["web-h264", "xdcam-hd422-1080i5994"])
 def test_loudness_meets_the_target_from_quiet_and_loud_speech(tmp_path, speech_wav, input_lufs, name):

@@ -247,6 +247,7 @@ def _wait_writer_gone(path: Path, timeout: float = 20.0) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_dead_renders_partial_files_are_removed_by_the_next_writer_live_ones_kept(tmp_path):
     (tmp_path / ".notes.part.txt").write_text("not ours")            # a user's file that only looks alike
     dead, live = _writer_process(tmp_path / "dead.mp4"), _writer_process(tmp_path / "live.mp4")

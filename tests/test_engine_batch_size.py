@@ -93,6 +93,7 @@ def test_cpu_auto_is_one_without_a_probe_and_a_number_is_kept(tiny_set, tmp_path
         RenderSetup.resolve(tiny_set, "cpu", "fp32", batch_size=65)
 
 
+@pytest.mark.slow
 def test_the_measured_verdict_is_kept_and_read_back(tiny_set, tmp_path, monkeypatch):
     calls = []
     measure = bsz.measure

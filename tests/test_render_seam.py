@@ -22,6 +22,7 @@ from seam_faults import FAULTS, coverage, flicker, measure, own_crop, scene
 COLOUR_FAULTS = ["colour cast", "brightness +8", "lighting ramp", "new background"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_seamless_meets_the_seam_goals_on_each_fault(blend_kernel, fault):
     got = measure("seamless", FAULTS[fault])
@@ -31,6 +32,7 @@ def test_seamless_meets_the_seam_goals_on_each_fault(blend_kernel, fault):
     assert got["detail"] <= 1.0, got                # inside: the generated face's own gradients
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", COLOUR_FAULTS)
 def test_feather_fails_the_seam_goal_on_the_colour_faults(blend_kernel, fault):
     got = measure("feather", FAULTS[fault])
