@@ -1,18 +1,25 @@
 """What several test files share: the putback's float reference and test pictures, YUV planes from RGB, a render's
-hash with its digest tag blanked, another process holding an output's claim. (Fixtures live in conftest.py.)"""
+hash with its digest tag blanked, another process holding an output's claim; synthetic avatars written to a store,
+avatar.pkl's record read, rewritten and re-sealed, and a time limit on a block. (Fixtures live in conftest.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import pickle
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+from ditto_fast.avatar import AvatarWriter, safe_pickle
+from ditto_fast.avatar import format as fmt
 from ditto_fast.media.yuv import Layout, rgb_to_yuv_matrix
 from ditto_fast.render.putback import feathered_mask
 
@@ -103,3 +110,92 @@ def hold(target: Path) -> subprocess.Popen:
 def busy_message(target: Path, pid: int) -> str:
     return (f"{target}: is being written by another process (pid {pid}); wait for it to finish or choose another "
             "output path")
+
+
+# the synthetic avatars: their checkpoint fingerprints and a small feature tail (registration writes [32, 16, 64, 64])
+FP = {"appearance_extractor": "a1b2c3d4e5f60718", "motion_extractor": "0918f7e6d5c4b3a2"}
+TAIL = (4, 4, 64, 64)
+
+
+def make_meta(n: int, rng: np.random.Generator, is_image: bool = False, fingerprints=None) -> fmt.AvatarRecord:
+    """Synthetic registration output for n frames (float64 arrays, exp as [n, 21, 3]: the writer conforms them)."""
+    return fmt.AvatarRecord(
+        source={"path": "/data/anchor clip.mp4", "sha256": "ab" * 32, "fps": 25.0,
+                "size": (np.int64(640), 360), "n_frames": n},
+        fingerprints=dict(fingerprints or FP),
+        crop={"scale": 2.3, "vx": 0.0, "vy": -0.125, "dsize": 512, "flag_do_rot": True},
+        x_s_info={
+            "pitch": rng.standard_normal((n, 66)), "yaw": rng.standard_normal((n, 66)),
+            "roll": rng.standard_normal((n, 66)), "t": rng.standard_normal((n, 3)),
+            "exp": rng.standard_normal((n, 21, 3)), "scale": rng.standard_normal((n, 1)),
+            "kp": rng.standard_normal((n, 63)),
+        },
+        M_c2o=rng.standard_normal((n, 3, 3)),
+        eye_open=rng.random((n, 2)),
+        eye_ball=rng.random((n, 6)),
+        sc=rng.standard_normal(63),
+        is_image=is_image,
+        random_weights=True,
+    )
+
+
+def write_avatar(root: Path, name: str = "ruby", n: int = 5, tail=TAIL, is_image: bool = False,
+                 force: bool = False, seed: int = 0, fingerprints=None, allocate: int | None = None):
+    """Write a synthetic avatar; return (dir, meta, f_s array written)."""
+    rng = np.random.default_rng(seed)
+    meta = make_meta(n, rng, is_image, fingerprints)
+    f_s_data = rng.standard_normal((n, *tail)).astype(np.float16)
+    with AvatarWriter(name, force=force, root=root) as w:
+        w.open_f_s(allocate or n, tail)
+        for i in range(0, n, 2):  # in batches, as registration does
+            batch = f_s_data[i : i + 2]
+            w.write_f_s(i, batch if i % 4 else batch.astype(np.float32))
+        w.plate_path(is_image).write_bytes(rng.bytes(3000) + name.encode())
+        d = w.finish(meta)
+    return d, meta, f_s_data
+
+
+def store_entries(root: Path) -> list[str]:
+    """The names in the store's avatars/ folder, temporaries included, sorted."""
+    return sorted(p.name for p in (root / "avatars").iterdir())
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    """Every file of an avatar directory by name, with its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def read_record(d: Path) -> dict:
+    """The record in the avatar's avatar.pkl, read with the restricted unpickler."""
+    return safe_pickle.loads((d / "avatar.pkl").read_bytes().split(b"\n", 1)[1])
+
+
+def write_record(d: Path, body: dict, version: int | None = None, crc: int | None = None) -> None:
+    """Write avatar.pkl with its format line; version and crc default to the current format and the true CRC-32."""
+    raw = pickle.dumps(body, protocol=5)
+    version = fmt.FORMAT_VERSION if version is None else version
+    crc = zlib.crc32(raw) if crc is None else crc
+    (d / "avatar.pkl").write_bytes(b"ditto-fast-avatar format %d crc32 %08x\n" % (version, crc) + raw)
+
+
+def reseal_record(d: Path, change) -> None:
+    """Rewrite avatar.pkl with `change(body)` applied and a fresh, valid CRC-32 (a deliberate edit, not rot)."""
+    raw = (d / fmt.PKL_NAME).read_bytes().partition(b"\n")[2]
+    body = pickle.loads(raw)
+    change(body)
+    (d / fmt.PKL_NAME).write_bytes(fmt.encode_pkl(body))
+
+
+@contextlib.contextmanager
+def at_most(seconds: float):
+    """Fail the test (instead of hanging it) if the block runs longer than `seconds`."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
