@@ -221,18 +221,28 @@ def serve(quiet, config_path, **values):
 @click.option("--delivery", metavar="NAME|FILE",
               help="The delivery profile to check against: a name from configs/delivery or a FILE.yaml. "
                    "Default: the shipped profile for the file's container and codec it comes closest to.")
+@click.option("--loudness", metavar="off|LUFS",
+              help="As render's: the loudness target the file was leveled to instead of the profile's, or off "
+                   "(levels as spoken: loudness and true peak are measured and noted, not failed).")
+@click.option("--timecode", metavar="HH:MM:SS:FF", help="As render's: the start timecode instead of the profile's.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def qc_cmd(file, delivery, as_json):
+def qc_cmd(file, delivery, loudness, timecode, as_json):
     """Check FILE (any video file) against a delivery profile, one line per requirement: ok or FAIL with the
-    measured value. Exit 8 when some requirement fails."""
+    measured value (note: not met, waived by --loudness off). Exit 8 when some requirement fails. The same check
+    render and batch --delivery run on their file before it is renamed into place."""
     from ditto_fast.core.errors import QCError
-    from ditto_fast.render import qc
-    from ditto_fast.render.profiles import load_profile
+    from ditto_fast.engine.request import check_field
+    from ditto_fast.delivery import qc
+    from ditto_fast.delivery.profiles import load_profile
 
+    loudness, timecode = check_field("loudness", loudness), check_field("timecode", timecode)
     if delivery:
         profile = load_profile(delivery)
-        requirements = qc.check_file(file, profile)
+        requirements = qc.check_file(file, profile, timecode=timecode,
+                                     loudness=qc.loudness_wanted(profile, loudness))
     else:
+        if loudness is not None or timecode is not None:
+            raise click.UsageError("--loudness and --timecode go with --delivery; name the profile")
         profile, requirements, among = qc.closest_profile(file)
         click.echo(f"ditto-fast: note: {file}: checked against {profile.name}, the closest of "
                    f"{', '.join(among)} (name another with --delivery)", err=True)
@@ -338,7 +348,7 @@ def checkpoints():
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 def checkpoints_init_random(directory, tiny, seed):
     """Write random weights for all six networks and HuBERT into DIRECTORY (outputs are labelled random)."""
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
 
     root = write_random(directory, tiny=tiny, seed=seed)
     click.echo(f"wrote {'tiny ' if tiny else ''}random checkpoints (seed {seed}) to {root}")

@@ -8,13 +8,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
+from ditto_fast.engine.precision import BF16_FLAGS, cpu_kind
 
 REPO = Path(__file__).resolve().parents[1]
 # one precision for every test render on any CPU (the probe's own tests unset it): no probe per test store,
@@ -101,7 +102,7 @@ def assert_close_to_ref(got: np.ndarray, ref: np.ndarray, what: str, rel: float 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> Path:
     """A checkpoint root with tiny random weights for all six networks and HuBERT (written once)."""
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
 
     root = tmp_path_factory.mktemp("ckpt_tiny")
     if STACK_FIXTURES:           # the first stack's files, so that its avatars match them
@@ -233,3 +234,23 @@ def engine(video_avatar, tiny_checkpoints):
     from ditto_fast.engine.renderer import Renderer
 
     return Renderer(tiny_checkpoints, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def blend_kernel():
+    """The compiled _blend module, built in place if missing; skips when no C compiler is available."""
+    try:
+        mod = importlib.import_module("ditto_fast.render._blend")
+    except ImportError:
+        if shutil.which("cc") is None and shutil.which("gcc") is None:
+            pytest.skip("no C compiler available to build ditto_fast.render._blend")
+        res = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            pytest.skip(f"building ditto_fast.render._blend failed: {res.stderr.strip().splitlines()[-1:]}")
+        importlib.invalidate_caches()
+        mod = importlib.import_module("ditto_fast.render._blend")
+    from ditto_fast.render import putback
+
+    putback._blend = mod
+    return mod

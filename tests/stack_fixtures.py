@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "support"))
 
 REFERENCE_SPEECH = (1.0, 2.0)   # the reference render's audio: seconds start, length of the committed speech
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["DITTO_FAST_CPU_PRECISION"] = "fp32"
     os.environ["DITTO_FAST_HOME"] = str(args.dir / "home")
     from ditto_fast.avatar.register import register_avatar
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
     from synthetic import write_test_anchor
 
     args.dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import pytest
 from ditto_fast.avatar.plate import PlateReader, seek_time, write_plate_image
 from ditto_fast.media.rates import mirror_index
 from ditto_fast.core.errors import AvatarError
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 from synthetic import write_plate
 
 W, H = 64, 48

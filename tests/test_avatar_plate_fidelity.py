@@ -8,18 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cv2
 import imageio_ffmpeg
 import numpy as np
 import pytest
 
 from ditto_fast.avatar.plate import PlateReader, plate_encoder_args
 from ditto_fast.media.ffpipe import video_stream_line
-from ditto_fast.media.yuv import I420, Layout, layout_for, rgb_to_i420, rgb_to_yuv_matrix
+from ditto_fast.media.yuv import I420, Layout, layout_for, rgb_to_i420
 from ditto_fast.render.putback import YuvPutback
 from synthetic import patched_frames as _frames
-from test_render_putback import CASES, blend_kernel, smooth_crop  # noqa: F401 - a fixture
-from test_render_yuv import background
+from support import CASES, background, planes_of, smooth_crop
 
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
 FINE = ["yuv422p", "yuv420p10le", "yuv422p10le"]
@@ -40,18 +38,6 @@ def test_the_plate_layout_keeps_chroma_up_to_422_and_depth_up_to_10_bits():
     assert "yuv422p10le" in plate_encoder_args(lay) and "10" in plate_encoder_args(lay)
 
 
-def _planes_of(rgb: np.ndarray, layout: Layout) -> np.ndarray:
-    """A limited-range BT.709 frame in `layout` from RGB (float conversion; chroma averaged as it is subsampled)."""
-    h, w = rgb.shape[:2]
-    yuv = cv2.transform(rgb.astype(np.float32), rgb_to_yuv_matrix("bt709") * layout.scale)
-    frame = np.empty(layout.shape(w, h), layout.dtype)
-    luma, chroma = layout.planes(frame)
-    luma[0] = np.rint(yuv[..., 0])
-    uv = cv2.resize(yuv[..., 1:], (w // 2, h // layout.chroma_rows), interpolation=cv2.INTER_AREA)
-    chroma[0], chroma[1] = np.rint(uv[..., 0]), np.rint(uv[..., 1])
-    return frame
-
-
 @pytest.mark.parametrize("pix_fmt", FINE)
 @pytest.mark.parametrize("name", ["scale_translate", "rotated", "left_top_outside", "sheared_flipped"])
 def test_the_putback_blends_in_422_and_10_bit_planes_as_in_420(blend_kernel, name, pix_fmt):
@@ -59,7 +45,7 @@ def test_the_putback_blends_in_422_and_10_bit_planes_as_in_420(blend_kernel, nam
     rng = np.random.default_rng(5)
     bg, crop = background(rng, h, w), smooth_crop(rng)
     lay = Layout(pix_fmt)
-    frame = _planes_of(bg, lay)
+    frame = planes_of(bg, lay)
     before = frame.copy()
     kernel = YuvPutback(layout=lay)(frame.copy(), crop, M)
     numpy = YuvPutback(layout=lay, use_kernel=False)(frame.copy(), crop, M)

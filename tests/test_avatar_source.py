@@ -89,6 +89,7 @@ def test_max_frames_limits_frames_and_plate(anchor_video, tmp_path):
     assert n == 7 and _count_frames(plate) == 7
 
 
+@pytest.mark.slow
 def test_ffmpeg_works_ahead_of_the_reader(tmp_path):
     """With `ahead` frames of queue, ffmpeg keeps decoding and encoding the plate while the reader is busy
     elsewhere (the plate's first one-second chunk of 25 frames is written after one frame is read);

@@ -10,7 +10,7 @@ import torch
 
 from ditto_fast import models
 from ditto_fast.checkpoints import MODELS_SUBDIR, find_checkpoints
-from ditto_fast.checkpoints.random import random_state_dict
+from ditto_fast.checkpoints.random_weights import random_state_dict
 from ditto_fast.cli import main
 from ditto_fast.core.errors import CheckpointError
 

@@ -271,7 +271,7 @@ def test_an_out_dir_in_the_way_of_a_file_is_refused(video_avatar, session_home, 
 def test_an_output_another_process_writes_is_refused_naming_it(video_avatar, session_home, tiny_checkpoints, clips,
                                                                tmp_path, run_cli):
     """Another process holds the output's claim: render exits 3 at check time, a batch fails that job alone."""
-    from test_claims import busy_message, hold
+    from support import busy_message, hold
 
     out = tmp_path / "news.mp4"
     other = hold(out)

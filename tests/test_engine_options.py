@@ -27,6 +27,9 @@ def test_the_engine_commands_take_every_engine_option_as_declared():
         for f in flagged:
             assert opts[f.name].opts == list(f.metadata["flags"]), (command.name, f.name)
     opts = _options(render)
+    from ditto_fast.engine.precision import DTYPES
+
+    assert set(DTYPES) == set(PRECISIONS) - {"auto"}         # what --precision names, the engine knows
     assert [tuple(opts[k].type.choices) for k in ("device", "precision", "encoder")] == [DEVICES, PRECISIONS, ENCODERS]
     for key in ("batch_size", "crf", "preset"):             # checked by render.<key>'s declaration
         assert (opts[key].type.section, opts[key].type.key) == ("render", key)

@@ -13,15 +13,16 @@ import hashlib
 import json
 import os
 import platform
-import re
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+from support import blanked_sha256
+
 from conftest import REPO, cli_exit_code
-from ditto_fast.render.precision import cpu_kind
+from ditto_fast.engine.precision import cpu_kind
 
 GOLDEN = REPO / "tests" / "data" / "golden_render.json"
 # a clip that leaves the defaults: another seed, fewer steps, a mix of emotions, an output rate that is not
@@ -36,15 +37,6 @@ def _machine_key() -> str:
     parts = [platform.machine(), ",".join(kind["flags"]), *(f"{p}={version(p)}" for p in
              ("torch", "numpy", "mediapipe", "imageio-ffmpeg", "opencv-contrib-python"))]
     return " ".join(parts)
-
-
-def _sha(path: Path) -> str:
-    """The file's sha256 with its digest tag's hash blanked (the digest names the avatar's creation time, which
-    differs per registration); the three paths' whole files are compared too."""
-    data = path.read_bytes()
-    blanked = re.sub(rb"(ditto-fast [0-9.]+ )[0-9a-f]{32}", rb"\g<1>" + b"0" * 32, data)
-    assert blanked != data, "no digest tag in the output"
-    return hashlib.sha256(blanked).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +73,7 @@ def three_ways(golden_avatar, session_home, tiny_checkpoints, clips, tmp_path_fa
     _render_api(renderer, clips[0], api_out, controls)
     files = {"cli": cli_out, "batch": out / "batch.mp4", "api": api_out}
     whole = {k: hashlib.sha256(p.read_bytes()).hexdigest() for k, p in files.items()}
-    return {"whole": whole, **{k: _sha(p) for k, p in files.items()}}
+    return {"whole": whole, **{k: blanked_sha256(p) for k, p in files.items()}}
 
 
 def _render_api(renderer, audio: Path, output: Path, controls: Path) -> None:

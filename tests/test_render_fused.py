@@ -9,7 +9,7 @@ import torch
 from ditto_fast import models
 from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.core.devices import resolve_device
-from ditto_fast.render.precision import choose_precision
+from ditto_fast.engine.precision import choose_precision
 from ditto_fast.core.errors import UsageError
 from ditto_fast.render.fused import FusedRenderer
 

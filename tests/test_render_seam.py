@@ -18,11 +18,11 @@ from ditto_fast.render import face_mask as fm
 from ditto_fast.render.putback import YuvPutback, _upsampled
 from ditto_fast.render.seam import push_pull
 from seam_faults import FAULTS, coverage, flicker, measure, own_crop, scene
-from test_render_putback import blend_kernel  # noqa: F401 - a fixture
 
 COLOUR_FAULTS = ["colour cast", "brightness +8", "lighting ramp", "new background"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_seamless_meets_the_seam_goals_on_each_fault(blend_kernel, fault):
     got = measure("seamless", FAULTS[fault])
@@ -32,6 +32,7 @@ def test_seamless_meets_the_seam_goals_on_each_fault(blend_kernel, fault):
     assert got["detail"] <= 1.0, got                # inside: the generated face's own gradients
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", COLOUR_FAULTS)
 def test_feather_fails_the_seam_goal_on_the_colour_faults(blend_kernel, fault):
     got = measure("feather", FAULTS[fault])
@@ -71,12 +72,12 @@ def test_kernel_and_numpy_fallback_agree(blend_kernel):
 def test_the_kernels_correction_is_the_numpy_one(blend_kernel, pix_fmt, shift):
     from ditto_fast.render import _blend
     from ditto_fast.render.seam import SeamMatch
-    from test_avatar_plate_fidelity import _planes_of
+    from support import planes_of
 
     lay = Layout(pix_fmt)
     rgb, _, M = scene()
     M = M + np.array([[0, 0, shift], [0, 0, 0], [0, 0, 0]])
-    planes = lay.planes(_planes_of(rgb, lay))
+    planes = lay.planes(planes_of(rgb, lay))
     pb = YuvPutback(blend="seamless", layout=lay)
     kps = np.random.default_rng(2).uniform(-0.4, 0.4, (21, 3))
     grid = pb.face_mask(kps, kps * 1.03 + 0.01)
@@ -90,17 +91,17 @@ def test_the_kernels_correction_is_the_numpy_one(blend_kernel, pix_fmt, shift):
 
 @pytest.mark.parametrize("pix_fmt", ["yuv422p", "yuv422p10le", "yuv420p10le"])
 def test_seamless_works_in_the_plates_own_planes(blend_kernel, pix_fmt):
-    from test_avatar_plate_fidelity import _planes_of
+    from support import planes_of
 
     lay = Layout(pix_fmt)
     rgb, _, M = scene()
-    plate = _planes_of(rgb, lay)
+    plate = planes_of(rgb, lay)
     crop = FAULTS["brightness +8"](own_crop(rgb, M))
     out = YuvPutback(blend="seamless", layout=lay)(plate.copy(), crop, M)
     ref = YuvPutback(blend="seamless", layout=lay, use_kernel=False)(plate.copy(), crop, M)
     assert out.dtype == lay.dtype and np.abs(out.astype(int) - ref).max() <= lay.scale
     # the same paste as in 8-bit 4:2:0, at these planes' depth
-    i420 = YuvPutback(blend="seamless")(_planes_of(rgb, I420), crop, M)
+    i420 = YuvPutback(blend="seamless")(planes_of(rgb, I420), crop, M)
     diff = np.abs(lay.planes(out)[0][0] / lay.scale - I420.planes(i420)[0][0])
     assert diff.mean() < 0.3 and np.percentile(diff, 99.9) <= 2, (diff.mean(), np.percentile(diff, 99.9))
     grid = cv2.resize(YuvPutback(blend="seamless").face_mask(np.zeros((1, 3)), np.zeros((1, 3))), (512, 512))
@@ -250,9 +251,9 @@ def test_blend_is_a_setting_of_the_cli_the_config_and_job_lines(tmp_path, video_
                     + "\n")
     r = subprocess.run([*cli, "batch", str(jobs), "--quiet"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    from test_engine_same_bytes import _sha
+    from support import blanked_sha256
 
-    assert _sha(tmp_path / "job.mp4") == _sha(outs["seamless"])          # the same bytes from a job line
+    assert blanked_sha256(tmp_path / "job.mp4") == blanked_sha256(outs["seamless"])          # the same bytes from a job line
     r = subprocess.run([*cli, "render", "--avatar", "anchor", "--audio", str(clips[0]), "-o", str(tmp_path / "x.mp4"),
                         "--blend", "square"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "seamless, feather" in r.stderr and not (tmp_path / "x.mp4").exists()

@@ -6,7 +6,7 @@ to_mono) and the signal is resampled to 16 kHz with soxr at "HQ" quality (libros
 ``res_type="soxr_hq"``). Resampling streams chunk by chunk (bit-identical to soxr's one-shot
 call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio. The file's
 channel count and layout (the speaker mask ffmpeg writes on the pipe) are kept for the output's
-soundtrack (render/soundtrack.py).
+soundtrack (encoding/soundtrack.py).
 """
 
 from __future__ import annotations
@@ -104,13 +104,15 @@ def _check_complete(path: Path, held: float) -> None:
 
 @dataclass(frozen=True)
 class DecodedAudio:
-    """A file's audio decoded once: 16 kHz mono float32 samples, the sha256 of the file's bytes, and the file's
-    channel count and layout (WAVE_FORMAT_EXTENSIBLE speaker mask; 0 for a layout it cannot name)."""
+    """A file's audio decoded once: 16 kHz mono float32 samples, the sha256 of the file's bytes, the file's
+    channel count and layout (WAVE_FORMAT_EXTENSIBLE speaker mask; 0 for a layout it cannot name), and the largest
+    sample magnitude of its own channels at its own rate (above 1.0: float audio over full scale)."""
 
     samples: np.ndarray                 # [n] float32 at 16 kHz
     sha256: str
     channels: int = 1
     channel_mask: int = 0
+    peak: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -120,8 +122,8 @@ class DecodedAudio:
 def decode_audio(path: str | os.PathLike) -> DecodedAudio:
     """Decode an audio file (see load_audio) and fingerprint its bytes, for a render that reads it once."""
     path = Path(path)
-    samples, channels, mask = _decode(path)
-    return DecodedAudio(samples, file_sha256(path), channels, mask)
+    samples, channels, mask, peak = _decode(path)
+    return DecodedAudio(samples, file_sha256(path), channels, mask, peak)
 
 
 def load_audio(path: str | os.PathLike) -> np.ndarray:
@@ -152,13 +154,15 @@ def _decode_command(path: Path) -> list[str]:
             "-c:a", "pcm_f32le", "-f", "wav", "-"]
 
 
-def _decode(path: Path) -> tuple[np.ndarray, int, int]:
-    """The file's audio as 16 kHz mono float32 [n], its channel count and its channel mask."""
+def _decode(path: Path) -> tuple[np.ndarray, int, int, float]:
+    """The file's audio as 16 kHz mono float32 [n], its channel count, its channel mask and its sample peak (the
+    largest magnitude in any channel, as decoded)."""
     _check_path(path)
     cmd = _decode_command(path)
     errlog = tempfile.TemporaryFile()  # a file, not a pipe: a chatty ffmpeg cannot block on stderr
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errlog)
     parts: list[np.ndarray] = []
+    peak = 0.0
     try:
         try:
             rate, channels, mask = _read_wav_header(proc.stdout)
@@ -179,6 +183,8 @@ def _decode(path: Path) -> tuple[np.ndarray, int, int]:
                 usable = len(data) - len(data) % frame_bytes
                 rest = data[usable:]
                 block = np.frombuffer(data[:usable], dtype="<f4").reshape(-1, channels)  # [t, C]
+                if block.size:
+                    peak = max(peak, float(np.abs(block).max()))
                 mono = block.mean(axis=1, dtype=np.float32) if channels > 1 else block[:, 0]
                 n_in += mono.shape[0]
                 out = resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
@@ -207,7 +213,7 @@ def _decode(path: Path) -> tuple[np.ndarray, int, int]:
     if audio.size < SAMPLES_PER_FRAME:
         ms = 1000.0 * audio.size / SAMPLE_RATE
         raise InputError(f"{path}: audio is too short ({ms:.1f} ms); give at least 40 ms (one video frame)")
-    return audio, channels, mask
+    return audio, channels, mask, peak
 
 
 __all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "DecodedAudio", "audio_layout", "decode_audio",

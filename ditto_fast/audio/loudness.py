@@ -1,7 +1,5 @@
-"""Programme loudness: integrated loudness (ITU-R BS.1770-4, gated) and true peak measured by ffmpeg's ebur128,
-and the gain (plus a true-peak limiter only where the gain would push the peaks past the ceiling) that takes a
-clip's speech to a delivery's target. The speech the motion is made from is not touched: only the delivered
-audio is leveled."""
+"""Programme loudness: integrated loudness (ITU-R BS.1770-4, gated), true peak and DC offset, measured by ffmpeg's
+ebur128 and astats (delivery/leveling.py takes a clip's speech to a profile's target with it)."""
 
 from __future__ import annotations
 
@@ -16,42 +14,26 @@ import imageio_ffmpeg
 from ditto_fast.core.errors import InputError
 
 QUIET_LUFS = -70.0              # at or below: silent or too quiet to level (BS.1770's absolute gate)
-LIMIT_OVERSAMPLE = 192000       # the limiter runs at 4x 48 kHz, so it catches inter-sample (true) peaks
-TOLERANCE_LU = 0.2              # how close to the target the planned gain is refined to (the QC allows 0.5)
-MARGIN_DB = 0.3                 # the limiter's ceiling below the profile's, for the resampling back to 48 kHz
+GATE_SECONDS = 0.4              # BS.1770's gating block: a shorter programme has no integrated loudness
 
 
 @dataclass(frozen=True)
 class Loudness:
     integrated: float           # LUFS (-70.0 for silence)
     true_peak: float            # dBTP
+    dc: float = 0.0             # the largest DC offset (mean) of any channel, linear (1.0: full scale)
 
     def as_dict(self) -> dict:
         return {"integrated_lufs": self.integrated, "true_peak_dbtp": self.true_peak}
 
 
-@dataclass(frozen=True)
-class Leveling:
-    """The filters that level a clip's speech (empty: none), what was measured before and after, and a warning
-    when the speech was too quiet to level."""
-
-    filters: str
-    measured_in: Loudness
-    measured_out: Loudness
-    gain_db: float
-    limited: bool
-    warning: str | None = None
-
-    def as_dict(self) -> dict:
-        return {"input": self.measured_in.as_dict(), "planned_output": self.measured_out.as_dict(),
-                "gain_db": round(self.gain_db, 2), "limited": self.limited, "warning": self.warning}
-
-
 def measure(path: str | Path, graph: str) -> Loudness:
     """Loudness of the signal `graph` (an ffmpeg filter graph head on input 0, e.g. "[0:a:0]aresample=48000")
-    makes from the file at `path`."""
+    makes from the file at `path` (integrated -70 LUFS where there is none: silence, or under GATE_SECONDS), and
+    its DC offset."""
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-i", str(path),
-           "-filter_complex", f"{graph},ebur128=peak=true:framelog=quiet", "-f", "null", "-"]
+           "-filter_complex", f"{graph},astats=measure_perchannel=DC_offset:measure_overall=none,"
+                              "ebur128=peak=true:framelog=quiet", "-f", "null", "-"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     summary = res.stderr.rsplit("Summary:", 1)[-1]
     i = re.search(r"I:\s+(-?[\d.]+|-inf|nan) LUFS", summary)
@@ -60,28 +42,6 @@ def measure(path: str | Path, graph: str) -> Loudness:
         last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"ffmpeg exit {res.returncode}"
         raise InputError(f"{path}: cannot measure its loudness ({last}); check it is a readable audio or video file")
     integrated = float(i.group(1))
-    return Loudness(integrated if math.isfinite(integrated) else QUIET_LUFS, float(peak.group(1)))
-
-
-def level(path: str | Path, programme: str, measured_as: str, target: float, ceiling: float) -> Leveling:
-    """The gain (and, where needed, true-peak limiting) taking the speech in `path` to `target` LUFS with peaks
-    under `ceiling` dBTP. `programme` makes the delivered signal from the file, `measured_as` what is measured of
-    it (two mono tracks as a stereo pair). Speech at or below -70 LUFS gets no gain and a warning."""
-    before = measure(path, f"[0:a:0]{programme},{measured_as}")
-    if before.integrated <= QUIET_LUFS:
-        return Leveling("", before, before, 0.0, False,
-                        f"{path}: the speech is silent or quieter than {QUIET_LUFS:g} LUFS; delivered without "
-                        "loudness gain")
-    gain, limit, filters, after = target - before.integrated, ceiling - MARGIN_DB, "", before
-    for _ in range(4):                  # refine: the limiter takes a little loudness with the peaks
-        limited = before.true_peak + gain > ceiling - MARGIN_DB
-        filters = f"volume={gain:.3f}dB" + (
-            f",aresample={LIMIT_OVERSAMPLE},alimiter=limit={10 ** (limit / 20):.5f}:attack=1:release=50:level=false"
-            f":latency=true,aresample=48000" if limited else "")
-        after = measure(path, f"[0:a:0]{programme},{filters},{measured_as}")
-        off, over = target - after.integrated, after.true_peak - ceiling
-        if abs(off) <= TOLERANCE_LU and over <= 0:
-            break
-        gain += off
-        limit -= max(0.0, over + 0.1)
-    return Leveling(filters, before, after, gain, limited)
+    dc = [abs(float(d)) for d in re.findall(r"^\[Parsed_astats_\d+ @ [^\]]+\] DC offset:\s+(-?[\d.]+)$", res.stderr,
+                                            re.M)]
+    return Loudness(integrated if math.isfinite(integrated) else QUIET_LUFS, float(peak.group(1)), max(dc, default=0.0))

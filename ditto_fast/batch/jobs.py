@@ -18,7 +18,7 @@ from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.media.ffpipe import container_comment
 from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.motion.conditions import schedule_file
-from ditto_fast.render.formats import default_suffix
+from ditto_fast.encoding.formats import default_suffix
 
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
 JOBS_MAX_BYTES = 64 * MIB       # a night of jobs is kilobytes to a few megabytes
@@ -136,7 +136,7 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
         raise InputError(f"{out_dir}: cannot create the --out-dir folder ({why}); choose another folder") from None
     defaults = defaults or {}
     if defaults.get("delivery"):                # the profile's container names the outputs
-        from ditto_fast.render.profiles import load_profile
+        from ditto_fast.delivery.profiles import load_profile
 
         suffix = load_profile(defaults["delivery"]).extension
     else:

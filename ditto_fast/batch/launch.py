@@ -11,12 +11,12 @@ from ditto_fast.batch.local import run_batch
 from ditto_fast.batch.ray_actors import run_batch_ray
 from ditto_fast.checkpoints import resolve_root
 from ditto_fast.core.memory import reuse_freed_memory
+from ditto_fast.delivery.profiles import load_profile
+from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import Progress
 from ditto_fast.preview.paths import preview_paths
-from ditto_fast.render.profiles import load_profile
-from ditto_fast.render.writer import check_output_path
 
 
 def collect_jobs(jobs_file: Path | None, avatar: str | None, audio_dir: Path | None, out_dir: Path | None,

@@ -1,5 +1,5 @@
 """Checkpoints: locate the directory and fingerprint its files (here); write random ones in the published layout
-(`random.py`, with HuBERT's in `random_hubert.py`: they serve `checkpoints init-random`, which the demo uses)."""
+(`random_weights.py`, with HuBERT's in `random_hubert.py`: they serve `checkpoints init-random`, which the demo uses)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Device choice (never assume CUDA) and numpy's BLAS threads; precision is chosen in render/precision.py."""
+"""Device choice (never assume CUDA) and numpy's BLAS threads; precision is chosen in engine/precision.py."""
 
 from __future__ import annotations
 

@@ -24,11 +24,12 @@ from ditto_fast.media.outputs import check_writes
 from ditto_fast.media.rates import frames_for, parse_rate
 from ditto_fast.motion.conditions import emotion_schedule, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
-from ditto_fast.render.delivery import DeliveryFormat
-from ditto_fast.render.formats import Format, default_suffix, output_format
-from ditto_fast.render.profiles import DeliveryProfile, check_timecode, load_profile, profile_path
-from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
-from ditto_fast.render.writer import check_output_path
+from ditto_fast.delivery.format import DeliveryFormat
+from ditto_fast.encoding.formats import Format, default_suffix, output_format
+from ditto_fast.delivery.profiles import DeliveryProfile, check_timecode, load_profile, profile_path
+from ditto_fast.delivery.qc import loudness_wanted
+from ditto_fast.encoding.soundtrack import Soundtrack, plan_soundtrack
+from ditto_fast.encoding.writer import check_output_path
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def request_inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
     """Check one request against its opened avatar without any network: the output can be written, no other
     process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
-    `audio` is its decoding already) and its channels go into the output (render/soundtrack.py), emotion and
+    `audio` is its decoding already) and its channels go into the output (encoding/soundtrack.py), emotion and
     controls parse for its length. Raises the DittoError a user caused."""
     key = avatar_identity(avatar.dir)
     settings = request.with_defaults(config)
@@ -108,7 +109,10 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     else:
         fmt, rate = delivery_format(request, profile, avatar, output)
     audio = audio or decode_audio(request.audio)
-    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt)
+    loudness = _loudness_target(request, profile)
+    # audio over full scale is lowered unless it is leveled: leveling's limiter keeps it under the ceiling
+    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt,
+                                 peak=audio.peak if loudness is None else 0.0)
     n = frames_for(len(audio.samples), rate)
     if profile is not None and profile.video.field_rate:
         n += n % 2                          # fields come in pairs: the audio is padded to the last one
@@ -119,7 +123,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
                 hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
-                profile, _loudness_target(request, profile), soundtrack, inputs)
+                profile, loudness, soundtrack, inputs)
 
 
 CODEC_OF_PROFILE = {"prores": "prores", "h264": "h264"}     # a profile codec that --codec also names
@@ -155,8 +159,5 @@ def delivery_format(request: RenderRequest, profile: DeliveryProfile, avatar: Av
 def _loudness_target(request: RenderRequest, profile: DeliveryProfile | None) -> tuple[float, float] | None:
     """The (target, ceiling) the audio is leveled to: the profile's, or --loudness (off: none; a target keeps the
     profile's ceiling, or -1 dBTP)."""
-    if profile is None or request.loudness == "off":
-        return None
-    if request.loudness is not None:
-        return float(request.loudness), profile.loudness[1] if profile.loudness else -1.0
-    return profile.loudness
+    wanted = None if profile is None else loudness_wanted(profile, request.loudness)
+    return None if wanted == "off" else wanted

@@ -12,6 +12,7 @@ from ditto_fast.avatar import Avatar
 from ditto_fast.core.version import __version__
 from ditto_fast.engine.clip import Clip
 from ditto_fast.media.rates import rate_text
+from ditto_fast.delivery.format import programme_chain
 
 
 def _avatar_record_hash(avatar: Avatar) -> str:
@@ -32,8 +33,9 @@ def clip_digest(clip: Clip, settings: dict) -> str:
         parts["blend"] = clip.blend
     if clip.delivery is not None:      # likewise outputs made without a delivery profile
         parts["delivery"] = {"profile": clip.delivery.sha256, "loudness": clip.loudness,
-                             "timecode": clip.format.timecode, "size": list(clip.format.size)}
+                             "timecode": clip.format.timecode, "size": list(clip.format.size),
+                             "programme": programme_chain(clip.delivery)}    # its DC blocker made other bytes
     track = clip.soundtrack
-    if track is not None and (track.mix is not None or track.channels > 2):   # mono and stereo: digests as before
+    if track is not None and (track.mix is not None or track.channels > 2 or track.gain_db):   # else as before
         parts["soundtrack"] = [track.channels, track.filters()]
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

@@ -12,13 +12,13 @@ from ditto_fast.checkpoints import CheckpointSet, find_checkpoints
 from ditto_fast.core.config import ENCODERS, Config, check_setting
 from ditto_fast.core.devices import resolve_device
 from ditto_fast.core.errors import UsageError
+from ditto_fast.encoding.formats import OutputFormat, nvenc_works
+from ditto_fast.engine.batch_size import auto_batch_size
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.digest import clip_digest
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.render.batch_size import auto_batch_size
-from ditto_fast.render.delivery import DeliveryFormat
-from ditto_fast.render.formats import Format, nvenc_works
-from ditto_fast.render.precision import choose_precision
+from ditto_fast.engine.precision import choose_precision
+
 
 @dataclass
 class RenderSetup:
@@ -56,13 +56,11 @@ class RenderSetup:
         preset = r.preset if o.preset is None else check_setting("render", "preset", o.preset, "preset")
         return cls(config, cs, dev, dtype, batch, crf, preset, _use_nvenc(o.encoder, dev), why, batch_why)
 
-    def output_format(self, clip: Clip) -> Format:
+    def output_format(self, clip: Clip) -> OutputFormat:
         """The clip's format with this setup's encoder (the software one for a codec whose NVENC does not work
         here: the setup probed H.264's). A delivery's format is its profile's: encoded in software."""
-        if isinstance(clip.format, DeliveryFormat):
-            return clip.format
-        nvenc = self.nvenc and clip.format.codec in ("h264", "hevc") and nvenc_works(clip.format.codec)[0]
-        return dataclasses.replace(clip.format, nvenc=nvenc)
+        fmt = clip.format
+        return fmt.with_nvenc(self.nvenc and fmt.nvenc_capable and nvenc_works(fmt.codec)[0])
 
     def digest(self, clip: Clip) -> str:
         """What a render of `clip` with this setup writes into its output's comment tag (see clip_digest)."""

@@ -35,12 +35,12 @@ import numpy as np
 
 from ditto_fast import models
 from ditto_fast.audio.hubert import HubertFeatures
-from ditto_fast.audio.loudness import Leveling, level
+from ditto_fast.delivery.leveling import Leveling, level
 from ditto_fast.avatar import Avatar, load_avatar
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.avatar.store import avatars_dir
 from ditto_fast.checkpoints import CheckpointSet
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.engine.clip import Clip, avatar_identity, check_clip
 from ditto_fast.engine.request import RenderRequest
@@ -49,10 +49,10 @@ from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
 from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
-from ditto_fast.render import qc
-from ditto_fast.render.delivery import measured_as, programme_chain
+from ditto_fast.delivery import qc
+from ditto_fast.delivery.format import measured_as, programme_chain
 from ditto_fast.render.fused import FusedRenderer
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 
 STAGES = ("load_models", "load_avatar", "audio_features", "motion", "stitch", "render", "putback", "write")
 
@@ -157,7 +157,9 @@ class Renderer:
         warnings: tuple[str, ...] = ()
         if delivery is not None:
             profile["delivery"] = delivery
-            warnings = tuple(w for w in [(delivery.get("loudness") or {}).get("warning")] if w)
+            warnings = tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
+                             f"{clip.delivery.name} asks: levels as spoken (--loudness off); `ditto-fast qc` "
+                             "without --loudness off fails it" for r in delivery["requirements"] if r["waived"])
         return RenderResult(clip.output, profile, mouth, warnings)
 
     def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None
@@ -169,9 +171,14 @@ class Renderer:
         if clip.delivery is not None:
             if clip.loudness is not None:       # measured once per clip; the motion is made from the speech as is
                 programme = ",".join([*clip.soundtrack.filters(), programme_chain(clip.delivery)])
-                leveling = level(clip.request.audio, programme, measured_as(clip.delivery), *clip.loudness)
+                leveling = level(clip.request.audio, programme, measured_as(clip.delivery), *clip.loudness,
+                                 seconds=float(clip.frames / clip.rate))
+                if leveling.warning:            # the QC would fail it: refused before any frame
+                    raise QCError(f"{leveling.warning}, and {clip.delivery.name} asks {clip.loudness[0]:g} LUFS; "
+                                  f"nothing was written to {clip.output}; give audible speech of at least 0.4 s, or "
+                                  "--loudness off to deliver it as spoken")
                 fmt = dataclasses.replace(fmt, gain=leveling.filters)
-            check = _qc_check(clip, fmt, leveled=leveling is not None and leveling.warning is None)
+            check = _qc_check(clip, fmt)
         # the plate reader is told every frame it will serve, so ffmpeg decodes its first block beside HuBERT and
         # the LMDM, and each next block while one is pasted into
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes",
@@ -194,19 +201,20 @@ class Renderer:
         return mouth, _delivery_record(clip, leveling, writer.checked)
 
 
-def _qc_check(clip: Clip, fmt, leveled: bool) -> Callable[[Path], list]:
-    """The QC a delivery's finished temporary file must pass before it is renamed into place (QCError if not);
-    speech too quiet to level is not held to the loudness target."""
+def _qc_check(clip: Clip, fmt) -> Callable[[Path], list]:
+    """The QC a delivery's finished temporary file must pass before it is renamed into place (QCError if not): the
+    one `ditto-fast qc --delivery NAME` runs, with the render's --loudness and --timecode (off: the loudness lines
+    are notes)."""
     def check(path: Path) -> list:
         return qc.require(path, clip.delivery, clip.output, size=fmt.size, rate=fmt.rate, timecode=fmt.timecode,
-                          loudness=clip.loudness if leveled else None)
+                          loudness=qc.loudness_wanted(clip.delivery, clip.request.loudness))
     return check
 
 
 def _delivery_record(clip: Clip, leveling: Leveling | None, checked: list) -> dict:
     """The profile JSON's "delivery": profile, the QC lines, loudness measured on the speech and on the file."""
     v = clip.delivery.video
-    record = {"profile": clip.delivery.name, "qc": f"{len(checked)}/{len(checked)} ok",
+    record = {"profile": clip.delivery.name, "qc": qc.summary(checked),
               "scan": ("interlaced " + v.field_order + (", field-rate motion" if v.field_rate else ", PsF"))
               if v.interlaced else "progressive", "delivered_rate": rate_text(clip.format.rate),
               "requirements": qc.as_json(checked), "loudness": None}

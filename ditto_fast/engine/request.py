@@ -19,9 +19,9 @@ from ditto_fast.avatar.store import validate_name
 from ditto_fast.core.config import check_setting, declaration
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import shown
+from ditto_fast.delivery.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
 from ditto_fast.media.rates import MOTION_FPS, NAMED_RATES, RENDER_RATES, parse_rate, rate_text
 from ditto_fast.motion.conditions import EMOTIONS
-from ditto_fast.render.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
 
 _WHOLE_RATES = [rate_text(r) for r in RENDER_RATES if r.denominator == 1]
 _NTSC_RATES = {name: rate for name, rate in NAMED_RATES.items() if rate in RENDER_RATES}
@@ -169,3 +169,8 @@ def _loudness(value: Any) -> str | float:
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(RenderRequest)
 JOB_KEYS = tuple(f.name for f in FIELDS)
+
+
+def check_field(name: str, value: Any) -> Any:
+    """One field's value checked as a request checks it (`qc --loudness` as `render --loudness`)."""
+    return _checked(next(f for f in FIELDS if f.name == name), value)

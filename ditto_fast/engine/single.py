@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 
 from ditto_fast.avatar import load_avatar
 from ditto_fast.core.memory import reuse_freed_memory
+from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
@@ -18,7 +19,6 @@ from ditto_fast.engine.stages import Progress
 from ditto_fast.media.claims import claimed
 from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.preview.paths import check_png_path
-from ditto_fast.render.writer import check_output_path
 
 
 def render_one(request: RenderRequest, options: EngineOptions, *, timings: Path | None = None,

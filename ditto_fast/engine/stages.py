@@ -27,7 +27,7 @@ from ditto_fast.motion.sampling import MotionSampler
 from ditto_fast.motion.stitch import MotionStitch
 from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.render.putback import YuvPutback
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 
 # (stage, done, total): AUDIO_FEATURES and MOTION count the clip's 25 fps motion frames, FRAMES its output frames
 Progress = Callable[[str, int, int], None]

@@ -1,1 +1,2 @@
-"""Render stage: fused warp+decode, putback, writer."""
+"""Compositing: fused warp + decode on the device, the putback of each crop into its plate (face mask, seam colour
+match, the Cython blend kernel)."""

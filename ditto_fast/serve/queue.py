@@ -59,10 +59,12 @@ class JobQueue:
             db.execute("UPDATE jobs SET status='queued', progress=NULL, started=NULL WHERE status='running'")
 
     @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
+    def _db(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """A transaction; `durable`: committed to the disk before it returns (NORMAL for a running job's progress,
+        which a crash may lose)."""
         with closing(sqlite3.connect(self.path, timeout=30, isolation_level=None)) as db:
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA synchronous=FULL")
+            db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -105,7 +107,7 @@ class JobQueue:
         return self.get(job_id)
 
     def set_progress(self, job_id: str, progress: dict) -> None:
-        with self._db() as db:
+        with self._db(durable=False) as db:
             db.execute("UPDATE jobs SET progress=? WHERE id=? AND status='running'", (json.dumps(progress), job_id))
 
     def cancel(self, job_id: str) -> str | None:

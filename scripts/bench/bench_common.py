@@ -16,7 +16,7 @@ CACHE = Path(os.environ.get("DITTO_FAST_BENCH_CACHE", REPO / "bench_out" / "cach
 def checkpoints(tiny: bool, networks: tuple[str, ...] | None = None, hubert: bool = True) -> Path:
     """A cached random checkpoint root (full or tiny); written once per machine."""
     from ditto_fast.checkpoints import MODELS_SUBDIR
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
     from ditto_fast.models import NETWORK_NAMES, SPECS
 
     root = CACHE / ("ckpt_tiny" if tiny else "ckpt_full")

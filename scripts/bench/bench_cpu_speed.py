@@ -141,7 +141,7 @@ def _plain_child(ckpt: Path, frames: int, policy: str = "") -> float:
 
 
 def run(out_json: str | None = None, quick: bool = False) -> dict:
-    from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
+    from ditto_fast.engine.precision import BF16_FLAGS, cpu_kind
 
     kind = cpu_kind()
     ckpt = checkpoints(tiny=False)

@@ -39,7 +39,7 @@ def _planes(n: int) -> list[np.ndarray]:
 
 def _encode_cost(fmt, out: Path, planes: list[np.ndarray], frames: int) -> dict:
     """Wall and CPU (ffmpeg's, all threads) milliseconds per frame of writing `frames` 1080p frames."""
-    from ditto_fast.render.writer import VideoWriter
+    from ditto_fast.encoding.writer import VideoWriter
 
     rate = getattr(fmt, "rate", 25)                 # a delivery's; today's formats leave it to the avatar
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -56,9 +56,9 @@ def _encode_cost(fmt, out: Path, planes: list[np.ndarray], frames: int) -> dict:
 
 def encoders(work: Path, frames: int) -> dict:
     """Each profile's encoder (and today's default x264) on the same 1080p frames, no audio."""
-    from ditto_fast.render.delivery import DeliveryFormat
-    from ditto_fast.render.formats import output_format
-    from ditto_fast.render.profiles import load_profile, shipped_profiles
+    from ditto_fast.delivery.format import DeliveryFormat
+    from ditto_fast.encoding.formats import output_format
+    from ditto_fast.delivery.profiles import load_profile, shipped_profiles
 
     planes = _planes(25)
     result = {"x264 (today's .mp4: veryfast, crf 18)": _encode_cost(output_format(work / "x.mp4"), work / "x.mp4",
@@ -72,7 +72,7 @@ def encoders(work: Path, frames: int) -> dict:
 
 def renders(work: Path, ckpt: Path, audio: Path, extra: dict[str, Path]) -> dict:
     """A 10 s CLI render per profile (tiny networks): its QC lines and the frame loop's cost per delivered frame."""
-    from ditto_fast.render.profiles import load_profile, shipped_profiles
+    from ditto_fast.delivery.profiles import load_profile, shipped_profiles
 
     env = dict(os.environ, DITTO_FAST_HOME=str(work / "home"), DITTO_FAST_CHECKPOINTS=str(ckpt))
     r = _cli(["register", str(anchor(50)), "--name", "a", "--quiet", "--force"], env)
@@ -104,11 +104,12 @@ def renders(work: Path, ckpt: Path, audio: Path, extra: dict[str, Path]) -> dict
 def loudness(work: Path, audio: Path, frames: int) -> dict:
     """Speech scaled to each input loudness, leveled and written as each leveling profile delivers it (the engine's
     writer and gain), then measured on the file as `qc` does: output loudness and true peak against the target."""
-    from ditto_fast.audio.loudness import level, measure
-    from ditto_fast.render.delivery import DeliveryFormat, measured_as, programme_chain
-    from ditto_fast.render.profiles import load_profile, shipped_profiles
-    from ditto_fast.render.qc import check_file
-    from ditto_fast.render.writer import VideoWriter
+    from ditto_fast.audio.loudness import measure
+    from ditto_fast.delivery.leveling import level
+    from ditto_fast.delivery.format import DeliveryFormat, measured_as, programme_chain
+    from ditto_fast.delivery.profiles import load_profile, shipped_profiles
+    from ditto_fast.delivery.qc import check_file
+    from ditto_fast.encoding.writer import VideoWriter
 
     x, sr = sf.read(audio, dtype="float32")
     base = measure(audio, "[0:a:0]anull").integrated

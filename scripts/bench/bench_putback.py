@@ -23,7 +23,7 @@ from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.media.rates import mirror_index
 from ditto_fast.render import putback as pb_mod
 from ditto_fast.render.putback import YuvPutback, feathered_mask
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 from ditto_fast.media.yuv import Layout, rgb_to_i420
 from synthetic import write_plate
 

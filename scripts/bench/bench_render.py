@@ -21,7 +21,7 @@ CLI_MALLOC = "from ditto_fast.core.memory import reuse_freed_memory; reuse_freed
 SPLIT_WRITE = """
 import time
 from ditto_fast.avatar.plate import PlateReader
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 io_s = dict(plate_read=0.0, encoder_write=0.0)
 def _timed(cls, name, key):
     inner = getattr(cls, name)

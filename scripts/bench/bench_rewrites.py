@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from bench_common import save
 from ditto_fast import models
 from ditto_fast.models.blocks import NearestUpConv3x3, conv2d_point_taps, conv3d_depth_taps
-from ditto_fast.render.precision import BF16_FLAGS, cpu_kind
+from ditto_fast.engine.precision import BF16_FLAGS, cpu_kind
 
 
 def _best(fn, repeats: int) -> float:

@@ -56,7 +56,7 @@ def setup(work: Path) -> tuple[dict, Path]:
     """Tiny checkpoints, an avatar 'base' and 10 clips; returns (environment, folder of clips)."""
     import soundfile as sf
 
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
     from synthetic import Motion, write_anchor_video
 
     ckpt = work / "ckpt"

@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="one case, e.g. render:17")
     args = ap.parse_args(argv)
 
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
 
     work = args.work or Path(tempfile.mkdtemp(prefix="ditto-fuzz-"))
     try:

@@ -177,7 +177,7 @@ def make_avatars(dest: Path) -> dict:
 
     from ditto_fast.avatar.register import Registrar
     from ditto_fast.checkpoints import MODELS_SUBDIR
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
     from ditto_fast.models import SPECS
     from synthetic import astronaut_canvas
 

@@ -95,8 +95,8 @@ def parity(files: dict[str, Path], device: "torch.device") -> dict:
     import torch
 
     from ditto_fast.render.fused import FusedRenderer
-    from ditto_fast.render.precision import psnr
-    from ditto_fast.render.probes import sample_inputs
+    from ditto_fast.engine.precision import psnr
+    from ditto_fast.engine.measurements import sample_inputs
 
     half = torch.float16 if device.type == "cuda" else torch.bfloat16
     crops = {}
@@ -147,8 +147,8 @@ def run(args: argparse.Namespace, seconds: float, tmp: Path, t_start: float) -> 
     from ditto_fast.checkpoints import find_checkpoints
     from ditto_fast.engine.renderer import STAGES, Renderer
     from ditto_fast.engine.request import RenderRequest
-    from ditto_fast.render.batch_size import measure
-    from ditto_fast.render.formats import nvenc_works
+    from ditto_fast.engine.batch_size import measure
+    from ditto_fast.encoding.formats import nvenc_works
 
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     out = {"device": name, "tiny": args.tiny, "bundle": used,

@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ditto_fast.checkpoints import MODELS_SUBDIR
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
     from ditto_fast.models import SPECS
-    from ditto_fast.render.batch_size import FRAMES, SIZES, choose, measure
+    from ditto_fast.engine.batch_size import FRAMES, SIZES, choose, measure
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI's second stack: .venv-current from scripts/setup/stack-current.txt (numpy 2, transformers 5, OpenCV 5, the
 # newest CPU torch here; no mediapipe), then the render-side tests (-m "not slow and not register", and the
-# cross-stack bounds of tests/test_stacks.py) against the avatar and reference render the first stack makes
+# cross-stack bounds of tests/test_project_stacks.py) against the avatar and reference render the first stack makes
 # (tests/stack_fixtures.py; .venv is set up first if missing). Extra arguments go to pytest.
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"          # the first stack: .venv, which registers the fixtures' avatar

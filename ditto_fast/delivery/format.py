@@ -15,11 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ditto_fast.render.profiles import DeliveryProfile
+from ditto_fast.delivery.profiles import DeliveryProfile
+from ditto_fast.encoding.formats import FRAME_TAGS, TO_BT709
 
 MPEG2_PROFILES = {"422": "0", "main": "4"}
 MPEG2_LEVELS = {("422", "high"): "2", ("422", "main"): "5", ("main", "high"): "4", ("main", "main"): "8"}
 XDCAM_VBV = 17825792                    # the XDCAM HD422 VBV buffer, bits
+# the programme's DC blocker: a 2nd-order Butterworth high-pass at 10 Hz. Its step response has no net area, so a
+# DC offset leaves no mean behind even in a 0.4 s clip (a 1st-order one at 10 Hz leaves 4 % of it there), and at
+# speech's lowest fundamentals (80 Hz) it takes under 0.001 dB
+DC_BLOCKER = "highpass=f=10:poles=2"
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,11 @@ class DeliveryFormat:
     rate: Fraction                      # frames/s delivered (the render's rate is twice that for field-rate motion)
     gain: str = ""                      # ffmpeg filters leveling the speech (volume, true-peak limiter), or ""
     timecode: str | None = None
-    nvenc: bool = False                 # never: deliveries are encoded in software, as the profile says
+    nvenc_capable = False           # a delivery is encoded in software, as its profile says
+
+    def with_nvenc(self, works: bool) -> "DeliveryFormat":
+        """Itself (never on NVENC)."""
+        return self
 
     @property
     def container(self) -> str:
@@ -49,11 +58,12 @@ class DeliveryFormat:
     def pix_fmt(self) -> str:
         return self.profile.video.pix_fmt
 
-    def video_filters(self, source_size: tuple[int, int]) -> str:
-        """Filters after the frames' own tags: scaling to the profile's size, the pixel format, the field order."""
+    def video_filters(self, size: tuple[int, int], planes: bool) -> str:
+        """The frames' own tags (RGB converted first), then scaling to the profile's size, the pixel format, the
+        field order."""
         v = self.profile.video
-        parts = [] if tuple(source_size) == tuple(self.size) else \
-            [f"scale={self.size[0]}:{self.size[1]}:flags=lanczos"]
+        parts = [*([] if planes else [TO_BT709]), FRAME_TAGS]
+        parts += [] if tuple(size) == tuple(self.size) else [f"scale={self.size[0]}:{self.size[1]}:flags=lanczos"]
         if v.field_rate:                # two rendered frames -> one interlaced frame, the earlier in the first field
             parts.append(f"interlace=scan={v.field_order}:lowpass=linear")
         parts.append(f"format={v.pix_fmt}")
@@ -100,10 +110,11 @@ class DeliveryFormat:
         """The programme is mono or stereo: a file of more channels is mixed to stereo first (soundtrack.py)."""
         return 2
 
-    def audio_args(self, audio_input: int, seconds: float, mixed: list[str] | None = None) -> list[str]:
+    def audio_args(self, audio_input: int, seconds: float, mixed: list[str], channels: int = 2) -> list[str]:
         """The audio graph and its streams: the speech (resampled, leveled, cut or padded to exactly `seconds`) on
         the profile's speech tracks, silence of the same length on the others, each track encoded as named;
-        `mixed`: the soundtrack's filters that come first (a 5.1 file mixed to stereo)."""
+        `mixed`: the soundtrack's filters that come first (a 5.1 file mixed to stereo; the programme is mono or
+        stereo whatever `channels` they give)."""
         a = self.profile.audio
         layout = "stereo" if a.channels == 2 else "mono"
         chain = [*(mixed or []), programme_chain(self.profile), *([self.gain] if self.gain else []),
@@ -128,9 +139,9 @@ class DeliveryFormat:
 
 def programme_chain(profile: DeliveryProfile) -> str:
     """ffmpeg filters taking any speech file to the programme's own signal at 48 kHz: mono for speech on mono
-    tracks (the same signal on each), stereo for a stereo speech track."""
+    tracks (the same signal on each), stereo for a stereo speech track; DC blocked (DC_BLOCKER)."""
     layout = "stereo" if profile.audio.channels == 2 else "mono"
-    return f"aresample={profile.audio.rate},aformat=sample_fmts=fltp:channel_layouts={layout}"
+    return f"aresample={profile.audio.rate},aformat=sample_fmts=fltp:channel_layouts={layout},{DC_BLOCKER}"
 
 
 def measured_as(profile: DeliveryProfile) -> str:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from ditto_fast.core.errors import DittoError, InputError, UsageError
-from ditto_fast.render import writer as writer_mod
-from ditto_fast.render.writer import VideoWriter, check_output_path
+from ditto_fast.encoding import writer as writer_mod
+from ditto_fast.encoding.writer import VideoWriter, check_output_path
 
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
 W, H = 64, 48
@@ -208,7 +208,7 @@ def test_bad_arguments(tmp_path):
 # ----------------------------------------------------------------------------- dead writers' leftovers (issue 15)
 _HOLD_A_WRITER = """
 import sys, numpy as np
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 vw = VideoWriter(sys.argv[1], (64, 48))
 vw.write(np.zeros((48, 64, 3), np.uint8))
 print("writing", flush=True)
@@ -247,6 +247,7 @@ def _wait_writer_gone(path: Path, timeout: float = 20.0) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_dead_renders_partial_files_are_removed_by_the_next_writer_live_ones_kept(tmp_path):
     (tmp_path / ".notes.part.txt").write_text("not ours")            # a user's file that only looks alike
     dead, live = _writer_process(tmp_path / "dead.mp4"), _writer_process(tmp_path / "live.mp4")

@@ -12,9 +12,9 @@ import torch
 from ditto_fast.checkpoints import find_checkpoints
 from ditto_fast.core.config import load_config
 from ditto_fast.core.errors import UsageError
+from ditto_fast.engine import batch_size as bsz
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
-from ditto_fast.render import batch_size as bsz
 from ditto_fast.render.fused import FusedRenderer
 
 
@@ -94,6 +94,7 @@ def test_cpu_auto_is_one_without_a_probe_and_a_number_is_kept(tiny_set, tmp_path
         RenderSetup.resolve(EngineOptions(device="cpu", precision="fp32", batch_size=65, checkpoints=tiny_set))
 
 
+@pytest.mark.slow
 def test_the_measured_verdict_is_kept_and_read_back(tiny_set, tmp_path, monkeypatch):
     calls = []
     measure = bsz.measure

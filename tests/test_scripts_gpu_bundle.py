@@ -83,7 +83,7 @@ sys.path.insert(0, sys.argv[1] + "/scripts/gpu")
 sys.path.insert(0, sys.argv[1])
 import gpu_check
 from ditto_fast.checkpoints import MODELS_SUBDIR
-from ditto_fast.checkpoints.random import write_random
+from ditto_fast.checkpoints.random_weights import write_random
 from ditto_fast.avatar.reader import load_avatar
 from ditto_fast.checkpoints import find_checkpoints
 

@@ -17,9 +17,9 @@ from conftest import store_env
 from ditto_fast.audio.decode import decode_audio
 from ditto_fast.audio.layout import MINUS_3DB, speakers, stereo_mix
 from ditto_fast.core.errors import InputError
-from ditto_fast.render.formats import aac_bitrate, output_format
-from ditto_fast.render.soundtrack import plan_soundtrack
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.formats import aac_bitrate, output_format
+from ditto_fast.encoding.soundtrack import plan_soundtrack
+from ditto_fast.encoding.writer import VideoWriter
 
 RATE = 48000
 # one sine per channel of a 5.1 file (FL FR FC LFE BL BR), each at its own frequency, all at the same level
@@ -202,3 +202,68 @@ def test_a_mixed_soundtrack_is_in_the_digest_and_mono_digests_are_as_before(vide
                           avatar, load_config())
     assert surround.soundtrack.channels == 2 and len(surround.notes) == 1   # an old 6-channel output is not skipped
     assert clip_digest(surround, {}) != clip_digest(dataclasses.replace(surround, soundtrack=None), {})
+
+
+def _over_full_scale(path: Path, speech_wav: Path, seconds: float = 1.0, gain_db: float = 9.8) -> Path:
+    """Float speech raised until it peaks at +`gain_db` dBFS (a float WAV carries it; PCM cannot)."""
+    speech, sr = sf.read(speech_wav, dtype="float32")
+    part = speech[sr: sr + int(seconds * sr)]
+    part = part / np.abs(part).max() * np.float32(10 ** (gain_db / 20))
+    sf.write(path, part, sr, subtype="FLOAT")
+    return path
+
+
+def test_float_audio_over_full_scale_is_lowered_not_clipped(tmp_path, speech_wav):
+    """Speech peaking at +9.8 dBFS written with ProRes (24-bit PCM): before, thousands of samples clipped at full
+    scale and no word; now the soundtrack is lowered to a true peak of -1 dBTP, with a note, and nothing clips.
+    Audio within full scale is planned as before (no filter, no note: its bytes do not change)."""
+    loud = decode_audio(_over_full_scale(tmp_path / "loud.wav", speech_wav))
+    assert 20 * np.log10(loud.peak) == pytest.approx(9.8, abs=0.05)
+    fmt = output_format(tmp_path / "o.mov", "prores")
+    track = plan_soundtrack(tmp_path / "loud.wav", 1, 0, fmt, peak=loud.peak)
+    assert track.gain_db < -10 and track.filters() == [f"volume={track.gain_db:.3f}dB"]
+    assert "above full scale; lowered by" in track.note and "instead of being clipped" in track.note
+    with VideoWriter(tmp_path / "o.mov", (64, 48), audio_path=tmp_path / "loud.wav", frames=25, fmt=fmt,
+                     soundtrack=track) as vw:
+        _frames(vw, 25)
+    audio, line = decoded(tmp_path / "o.mov")
+    assert "pcm_s24le" in line
+    assert (np.abs(audio) >= 0.999).sum() == 0 and 20 * np.log10(np.abs(audio).max()) <= -0.9
+    normal = decode_audio(speech_wav)
+    assert normal.peak <= 1.0
+    plain = plan_soundtrack(speech_wav, 1, 0, fmt, peak=normal.peak)
+    assert plain.filters() == [] and plain.note is None and plain.gain_db == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [["--codec", "prores"], ["--delivery", "prores-hq-1080p"]])
+def test_a_render_of_float_audio_over_full_scale_clips_nothing(run_cli, video_avatar, session_home,
+                                                                tiny_checkpoints, tmp_path, speech_wav, how):
+    wav = _over_full_scale(tmp_path / "loud.wav", speech_wav, seconds=0.5)
+    out = tmp_path / "news.mov"
+    res = run_cli(["render", "--avatar", "anchor", "--audio", wav, "-o", out, "--device", "cpu", "--steps", "2",
+                   "--quiet", *how], env=store_env(session_home, tiny_checkpoints))
+    assert res.returncode == 0, res.stderr
+    assert f"ditto-fast: note: {wav}: float audio peaking at +9.8 dBFS, above full scale; lowered by" in res.stderr
+    audio, _ = decoded(out)
+    assert (np.abs(audio) >= 0.999).sum() == 0, "clipped samples"
+
+
+def test_only_audio_that_is_not_leveled_gets_the_full_scale_gain(video_avatar, tiny_checkpoints, tmp_path,
+                                                                 speech_wav):
+    """A delivery that levels the speech (its limiter keeps the peaks under the ceiling) takes it as it is; levels
+    as spoken (ProRes HQ's profile, --loudness off) and plain outputs are lowered."""
+    from ditto_fast.avatar import load_avatar
+    from ditto_fast.checkpoints import find_checkpoints
+    from ditto_fast.core.config import load_config
+    from ditto_fast.engine.clip import check_clip
+    from ditto_fast.engine.request import RenderRequest
+
+    avatar = load_avatar("anchor", checkpoints=find_checkpoints(tiny_checkpoints))
+    wav = _over_full_scale(tmp_path / "loud.wav", speech_wav, seconds=0.5)
+    gains = {}
+    for name, fields in (("web", {"delivery": "web-h264"}), ("off", {"delivery": "web-h264", "loudness": "off"}),
+                         ("prores", {"delivery": "prores-hq-1080p"}), ("plain", {})):
+        out = tmp_path / f"{name}{'.mov' if name == 'prores' else '.mp4'}"
+        gains[name] = check_clip(RenderRequest("anchor", wav, out, **fields), avatar, load_config()).soundtrack.gain_db
+    assert gains["web"] == 0 and gains["off"] < -10 and gains["prores"] < -10 and gains["plain"] < -10, gains

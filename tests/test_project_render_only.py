@@ -24,7 +24,7 @@ def test_mediapipe_is_only_in_the_register_extra():
     numpy = next(d for d in project["dependencies"] if d.startswith("numpy"))
     assert "<3" in numpy and "<2" not in numpy
     assert project["requires-python"] == ">=3.10,<3.14"
-    pinned = (REPO / "scripts" / "stack-pinned.txt").read_text()
+    pinned = (REPO / "scripts" / "setup" / "stack-pinned.txt").read_text()
     assert "mediapipe==0.10.21" in pinned and "numpy>=1.24,<2" in pinned
 
 

@@ -1,4 +1,5 @@
-"""Delivery formats: the container the output's extension names and the codec asked for, as ffmpeg options.
+"""Output formats: what the writer asks of a format (`OutputFormat`, which a plain output and a delivery profile's
+DeliveryFormat both are), and a plain output's: the container its extension names and the codec asked for.
 
 Every output is tagged BT.709, TV range, with its audio at 48 kHz. H.264 and HEVC are encoded by x264/x265
 on the CPU, or by the GPU's NVENC (`nvenc`), with the same constant-quality number (crf / cq). AAC carries at
@@ -14,8 +15,10 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import imageio_ffmpeg
 
@@ -27,6 +30,36 @@ AUDIO_RATE = 48000
 AAC_MAX_CHANNELS = 8
 PCM_MAX_CHANNELS = 24
 COLOUR_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
+# the frames' own tags as the writer hands them over: BT.709, limited range
+FRAME_TAGS = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
+TO_BT709 = "scale=out_color_matrix=bt709:out_range=tv"     # RGB frames into limited-range BT.709
+
+
+class OutputFormat(Protocol):
+    """What the writer asks of a format: a plain output's (Format) and a delivery profile's (DeliveryFormat)."""
+
+    container: str
+    codec: str
+    encoder: str
+    audio_codec: str
+    max_audio_channels: int
+    nvenc_capable: bool             # whether the GPU's encoder may write it
+
+    def with_nvenc(self, works: bool) -> "OutputFormat":
+        """This format encoded on the GPU's NVENC when `works` and the format can be (a delivery never is)."""
+
+    def video_filters(self, size: tuple[int, int], planes: bool) -> str:
+        """The -vf chain for frames of `size`, given as YUV planes (`planes`) or RGB."""
+
+    def video_args(self, crf: int, preset: str) -> list[str]:
+        """The video encoder and its options."""
+
+    def audio_args(self, audio_input: int, seconds: float, mixed: list[str], channels: int) -> list[str]:
+        """Maps, filters and encoder of the audio from input `audio_input`, cut or padded to `seconds`; `mixed`: the
+        soundtrack's filters that come first, `channels` what they give."""
+
+    def muxer_args(self) -> list[str]:
+        """The container's options and name."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +69,13 @@ class Format:
     container: str
     codec: str
     nvenc: bool = False             # H.264/HEVC on the GPU's encoder
+
+    @property
+    def nvenc_capable(self) -> bool:
+        return self.codec in ("h264", "hevc")
+
+    def with_nvenc(self, works: bool) -> "Format":
+        return dataclasses.replace(self, nvenc=works and self.nvenc_capable)
 
     @property
     def encoder(self) -> str:
@@ -51,6 +91,11 @@ class Format:
     @property
     def pix_fmt(self) -> str:
         return "yuv422p10le" if self.codec == "prores" else "yuv420p"
+
+    def video_filters(self, size: tuple[int, int], planes: bool) -> str:
+        """Planes are limited-range BT.709 already: passed on as they are where the codec's format is the frames' own
+        (a 10-bit 4:2:2 plate into ProRes), else chroma and depth resampled; RGB is converted."""
+        return f"{FRAME_TAGS},format={self.pix_fmt}" if planes else f"{TO_BT709},format={self.pix_fmt},{FRAME_TAGS}"
 
     def video_args(self, crf: int, preset: str) -> list[str]:
         """ffmpeg's video encoder options; crf and preset apply to the H.264/HEVC encoders (ProRes: HQ profile)."""
@@ -81,11 +126,12 @@ class Format:
         """The most audio channels its audio codec carries in its container."""
         return PCM_MAX_CHANNELS if self.audio_codec.startswith("pcm") else AAC_MAX_CHANNELS
 
-    def audio_args(self, channels: int) -> list[str]:
-        """ffmpeg's audio encoder options for `channels` channels: 48 kHz, AAC at aac_bitrate(channels) or PCM."""
-        if self.audio_codec != "aac":
-            return ["-c:a", self.audio_codec, "-ar", str(AUDIO_RATE)]
-        return ["-c:a", "aac", "-b:a", aac_bitrate(channels), "-ar", str(AUDIO_RATE)]
+    def audio_args(self, audio_input: int, seconds: float, mixed: list[str], channels: int) -> list[str]:
+        """The file's first audio stream at 48 kHz, AAC at aac_bitrate(channels) or PCM, padded or cut to `seconds`."""
+        codec = ["-c:a", self.audio_codec, "-ar", str(AUDIO_RATE)] if self.audio_codec != "aac" else \
+            ["-c:a", "aac", "-b:a", aac_bitrate(channels), "-ar", str(AUDIO_RATE)]
+        return ["-map", f"{audio_input}:a:0", *codec, "-af",
+                ",".join([*mixed, f"apad=whole_dur={seconds:.6f}", f"atrim=end={seconds:.6f}"])]
 
     def muxer_args(self) -> list[str]:
         fast = ["-movflags", "+faststart"] if self.container in ("mp4", "mov") else []

@@ -20,8 +20,8 @@ from ditto_fast.core.errors import UsageError
 from ditto_fast.media.rates import (
     frames_for, from_stream, motion_timeline, parse_rate, rate_text, source_indices,
 )
-from ditto_fast.render.formats import output_format
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.formats import output_format
+from ditto_fast.encoding.writer import VideoWriter
 from synthetic import Motion
 
 NTSC = Fraction(30000, 1001)
@@ -290,9 +290,9 @@ def test_avatar_files_follow_the_umask(tmp_path, tiny_checkpoints, monkeypatch):
 
 
 def test_encoders_software_by_default_on_cpu_and_nvenc_refused_where_it_does_not_work(tiny_checkpoints):
+    from ditto_fast.encoding.formats import Format, nvenc_works
     from ditto_fast.engine.options import EngineOptions
     from ditto_fast.engine.render_setup import RenderSetup
-    from ditto_fast.render.formats import Format, nvenc_works
 
     def resolve(**options):
         return RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints, **options))
@@ -317,9 +317,9 @@ def test_nvenc_options_crf_zero_and_a_codec_whose_nvenc_fails(tiny_checkpoints):
     import dataclasses
     from types import SimpleNamespace
 
+    from ditto_fast.encoding.formats import Format, nvenc_works
     from ditto_fast.engine.options import EngineOptions
     from ditto_fast.engine.render_setup import RenderSetup
-    from ditto_fast.render.formats import Format, nvenc_works
 
     lossless = Format("mp4", "h264", nvenc=True).video_args(0, "veryfast")
     assert "-cq" not in lossless and lossless[lossless.index("-tune") + 1] == "lossless"   # NVENC's cq 0 = automatic

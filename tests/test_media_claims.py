@@ -4,37 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from ditto_fast.core.errors import InputError
 from ditto_fast.media.claims import check_unclaimed, claim_file, claimed
-
-HOLD = textwrap.dedent("""
-    import sys
-    from ditto_fast.media.claims import claimed
-    with claimed(sys.argv[1]):
-        print("held", flush=True)
-        sys.stdin.read()            # until the test closes our stdin (or kills us)
-""")
-
-
-def hold(target: Path) -> subprocess.Popen:
-    """Another process that claims `target` and keeps the claim until its stdin is closed."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
-    assert p.stdout.readline() == "held\n"
-    return p
-
-
-def busy_message(target: Path, pid: int) -> str:
-    return (f"{target}: is being written by another process (pid {pid}); wait for it to finish or choose another "
-            "output path")
-
+from support import busy_message, hold
 
 def test_a_claim_is_held_for_the_block_and_removed_after_it(tmp_path):
     out = tmp_path / "news.mp4"

@@ -18,15 +18,16 @@ import soundfile as sf
 import yaml
 
 from conftest import store_env
-from ditto_fast.audio.loudness import level, measure
+from ditto_fast.audio.loudness import measure
+from ditto_fast.delivery.leveling import level
 from ditto_fast.core.config import CONFIG_DIR
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.media.ffpipe import container_comment
-from ditto_fast.render.delivery import DeliveryFormat, measured_as, programme_chain
-from ditto_fast.render.profiles import load_profile
-from ditto_fast.render.qc import check_file, failures
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.delivery.format import DeliveryFormat, measured_as, programme_chain
+from ditto_fast.delivery.profiles import load_profile
+from ditto_fast.delivery.qc import check_file
+from ditto_fast.encoding.writer import VideoWriter
 
 SHIPPED = {"xdcam-hd422-1080i50": ".mxf", "xdcam-hd422-1080i5994": ".mxf", "dnxhd-1080i50": ".mxf",
            "prores-hq-1080p": ".mov", "web-h264": ".mp4"}
@@ -171,6 +172,7 @@ def _deliver(out: Path, profile_name: str, speech: Path, target: tuple[float, fl
     return check_file(out, profile, size=size, rate=rate, loudness=target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("input_lufs", [-35, -23, -10])
 @pytest.mark.parametrize("name", ["web-h264", "xdcam-hd422-1080i5994"])
 def test_loudness_meets_the_target_from_quiet_and_loud_speech(tmp_path, speech_wav, input_lufs, name):
@@ -185,6 +187,18 @@ def test_loudness_meets_the_target_from_quiet_and_loud_speech(tmp_path, speech_w
     assert result["loudness"].ok and result["true peak"].ok, (result["loudness"], result["true peak"])
     got = float(result["loudness"].measured.split()[0])
     assert abs(got - profile.loudness[0]) <= 0.5
+
+
+def test_a_dc_offset_is_blocked_in_the_delivered_programme(tmp_path, speech_wav):
+    """0.5 x speech + 0.4 (a DC offset of -8 dBFS) delivered as XDCAM: the programme's DC blocker takes the offset
+    out (QC's dc offset line under -50 dBFS; it was delivered as it came), the loudness still on target."""
+    audio, sr = sf.read(speech_wav, dtype="float32")
+    speech = tmp_path / "dc.wav"
+    sf.write(speech, 0.5 * audio[sr: 2 * sr] + np.float32(0.4), sr, subtype="FLOAT")
+    profile = load_profile("xdcam-hd422-1080i50")
+    result = {r.name: r for r in _deliver(tmp_path / "dc.mxf", profile.name, speech, profile.loudness)}
+    assert result["dc offset"].ok and float(result["dc offset"].measured.split()[0]) < -60, result["dc offset"]
+    assert result["loudness"].ok and result["true peak"].ok
 
 
 def test_silent_speech_gets_no_gain_and_a_warning(tmp_path):
@@ -307,3 +321,35 @@ def test_field_rate_motion_renders_each_field_at_its_own_time(engine, rendered, 
     assert d["qc"].endswith("ok") and d["scan"] == "interlaced tff, field-rate motion" and d["delivered_rate"] == "25"
     assert result.profile["rate"] == "50" and result.profile["frames"] == 2 * psf["frames"]
     assert len(video_md5(out)) == len(video_md5(psf_out)) == psf["frames"]
+
+
+@pytest.mark.slow
+def test_the_render_and_qc_run_one_check(engine, video_avatar, clips, tmp_path, run_cli):
+    """A 0 dBTP tone delivered as XDCAM with --loudness off: the render's QC has the loudness and true-peak lines
+    (noted, not failed, and said in a warning), line for line what `qc --loudness off` prints of the file; plain
+    `qc` holds it to the profile (exit 8). Speech that cannot be leveled (silent; 0.3 s, under one gating block) is
+    exit 8 before any frame, nothing delivered, where the render used to drop those lines and deliver it."""
+    t = np.arange(int(0.4 * 48000)) / 48000
+    tone = tmp_path / "tone.wav"
+    sf.write(tone, np.sin(2 * np.pi * 997 * t).astype(np.float32), 48000, subtype="FLOAT")
+    out = tmp_path / "tone.mxf"
+    result = engine.render(RenderRequest(avatar="anchor", audio=tone, output=out, delivery="xdcam-hd422-1080i50",
+                                         loudness="off", steps=2))
+    rendered_qc = {r["name"]: r for r in result.profile["delivery"]["requirements"]}
+    assert rendered_qc["loudness"]["waived"] and rendered_qc["true peak"]["waived"]
+    assert result.profile["delivery"]["qc"].endswith(", 2 noted (--loudness off)")
+    assert any("true peak" in w and "--loudness off" in w for w in result.warnings)
+    res = run_cli(["qc", out, "--delivery", "xdcam-hd422-1080i50", "--loudness", "off", "--json"])
+    assert res.returncode == 0, res.stdout
+    assert {r["name"]: r for r in json.loads(res.stdout)["requirements"]} == rendered_qc
+    assert run_cli(["qc", out, "--delivery", "xdcam-hd422-1080i50"]).returncode == 8
+    silent, short = tmp_path / "silent.wav", tmp_path / "short.wav"
+    sf.write(silent, np.zeros(16000, np.float32), 16000)
+    speech, sr = sf.read(clips[1], dtype="float32")
+    sf.write(short, speech[: int(0.3 * sr)], sr)
+    for audio, why in ((silent, "is silent or quieter than -70 LUFS"), (short, "under BS.1770's 0.4 s gating block")):
+        target = tmp_path / f"{audio.stem}.mxf"
+        with pytest.raises(QCError, match=why):
+            engine.render(RenderRequest(avatar="anchor", audio=audio, output=target,
+                                        delivery="xdcam-hd422-1080i50", steps=2))
+        assert not target.exists()

@@ -9,7 +9,7 @@ import torch
 
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.checkpoints import find_checkpoints
-from ditto_fast.render import precision as prec
+from ditto_fast.engine import precision as prec
 
 
 @pytest.fixture()

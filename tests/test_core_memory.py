@@ -39,6 +39,7 @@ def _faults(policy: str) -> tuple[int, int]:
     return int(kept), int(released)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc policy")
 def test_freed_activations_are_reused_until_released():
     (reused, released), (fresh, _) = _faults("reuse_freed_memory"), _faults("mmap")

@@ -15,7 +15,7 @@ import yaml
 from conftest import REPO
 from ditto_fast.core.config import CONFIG_DIR, DEFAULT_YAML
 from ditto_fast.core.errors import UsageError
-from ditto_fast.render.profiles import check_timecode, load_profile, shipped_profiles
+from ditto_fast.delivery.profiles import check_timecode, load_profile, shipped_profiles
 
 SHIPPED = ("xdcam-hd422-1080i50", "xdcam-hd422-1080i5994", "dnxhd-1080i50", "prores-hq-1080p", "web-h264")
 
@@ -41,8 +41,8 @@ def test_shipped_profiles_say_what_stations_take():
     assert load_profile("prores-hq-1080p").loudness is None
 
 
-def _user(tmp_path: Path, change) -> Path:
-    data = yaml.safe_load((CONFIG_DIR / "delivery" / "xdcam-hd422-1080i50.yaml").read_text())
+def _user(tmp_path: Path, change, base: str = "xdcam-hd422-1080i50") -> Path:
+    data = yaml.safe_load((CONFIG_DIR / "delivery" / f"{base}.yaml").read_text())
     change(data)
     path = tmp_path / "house.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -66,6 +66,34 @@ def test_a_bad_user_profile_is_refused_naming_file_and_key(tmp_path, change, key
     with pytest.raises(UsageError) as e:
         load_profile(path)
     assert str(e.value).startswith(f"{path}: {key} ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("base, change, key, words", [
+    ("xdcam-hd422-1080i50", lambda d: d["video"].update(bitrate="1k"), "video.bitrate", "10M..300M"),
+    ("xdcam-hd422-1080i50", lambda d: d["video"].update(bitrate="400M"), "video.bitrate", "at 422@high"),
+    ("xdcam-hd422-1080i50", lambda d: d["video"].update(profile="main", level="main"), "video.bitrate", "15M"),
+    ("xdcam-hd422-1080i50", lambda d: d["video"].update(size="3840x2160"), "video.size", "at most 1920x1088"),
+    ("xdcam-hd422-1080i50", lambda d: d["video"].update(size="32x32"), "video.size", "64..8192"),
+    ("xdcam-hd422-1080i50", lambda d: d["video"].update(gop=0), "video.gop", "1..300 frames"),
+    ("xdcam-hd422-1080i50", lambda d: d["audio"].update(tracks=17), "audio.tracks", "1..16 tracks"),
+    ("xdcam-hd422-1080i50", lambda d: d["audio"].update(rate=44100), "audio.rate", "48000..48000 Hz"),
+    ("xdcam-hd422-1080i50", lambda d: d["loudness"].update(true_peak=1), "loudness.true_peak", "-10..0 dBTP"),
+    ("dnxhd-1080i50", lambda d: d["video"].update(bitrate="100M"), "video.bitrate",
+     "one of 120M, 145M, 185M, 220M for DNxHD"),
+    ("dnxhd-1080i50", lambda d: d["video"].update(size=None), "video.size", "DNxHD is made at"),
+    ("dnxhd-1080i50", lambda d: d["video"].update(size="1280x720"), "video.size", "no interlaced yuv422p"),
+    ("prores-hq-1080p", lambda d: d["video"].update(bitrate="200M"), "video.bitrate", "no bitrate to choose"),
+    ("web-h264", lambda d: d["audio"].update(bitrate="16k"), "audio.bitrate", "32000..512000 bits/s"),
+    ("web-h264", lambda d: d["video"].update(crf=60), "video.crf", "0..51"),
+    ("web-h264", lambda d: d["video"].update(preset="warp9"), "video.preset", "one of ultrafast"),
+])
+def test_every_profile_number_is_checked_against_its_range(tmp_path, base, change, key, words):
+    """`bitrate: 1k` used to pass, the whole render ran and QC failed it after: every number is in its declared
+    range (the codec's and MPEG-2 level's bitrate and size, DNxHD's own pictures and bitrates) when read."""
+    path = _user(tmp_path, change, base)
+    with pytest.raises(UsageError) as e:
+        load_profile(path)
+    assert str(e.value).startswith(f"{path}: {key} ") and words in str(e.value) and "\n" not in str(e.value), e.value
 
 
 def test_a_good_user_profile_reads(tmp_path):
@@ -92,6 +120,9 @@ def test_cli_refuses_a_bad_profile_before_anything_loads(run_cli, tmp_path):
     path = _user(tmp_path, lambda d: d["loudness"].update(target=0))
     r = run_cli(["render", "--avatar", "nobody", "--audio", tmp_path / "none.wav", "--delivery", path])
     assert r.returncode == 2 and f"{path}: loudness.target" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    path = _user(tmp_path, lambda d: d["video"].update(bitrate="1k"))
+    r = run_cli(["render", "--avatar", "nobody", "--audio", tmp_path / "none.wav", "--delivery", path])
+    assert r.returncode == 2 and f"{path}: video.bitrate must be 10M..300M" in r.stderr, r.stderr
 
 
 @pytest.mark.slow

@@ -146,7 +146,7 @@ def test_bad_inputs(video_avatar, session_home, tiny_checkpoints, tmp_path, run_
 
 
 def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tmp_path, run_cli):
-    from ditto_fast.checkpoints.random import write_random
+    from ditto_fast.checkpoints.random_weights import write_random
 
     other = tmp_path / "other"
     write_random(other, tiny=True, seed=5)

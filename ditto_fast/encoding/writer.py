@@ -21,9 +21,8 @@ from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 from ditto_fast.media.rates import rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
-from ditto_fast.render.delivery import DeliveryFormat
-from ditto_fast.render.formats import Format, output_format
-from ditto_fast.render.soundtrack import Soundtrack, plan_soundtrack
+from ditto_fast.encoding.formats import OutputFormat, output_format
+from ditto_fast.encoding.soundtrack import Soundtrack, plan_soundtrack
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -64,19 +63,19 @@ class VideoWriter:
     """Video writer fed one frame at a time (RGB, or planar YUV already in BT.709 TV range in one of yuv.LAYOUTS:
     `pix_fmt`), audio muxed by the same ffmpeg process.
 
-    The container comes from the output's extension and the codec from `fmt` (see render/formats.py;
+    The container comes from the output's extension and the codec from `fmt` (see encoding/formats.py;
     default: H.264 in the container the name says). Output duration: the video has exactly the frames
     written; with audio, the number of `frames` to come must be given and the audio is cut or padded to
     exactly their length (the same bytes every run; ffmpeg's -shortest, used before, overshot by up to a
     quarter of a second on a loaded machine).
     `fps` is exact as a Fraction (30000/1001 is written as such in the stream).
     `comment` goes into the container's comment tag (batch records what a file was made from there).
-    `soundtrack` says what the audio carries (see render/soundtrack.py); without it the writer plans it from the
+    `soundtrack` says what the audio carries (see encoding/soundtrack.py); without it the writer plans it from the
     audio file's channels before starting, so a file it cannot carry is refused before the first frame.
     The file is written to a hidden temporary name beside `out_path` (flock'd while being written) and renamed
     into place by `close()`; `abort()` (also called when an exception leaves the `with` block) removes it. A
     writer first removes the temporaries of dead writers (killed with SIGKILL, say) in its folder.
-    A DeliveryFormat (`fmt`) takes the profile's encoder, size, scan and audio track layout; `check` is called on the
+    A delivery's format (`fmt`) takes the profile's encoder, size, scan and audio track layout; `check` is called on the
     finished temporary file before the rename (QC: an exception leaves nothing at `out_path`), its result kept in
     `checked`.
     """
@@ -84,7 +83,7 @@ class VideoWriter:
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
                  *, soundtrack: Soundtrack | None = None, comment: str | None = None, frames: int | None = None,
-                 fmt: Format | DeliveryFormat | None = None, pix_fmt: str = "rgb24",
+                 fmt: OutputFormat | None = None, pix_fmt: str = "rgb24",
                  check: Callable[[Path], Any] | None = None):
         if pix_fmt != "rgb24" and pix_fmt not in LAYOUTS:
             raise ValueError(f"pix_fmt must be rgb24 or one of {', '.join(LAYOUTS)}, got {pix_fmt}")
@@ -134,29 +133,12 @@ class VideoWriter:
                "-i", "pipe:0"]
         if audio_path is not None:
             cmd += ["-i", str(audio_path)]
-        delivery = isinstance(fmt, DeliveryFormat)
-        cmd += ["-map", "0:v:0"]
-        if audio_path is not None and not delivery:     # a delivery maps its own tracks
-            cmd += ["-map", "1:a:0"]
-        tags = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
-        if delivery:                        # scaled to the profile's size, its pixel format and field order
-            rgb = "" if self._layout is not None else "scale=out_color_matrix=bt709:out_range=tv,"
-            vf = f"{rgb}{tags},{fmt.video_filters(self.size)}"
-        elif self._layout is not None:      # already limited-range BT.709: passed on as is where the codec's format is
-            # the frames' own (a 10-bit 4:2:2 plate into ProRes); else chroma and depth resampled
-            vf = f"{tags},format={fmt.pix_fmt}"
-        else:
-            vf = f"scale=out_color_matrix=bt709:out_range=tv,format={fmt.pix_fmt},{tags}"
-        cmd += ["-vf", vf, *fmt.video_args(crf, preset)]
+        cmd += ["-map", "0:v:0", "-vf", fmt.video_filters(self.size, planes=self._layout is not None),
+                *fmt.video_args(crf, preset)]
         if audio_path is not None:
             # audio padded with silence or cut to exactly the video's length, the same bytes every run (-shortest
             # cuts wherever the muxer happens to be when the video ends); the channels mixed first (5.1 to stereo)
-            mixed, seconds = self.soundtrack.filters(), float(frames / self.fps)
-            if delivery:                                # the profile's tracks, each of that length
-                cmd += fmt.audio_args(1, seconds, mixed)
-            else:
-                cmd += [*fmt.audio_args(self.soundtrack.channels), "-af",
-                        ",".join([*mixed, f"apad=whole_dur={seconds:.6f}", f"atrim=end={seconds:.6f}"])]
+            cmd += fmt.audio_args(1, float(frames / self.fps), self.soundtrack.filters(), self.soundtrack.channels)
         if comment:
             cmd += ["-metadata", f"comment={comment}"]
             if fmt.container == "mxf":      # MXF keeps no comment: the identification's version string carries it

@@ -12,9 +12,9 @@ from ditto_fast.engine.request import RenderRequest
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.render import putback as putback_mod
 from ditto_fast.render.putback import YuvPutback
-from ditto_fast.render.writer import VideoWriter
+from ditto_fast.encoding.writer import VideoWriter
 from ditto_fast.media.yuv import YuvFrame, i420_planes, rgb_to_i420
-from test_render_putback import CASES, blend_kernel, reference_putback, smooth_crop  # noqa: F401 - a fixture
+from support import CASES, background, reference_putback, smooth_crop
 
 
 def decode_i420(path, w: int, h: int) -> np.ndarray:
@@ -22,14 +22,6 @@ def decode_i420(path, w: int, h: int) -> np.ndarray:
     raw = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(path), "-f", "rawvideo",
                           "-pix_fmt", "yuv420p", "pipe:1"], capture_output=True, check=True).stdout
     return np.frombuffer(raw, np.uint8).reshape(-1, h * 3 // 2, w)
-
-
-def background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """A random band-limited RGB picture [h, w, 3]."""
-    import cv2
-
-    return cv2.resize(rng.integers(0, 256, (h // 20, w // 20, 3), dtype=np.uint8), (w, h),
-                      interpolation=cv2.INTER_CUBIC)
 
 
 def outside(box: tuple[int, int, int, int], h: int, w: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,7 +2,8 @@
 YAML data in `configs/delivery/NAME.yaml` or a user's file of the same shape, checked key by key when read.
 
 A profile is refused with one line naming the file and the key: an unknown key, a value of the wrong kind, a
-codec/container or codec/pixel-format pairing ffmpeg cannot write, a loudness target outside -40..-5 LUFS.
+codec/container or codec/pixel-format pairing ffmpeg cannot write, a number outside its range (RANGES, BITRATES,
+MPEG2_LIMITS, DNXHD_BITRATES: each declared once here), all before anything loads.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ditto_fast.core.config import CONFIG_DIR, read_yaml_file
+from ditto_fast.core.config import CONFIG_DIR, declaration, read_yaml_file
 from ditto_fast.core.errors import UsageError
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
 
@@ -42,8 +43,38 @@ KEYS = {
     "timecode": ("start", "drop_frame"),
 }
 TIMECODE = re.compile(r"^(\d\d):([0-5]\d):([0-5]\d)([:;])(\d\d)$")
-LOUDNESS_RANGE = (-40.0, -5.0)
-TRUE_PEAK_RANGE = (-10.0, 0.0)
+# the range of every number a profile holds: (low, high, unit)
+RANGES: dict[str, tuple[float, float, str]] = {
+    "video.crf": (declaration("render", "crf")["low"], declaration("render", "crf")["high"], ""),   # as render.crf
+    "video.gop": (1, 300, "frames"),
+    "video.b_frames": (0, 4, "frames"),
+    "video.size": (64, 8192, "pixels a side"),
+    "audio.tracks": (1, 16, "tracks"),
+    "audio.channels": (1, 2, "channels a track"),
+    "audio.rate": (48000, 48000, "Hz"),
+    "audio.bitrate": (32_000, 512_000, "bits/s"),           # AAC
+    "loudness.target": (-40.0, -5.0, "LUFS"),
+    "loudness.true_peak": (-10.0, 0.0, "dBTP"),
+}
+# video bits/s by codec (ProRes takes none: its profile sets the rate); MPEG-2's upper bound is its level's
+BITRATES = {"mpeg2video": (10_000_000, 300_000_000), "h264": (100_000, 800_000_000)}
+# MPEG-2 (profile, level): the largest picture and bitrate it allows (ISO/IEC 13818-2, table 8-12/8-13)
+MPEG2_LIMITS = {("422", "high"): (1920, 1088, 300_000_000), ("422", "main"): (720, 608, 50_000_000),
+                ("main", "high"): (1920, 1152, 80_000_000), ("main", "main"): (720, 576, 15_000_000)}
+# DNxHD: the bitrates (Mb/s) ffmpeg's encoder has for each picture (width, height, interlaced, pixel format)
+DNXHD_BITRATES = {
+    (1920, 1080, False, "yuv422p"): (36, 45, 75, 90, 115, 120, 145, 175, 185, 220, 240, 290, 365, 440),
+    (1920, 1080, False, "yuv422p10le"): (175, 185, 365, 440),
+    (1920, 1080, True, "yuv422p"): (120, 145, 185, 220),
+    (1920, 1080, True, "yuv422p10le"): (185, 220),
+    (1440, 1080, False, "yuv422p"): (63, 84, 100, 110),
+    (1440, 1080, True, "yuv422p"): (80, 90, 100, 110, 120, 145),
+    (1280, 720, False, "yuv422p"): (60, 75, 90, 110, 120, 145, 180, 220),
+    (1280, 720, False, "yuv422p10le"): (90, 180, 220),
+    (960, 720, False, "yuv422p"): (42, 60, 75, 115),
+}
+LOUDNESS_RANGE = RANGES["loudness.target"][:2]
+TRUE_PEAK_RANGE = RANGES["loudness.true_peak"][:2]
 
 
 @dataclass(frozen=True)
@@ -64,11 +95,6 @@ class VideoSpec:
     colour: dict[str, str]
     field_rate: bool = False        # interlaced: each field its own moment (rendered at twice the frame rate)
 
-    @property
-    def render_rate(self) -> Fraction | None:
-        """The rate frames are rendered at: the frame rate, or the field rate for field-rate motion."""
-        return None if self.rate is None else self.rate * (2 if self.field_rate else 1)
-
 
 @dataclass(frozen=True)
 class AudioSpec:
@@ -78,11 +104,6 @@ class AudioSpec:
     tracks: int
     channels: int                   # per track
     speech: tuple[int, ...]         # 1-based tracks that carry the speech
-
-    @property
-    def programme_channels(self) -> int:
-        """Channels of the programme as measured: 2 for speech on two mono tracks or one stereo track, else 1."""
-        return min(2, len(self.speech) * self.channels)
 
 
 @dataclass(frozen=True)
@@ -165,13 +186,15 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
         err.fail("video.field_order" if v.get("field_order") is not None else "video.fields",
                  "goes with scan: interlaced")
     bitrate = err.bitrate(v.get("bitrate"), "video.bitrate")
-    crf = err.integer(v.get("crf"), "video.crf", 0, 51) if v.get("crf") is not None else None
+    crf = err.integer(v.get("crf"), "video.crf") if v.get("crf") is not None else None
     if codec in ("mpeg2video", "dnxhd") and bitrate is None:
         err.fail("video.bitrate", f"{codec} needs a constant bitrate such as 50M")
     if codec == "h264" and crf is None and bitrate is None:
         err.fail("video.crf", "h264 needs crf (constant quality) or bitrate")
-    gop = err.integer(v.get("gop", 1), "video.gop", 1, 300)
-    b_frames = err.integer(v.get("b_frames", 0), "video.b_frames", 0, 4)
+    if codec == "prores" and bitrate is not None:
+        err.fail("video.bitrate", "ProRes has no bitrate to choose (the HQ profile sets it); leave it out")
+    gop = err.integer(v.get("gop", 1), "video.gop")
+    b_frames = err.integer(v.get("b_frames", 0), "video.b_frames")
     if b_frames and gop <= b_frames:
         err.fail("video.b_frames", f"{b_frames} B frames need a gop longer than that (gop {gop})")
     profile = None
@@ -180,26 +203,30 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
     level = None
     if v.get("level") is not None:
         level = err.choice(str(v["level"]).lower(), "video.level", LEVELS.get(codec, ("(none)",)))
+    if codec == "mpeg2video":           # what the encoder writes when the profile leaves them out (delivery.py)
+        profile, level = profile or ("422" if pix_fmt == "yuv422p" else "main"), level or "high"
+    size = err.size(v.get("size"), "video.size")
+    _codec_limits(err, codec, profile, level, pix_fmt, interlaced, size, bitrate)
     preset = v.get("preset")
-    if preset is not None and (codec != "h264" or not isinstance(preset, str)):
-        err.fail("video.preset", "an x264 preset name, for h264 only")
+    presets = declaration("render", "preset")["choices"]       # render.preset's: one list of x264 presets
+    if preset is not None and (codec != "h264" or preset not in presets):
+        err.fail("video.preset", f"one of {', '.join(presets)}, for h264 only")
     colour = err.mapping(v.get("colour") or {"primaries": "bt709", "transfer": "bt709", "matrix": "bt709",
                                              "range": "tv"}, "colour", required=KEYS["colour"])
     colour = {k: err.choice(colour[k], f"video.colour.{k}", ("bt709",) if k != "range" else ("tv",))
               for k in KEYS["colour"]}
-    video = VideoSpec(codec, profile, level, bitrate, crf, preset, gop, b_frames, pix_fmt,
-                      err.size(v.get("size"), "video.size"), err.rate(v.get("rate"), "video.rate"), interlaced,
-                      field_order, colour, fields == "field-rate")
+    video = VideoSpec(codec, profile, level, bitrate, crf, preset, gop, b_frames, pix_fmt, size,
+                      err.rate(v.get("rate"), "video.rate"), interlaced, field_order, colour, fields == "field-rate")
 
     a = err.mapping(top["audio"], "audio", required=("codec", "tracks", "channels", "speech"))
     acodec = err.choice(a["codec"], "audio.codec", ("pcm_s16le", "pcm_s24le", "aac"))
     if acodec not in CONTAINER_AUDIO[container]:
         err.fail("audio.codec", f"{acodec} cannot go in {container} (there: {', '.join(CONTAINER_AUDIO[container])})")
-    tracks = err.integer(a["tracks"], "audio.tracks", 1, 16)
-    channels = err.integer(a["channels"], "audio.channels", 1, 2)
+    tracks = err.integer(a["tracks"], "audio.tracks")
+    channels = err.integer(a["channels"], "audio.channels")
     if container == "mxf" and channels != 1:
         err.fail("audio.channels", "MXF OP1a carries one mono PCM stream per track; use channels: 1")
-    rate = err.integer(a.get("rate", 48000), "audio.rate", 48000, 48000)
+    rate = err.integer(a.get("rate", 48000), "audio.rate")
     speech = a["speech"]
     if not isinstance(speech, list) or not speech or not all(isinstance(t, int) and not isinstance(t, bool)
                                                             and 1 <= t <= tracks for t in speech):
@@ -210,6 +237,7 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
     if acodec == "aac":
         if not isinstance(abitrate, str) or not re.fullmatch(r"\d{2,3}k", abitrate):
             err.fail("audio.bitrate", f"AAC needs a bitrate such as 160k, got {abitrate!r}")
+        err.within(int(abitrate[:-1]) * 1000, "audio.bitrate")
     elif abitrate is not None:
         err.fail("audio.bitrate", "PCM has no bitrate to choose; leave it out")
     audio = AudioSpec(acodec, abitrate, rate, tracks, channels, tuple(speech))
@@ -217,8 +245,7 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
     loudness = None
     if top.get("loudness") is not None:
         ld = err.mapping(top["loudness"], "loudness", required=("target", "true_peak"))
-        loudness = (err.number(ld["target"], "loudness.target", *LOUDNESS_RANGE, "LUFS"),
-                    err.number(ld["true_peak"], "loudness.true_peak", *TRUE_PEAK_RANGE, "dBTP"))
+        loudness = (err.number(ld["target"], "loudness.target"), err.number(ld["true_peak"], "loudness.true_peak"))
     timecode, drop = None, False
     if top.get("timecode") is not None:
         tc = err.mapping(top["timecode"], "timecode", required=("start",))
@@ -231,6 +258,37 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
             err.fail("timecode.start", str(e))
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
     return DeliveryProfile(name, where, digest, container, video, audio, loudness, timecode, drop)
+
+
+def _codec_limits(err: "_Checker", codec: str, profile: str | None, level: str | None, pix_fmt: str,
+                  interlaced: bool, size: tuple[int, int] | None, bitrate: int | None) -> None:
+    """The bitrate and picture size the codec allows: BITRATES, MPEG-2's level (MPEG2_LIMITS), DNxHD's pictures and
+    their bitrates (DNXHD_BITRATES)."""
+    if codec == "dnxhd":
+        pictures = {k[:2] for k in DNXHD_BITRATES}
+        if size is None or size not in pictures:
+            err.fail("video.size", f"DNxHD is made at {', '.join(f'{w}x{h}' for w, h in sorted(pictures))} only; "
+                                   "name one, got " + ("x".join(map(str, size)) if size else "none (the avatar's own)"))
+        rates = DNXHD_BITRATES.get((*size, interlaced, pix_fmt))
+        scan = "interlaced" if interlaced else "progressive"
+        if rates is None:
+            err.fail("video.size", f"DNxHD has no {scan} {pix_fmt} at {size[0]}x{size[1]}")
+        if bitrate % 1_000_000 or bitrate // 1_000_000 not in rates:
+            err.fail("video.bitrate", f"must be one of {', '.join(f'{r}M' for r in rates)} for DNxHD "
+                                      f"{size[0]}x{size[1]} {scan} {pix_fmt}, got {bitrate / 1e6:g}M")
+        return
+    if bitrate is not None:
+        low, high = BITRATES[codec]
+        if codec == "mpeg2video":
+            high = min(high, MPEG2_LIMITS[(profile, level)][2])
+        if not low <= bitrate <= high:
+            at = f" at {profile}@{level}" if codec == "mpeg2video" else ""
+            err.fail("video.bitrate",
+                     f"must be {low / 1e6:g}M..{high / 1e6:g}M for {codec}{at}, got {bitrate / 1e6:g}M")
+    if codec == "mpeg2video" and size is not None:
+        width, height, _ = MPEG2_LIMITS[(profile, level)]
+        if size[0] > width or size[1] > height:
+            err.fail("video.size", f"{profile}@{level} MPEG-2 is at most {width}x{height}, got {size[0]}x{size[1]}")
 
 
 def check_timecode(text: Any, rate: Fraction | None, drop_frame: bool | None = None) -> str:
@@ -283,15 +341,24 @@ class _Checker:
             self.fail(key, f"must be one of {', '.join(choices)}, got {value!r}")
         return value
 
-    def integer(self, value: Any, key: str, low: int, high: int) -> int:
+    def integer(self, value: Any, key: str) -> int:
+        low, high, unit = RANGES[key]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.fail(key, f"must be a whole number in {low}..{high}, got {value!r}")
+            self.fail(key, f"must be a whole number in {low}..{high}{' ' + unit if unit else ''}, got {value!r}")
         return value
 
-    def number(self, value: Any, key: str, low: float, high: float, unit: str) -> float:
+    def number(self, value: Any, key: str) -> float:
+        low, high, unit = RANGES[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
             self.fail(key, f"must be a number in {low:g}..{high:g} {unit}, got {value!r}")
         return float(value)
+
+    def within(self, value: int, key: str) -> int:
+        """A value already read (a bitrate's bits/s) in its RANGES range."""
+        low, high, unit = RANGES[key]
+        if not low <= value <= high:
+            self.fail(key, f"must be {low:g}..{high:g} {unit}, got {value:g}")
+        return value
 
     def bitrate(self, value: Any, key: str) -> int | None:
         if value is None:
@@ -304,9 +371,11 @@ class _Checker:
     def size(self, value: Any, key: str) -> tuple[int, int] | None:
         if value is None:
             return None
+        low, high, _ = RANGES[key]
         m = re.fullmatch(r"(\d{2,4})x(\d{2,4})", str(value))
-        if m is None or int(m.group(1)) % 2 or int(m.group(2)) % 2:
-            self.fail(key, f"must be WIDTHxHEIGHT (even numbers) such as 1920x1080, got {value!r}")
+        if m is None or int(m.group(1)) % 2 or int(m.group(2)) % 2 or \
+                not all(low <= int(n) <= high for n in m.groups()):
+            self.fail(key, f"must be WIDTHxHEIGHT (even numbers, {low}..{high} each) such as 1920x1080, got {value!r}")
         return int(m.group(1)), int(m.group(2))
 
     def rate(self, value: Any, key: str) -> Fraction | None:

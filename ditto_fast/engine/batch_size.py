@@ -20,8 +20,8 @@ import torch
 
 from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.render.fused import FusedRenderer
-from ditto_fast.render.precision import cpu_kind
-from ditto_fast.render.probes import remembered, sample_inputs
+from ditto_fast.engine.precision import cpu_kind
+from ditto_fast.engine.measurements import remembered, sample_inputs
 
 SIZES = (1, 2, 4, 8, 16)
 FRAMES = 16                # timed per size (at least two batches, after a warm-up)

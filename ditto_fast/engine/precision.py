@@ -19,11 +19,12 @@ import numpy as np
 import torch
 
 from ditto_fast.checkpoints import CheckpointSet
+from ditto_fast.core.config import PRECISIONS
 from ditto_fast.core.errors import UsageError
 from ditto_fast.render.fused import FusedRenderer
-from ditto_fast.render.probes import remembered, sample_inputs
+from ditto_fast.engine.measurements import remembered, sample_inputs
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}   # each of PRECISIONS but auto
 MIN_PSNR_DB = 45.0
 # pins what auto picks on every CPU (one precision, so the same bytes, on a farm of mixed CPU kinds)
 PIN_ENV = "DITTO_FAST_CPU_PRECISION"
@@ -96,11 +97,11 @@ def choose_precision(precision: str, device: torch.device, checkpoints: Checkpoi
     or the probe of `checkpoints`); fp16 on a CPU (slow and lossy there) and bf16 on a GPU without it are refused."""
     if precision == "auto":
         return (torch.float16, "") if device.type == "cuda" else cpu_precision(checkpoints)
-    if precision not in PRECISIONS:
-        raise UsageError(f"--precision {precision}: use auto, fp16, bf16 or fp32")
+    if precision not in DTYPES:
+        raise UsageError(f"--precision {precision}: use {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if precision == "fp16" and device.type == "cpu":
         raise UsageError("--precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
         raise UsageError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 arithmetic (it came "
                          "with Ampere); use fp16 or auto")
-    return PRECISIONS[precision], ""
+    return DTYPES[precision], ""

@@ -1,0 +1,201 @@
+"""What several test files share: the putback's float reference and test pictures, YUV planes from RGB, a render's
+hash with its digest tag blanked, another process holding an output's claim; synthetic avatars written to a store,
+avatar.pkl's record read, rewritten and re-sealed, and a time limit on a block. (Fixtures live in conftest.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from ditto_fast.avatar import AvatarWriter, safe_pickle
+from ditto_fast.avatar import format as fmt
+from ditto_fast.media.yuv import Layout, rgb_to_yuv_matrix
+from ditto_fast.render.putback import feathered_mask
+
+
+def reference_putback(bg: np.ndarray, crop: np.ndarray, M_c2o: np.ndarray) -> np.ndarray:
+    """Full-frame float32 blend: warp crop and mask over the whole frame, blend, round."""
+    h, w = bg.shape[:2]
+    mask = feathered_mask(crop.shape[0])
+    mask_w = cv2.warpAffine(mask, M_c2o[:2], (w, h), flags=cv2.INTER_LINEAR).clip(0, 1)[..., None]
+    crop_w = cv2.warpAffine(crop.astype(np.float32), M_c2o[:2], (w, h), flags=cv2.INTER_LINEAR)
+    out = mask_w * crop_w + (1.0 - mask_w) * bg.astype(np.float32)
+    return np.round(out).clip(0, 255).astype(np.uint8)
+
+
+def smooth_crop(rng: np.random.Generator, size: int = 512, cells: int = 24) -> np.ndarray:
+    """Random band-limited crop (like a rendered face, unlike white noise).
+
+    OpenCV quantises warp source coordinates to 1/32 px and rounds them differently for a
+    translated ROI than for the full frame, so white noise can differ by ~10 levels between the
+    two warps; with image-like content the difference stays within one level.
+    """
+    small = rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8)
+    return cv2.resize(small, (size, size), interpolation=cv2.INTER_CUBIC)
+
+
+def similarity(scale: float, angle: float, tx: float, ty: float) -> np.ndarray:
+    """3x3 crop->frame matrix: rotate by angle (radians), scale, translate."""
+    c, s = scale * np.cos(angle), scale * np.sin(angle)
+    return np.array([[c, -s, tx], [s, c, ty], [0.0, 0.0, 1.0]])
+
+
+CASES = {
+    "scale_translate": ((360, 640), similarity(0.8, 0.0, 150.3, 20.7)),
+    "rotated": ((360, 640), similarity(0.7, 0.35, 250.0, 10.0)),
+    "rotated_neg_upscale": ((360, 640), similarity(1.1, -0.6, 100.0, 150.0)),
+    "left_top_outside": ((360, 640), similarity(0.9, 0.2, -180.0, -120.0)),
+    "right_bottom_outside": ((360, 640), similarity(0.9, -0.1, 480.0, 250.0)),
+    "larger_than_frame": ((200, 300), similarity(1.5, 0.1, -200.0, -250.0)),
+    "quarter_turn": ((360, 640), similarity(0.6, np.pi / 2, 400.0, 20.0)),
+    "sheared_flipped": ((360, 640), np.array([[0.5, 0.2, 200.0], [0.1, -0.6, 340.0], [0.0, 0.0, 1.0]])),
+}
+
+
+def background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A random band-limited RGB picture [h, w, 3]."""
+    return cv2.resize(rng.integers(0, 256, (h // 20, w // 20, 3), dtype=np.uint8), (w, h),
+                      interpolation=cv2.INTER_CUBIC)
+
+
+def planes_of(rgb: np.ndarray, layout: Layout) -> np.ndarray:
+    """A limited-range BT.709 frame in `layout` from RGB (float conversion; chroma averaged as it is subsampled)."""
+    h, w = rgb.shape[:2]
+    yuv = cv2.transform(rgb.astype(np.float32), rgb_to_yuv_matrix("bt709") * layout.scale)
+    frame = np.empty(layout.shape(w, h), layout.dtype)
+    luma, chroma = layout.planes(frame)
+    luma[0] = np.rint(yuv[..., 0])
+    uv = cv2.resize(yuv[..., 1:], (w // 2, h // layout.chroma_rows), interpolation=cv2.INTER_AREA)
+    chroma[0], chroma[1] = np.rint(uv[..., 0]), np.rint(uv[..., 1])
+    return frame
+
+
+def blanked_sha256(path: Path) -> str:
+    """The file's sha256 with its digest tag's hash blanked (the digest names the avatar's creation time, which
+    differs per registration); the three paths' whole files are compared too."""
+    data = path.read_bytes()
+    blanked = re.sub(rb"(ditto-fast [0-9.]+ )[0-9a-f]{32}", rb"\g<1>" + b"0" * 32, data)
+    assert blanked != data, "no digest tag in the output"
+    return hashlib.sha256(blanked).hexdigest()
+
+
+HOLD = textwrap.dedent("""
+    import sys
+    from ditto_fast.media.claims import claimed
+    with claimed(sys.argv[1]):
+        print("held", flush=True)
+        sys.stdin.read()            # until the test closes our stdin (or kills us)
+""")
+
+
+def hold(target: Path) -> subprocess.Popen:
+    """Another process that claims `target` and keeps the claim until its stdin is closed."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline() == "held\n"
+    return p
+
+
+def busy_message(target: Path, pid: int) -> str:
+    return (f"{target}: is being written by another process (pid {pid}); wait for it to finish or choose another "
+            "output path")
+
+
+# the synthetic avatars: their checkpoint fingerprints and a small feature tail (registration writes [32, 16, 64, 64])
+FP = {"appearance_extractor": "a1b2c3d4e5f60718", "motion_extractor": "0918f7e6d5c4b3a2"}
+TAIL = (4, 4, 64, 64)
+
+
+def make_meta(n: int, rng: np.random.Generator, is_image: bool = False, fingerprints=None) -> fmt.AvatarRecord:
+    """Synthetic registration output for n frames (float64 arrays, exp as [n, 21, 3]: the writer conforms them)."""
+    return fmt.AvatarRecord(
+        source={"path": "/data/anchor clip.mp4", "sha256": "ab" * 32, "fps": 25.0,
+                "size": (np.int64(640), 360), "n_frames": n},
+        fingerprints=dict(fingerprints or FP),
+        crop={"scale": 2.3, "vx": 0.0, "vy": -0.125, "dsize": 512, "flag_do_rot": True},
+        x_s_info={
+            "pitch": rng.standard_normal((n, 66)), "yaw": rng.standard_normal((n, 66)),
+            "roll": rng.standard_normal((n, 66)), "t": rng.standard_normal((n, 3)),
+            "exp": rng.standard_normal((n, 21, 3)), "scale": rng.standard_normal((n, 1)),
+            "kp": rng.standard_normal((n, 63)),
+        },
+        M_c2o=rng.standard_normal((n, 3, 3)),
+        eye_open=rng.random((n, 2)),
+        eye_ball=rng.random((n, 6)),
+        sc=rng.standard_normal(63),
+        is_image=is_image,
+        random_weights=True,
+    )
+
+
+def write_avatar(root: Path, name: str = "ruby", n: int = 5, tail=TAIL, is_image: bool = False,
+                 force: bool = False, seed: int = 0, fingerprints=None, allocate: int | None = None):
+    """Write a synthetic avatar; return (dir, meta, f_s array written)."""
+    rng = np.random.default_rng(seed)
+    meta = make_meta(n, rng, is_image, fingerprints)
+    f_s_data = rng.standard_normal((n, *tail)).astype(np.float16)
+    with AvatarWriter(name, force=force, root=root) as w:
+        w.open_f_s(allocate or n, tail)
+        for i in range(0, n, 2):  # in batches, as registration does
+            batch = f_s_data[i : i + 2]
+            w.write_f_s(i, batch if i % 4 else batch.astype(np.float32))
+        w.plate_path(is_image).write_bytes(rng.bytes(3000) + name.encode())
+        d = w.finish(meta)
+    return d, meta, f_s_data
+
+
+def store_entries(root: Path) -> list[str]:
+    """The names in the store's avatars/ folder, temporaries included, sorted."""
+    return sorted(p.name for p in (root / "avatars").iterdir())
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    """Every file of an avatar directory by name, with its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def read_record(d: Path) -> dict:
+    """The record in the avatar's avatar.pkl, read with the restricted unpickler."""
+    return safe_pickle.loads((d / "avatar.pkl").read_bytes().split(b"\n", 1)[1])
+
+
+def write_record(d: Path, body: dict, version: int | None = None, crc: int | None = None) -> None:
+    """Write avatar.pkl with its format line; version and crc default to the current format and the true CRC-32."""
+    raw = pickle.dumps(body, protocol=5)
+    version = fmt.FORMAT_VERSION if version is None else version
+    crc = zlib.crc32(raw) if crc is None else crc
+    (d / "avatar.pkl").write_bytes(b"ditto-fast-avatar format %d crc32 %08x\n" % (version, crc) + raw)
+
+
+def reseal_record(d: Path, change) -> None:
+    """Rewrite avatar.pkl with `change(body)` applied and a fresh, valid CRC-32 (a deliberate edit, not rot)."""
+    raw = (d / fmt.PKL_NAME).read_bytes().partition(b"\n")[2]
+    body = pickle.loads(raw)
+    change(body)
+    (d / fmt.PKL_NAME).write_bytes(fmt.encode_pkl(body))
+
+
+@contextlib.contextmanager
+def at_most(seconds: float):
+    """Fail the test (instead of hanging it) if the block runs longer than `seconds`."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
