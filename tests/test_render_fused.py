@@ -41,6 +41,7 @@ def test_crops_are_uint8_and_depend_on_motion(inputs):
     assert np.abs(one.astype(int) - crops).max() <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_reduced_precision_close_to_fp32(inputs, dtype):
     cs, f_s, x_s, x_d = inputs
