@@ -254,3 +254,10 @@ def blend_kernel():
 
     putback._blend = mod
     return mod
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that runs mediapipe (marked register) is slow too: the quick tier (-m "not slow") leaves it out."""
+    for item in items:
+        if item.get_closest_marker("register") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

@@ -88,6 +88,7 @@ def test_features_depend_on_time(tiny_features):
     assert diff[0] < 1e-6 and diff[-1] < 1e-6
 
 
+@pytest.mark.slow
 def test_off_grid_windows_past_64_seconds(tiny_features):
     """Ditto's float rounding starts window i=1615 one sample early; batched and Ditto's loop agree there."""
     n = 1700 * 640 - 123

@@ -56,6 +56,7 @@ def _count_frames(path) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_frame_stays_valid_while_ring_minus_one_more_are_read_and_plate_matches(anchor_video, tmp_path):
     info, _ = open_source(anchor_video, 1280)          # resized: 1280x720
     assert info.size == (1280, 720)
@@ -124,6 +125,7 @@ def test_without_plate_and_image_refused(anchor_video, tmp_path):
         SourceFrames(info)
 
 
+@pytest.mark.slow
 def test_plate_keyframes_allow_exact_seeks(anchor_video, tmp_path):
     """A plate longer than one keyframe interval: a block after the first decodes exactly after a seek."""
     from synthetic import write_anchor_video

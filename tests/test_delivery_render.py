@@ -189,6 +189,7 @@ def test_loudness_meets_the_target_from_quiet_and_loud_speech(tmp_path, speech_w
     assert abs(got - profile.loudness[0]) <= 0.5
 
 
+@pytest.mark.slow
 def test_a_dc_offset_is_blocked_in_the_delivered_programme(tmp_path, speech_wav):
     """0.5 x speech + 0.4 (a DC offset of -8 dBFS) delivered as XDCAM: the programme's DC blocker takes the offset
     out (QC's dc offset line under -50 dBFS; it was delivered as it came), the loudness still on target."""

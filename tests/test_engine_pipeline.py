@@ -157,6 +157,7 @@ def test_avatar_from_other_checkpoints_is_refused(video_avatar, session_home, tm
 
 
 
+@pytest.mark.slow
 def test_nan_in_the_middle_frames_of_f_s_is_exit_5_with_nothing_written(video_avatar, tiny_checkpoints, tmp_path,
                                                                        run_cli):
     """Bytes overwritten with NaN in two middle frames of f_s.npy (which the check at open, first and last frame

@@ -72,6 +72,7 @@ def test_a_pin_overrides_the_probe_and_a_bad_pin_is_refused(tiny_set, tmp_path, 
         prec.cpu_precision(tiny_set, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_render_says_what_auto_chose(engine, clips, tmp_path):
     res = engine.render(RenderRequest("anchor", clips[0], tmp_path / "o.mp4"))
     assert res.profile["precision"] == "float32"

@@ -87,6 +87,7 @@ def test_registration_steps_report_through_the_same_lines():
     assert len(lines) == 11
 
 
+@pytest.mark.slow
 def test_hubert_and_the_lmdm_report_from_their_start(engine, clips):
     from ditto_fast.engine.request import RenderRequest
     from ditto_fast.engine.stages import AUDIO_FEATURES, FRAMES, MOTION

@@ -8,6 +8,7 @@ import json
 
 import cv2
 import numpy as np
+import pytest
 
 from ditto_fast.avatar import load_avatar
 from ditto_fast.preview.avatar_sheet import CROP_BOX_COLOUR, avatar_sheet, crop_corners, sheet_layout
@@ -42,6 +43,7 @@ def test_avatars_show_preview_writes_a_readable_png_with_the_crop_box_where_the_
     assert crop.std() > 20
 
 
+@pytest.mark.slow
 def test_the_same_avatar_gives_the_same_pixels_and_older_avatars_still_draw(video_avatar):
     av = load_avatar(video_avatar)
     first = avatar_sheet(av)

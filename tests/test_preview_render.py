@@ -29,6 +29,7 @@ def test_lip_opening_grows_as_the_lip_keypoints_part():
     np.testing.assert_allclose(got, [0.05, 0.10, 0.15], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_render_returns_the_lip_opening_and_the_preview_is_the_same_each_time(engine, clips, tmp_path):
     result = engine.render(RenderRequest("anchor", clips[0], tmp_path / "a.mp4", seed=3))
     n = result.profile["frames"]
