@@ -112,12 +112,13 @@ def register(source, name, max_size, max_frames, force, checkpoints, device, bat
 @cli.command()
 @request_options()
 @engine_options
-@click.option("--profile", type=click.Path(path_type=Path), default=None, help="Write stage timings as JSON.")
+@click.option("--timings", "--profile", "timings", type=click.Path(path_type=Path), default=None,
+              help="Write the stage timings as JSON (--profile: the older name).")
 @click.option("--preview", type=click.Path(path_type=Path), default=None,
               help="Also write a PNG: thumbnails of the output, the waveform and the generated lip opening.")
 @QUIET
 @CONFIG
-def render(profile, preview, quiet, config_path, **values):
+def render(timings, preview, quiet, config_path, **values):
     """Render AUDIO spoken by AVATAR into a video file (written to a temporary name, renamed when complete)."""
     from ditto_fast.engine.renderer import stage_table
     from ditto_fast.engine.request import RenderRequest
@@ -125,7 +126,7 @@ def render(profile, preview, quiet, config_path, **values):
 
     request = RenderRequest(**{f.name: values.pop(f.name) for f in FIELDS})
     with progress_bar("render", quiet) as bar:
-        result = render_one(request, take_engine_options(values, config_path), timings=profile, preview=preview,
+        result = render_one(request, take_engine_options(values, config_path), timings=timings, preview=preview,
                             reads=[config_path], progress=bar,
                             note=lambda text: click.echo(f"ditto-fast: note: {text}", err=True))
     for warning in result.warnings:
