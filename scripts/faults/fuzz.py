@@ -170,6 +170,24 @@ def mutate(data: bytes, suffix: str, mutation: str, rng: random.Random) -> tuple
     return bytes(b[:j]) + bytes(b[i:j]) + bytes(b[j:]), f"bytes {i}-{j} repeated"
 
 
+def _run(case: Case, cmd: list[str], env: dict, timeout: float, preexec=None) -> str:
+    """Run `cmd` (killed with its process group after `timeout`); its exit code (None: killed), seconds and the tail
+    of its stderr go into `case`; returns the whole stderr."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True, preexec_fn=preexec)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        case.exit_code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        case.exit_code = None
+    case.seconds = round(time.monotonic() - t0, 2)
+    case.stderr_tail = "\n".join((err or "").strip().splitlines()[-3:])[-600:]
+    return err or ""
+
+
 # ----------------------------------------------------------------------------- hostile inputs
 def _bomb_yaml(tail: str) -> str:
     """A billion-laughs YAML (nine levels of nine aliases) ending in `tail`, which uses the last level (*i)."""
@@ -257,18 +275,8 @@ def run_hostile(case: Case, args: list[str], codes: tuple[int, ...], watched: li
     nothing at the render's output."""
     before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in watched}
     out = work / "hostile" / "out.mp4"
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True,
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT)))
-    try:
-        _, err = proc.communicate(timeout=timeout)
-        case.exit_code = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-    case.seconds = round(time.monotonic() - t0, 2)
-    case.stderr_tail = "\n".join((err or "").strip().splitlines()[-3:])[-600:]
+    err = _run(case, [sys.executable, "-m", "ditto_fast.cli", *args], env, timeout,
+               lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT)))
     problems = []
     if case.exit_code is None:
         case.verdict, problems = "hang", [f"no exit within {timeout:g} s"]
@@ -304,18 +312,7 @@ def run_case(case: Case, path: Path, work: Path, env: dict, timeout: float) -> C
     else:
         out = store / f"fz{case.index}"
         cmd = [*cli, "register", str(path), "--name", f"fz{case.index}", "--device", "cpu", "--quiet"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-        case.exit_code = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        case.exit_code = None
-    case.seconds = round(time.monotonic() - t0, 2)
-    case.stderr_tail = "\n".join((err or "").strip().splitlines()[-3:])[-600:]
+    _run(case, cmd, env, timeout)
     problems = []
     if case.exit_code is None:
         case.verdict, problems = "hang", [f"no exit within {timeout:g} s"]
