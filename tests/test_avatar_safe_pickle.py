@@ -11,6 +11,7 @@ import pytest
 
 from ditto_fast.avatar import load_avatar, safe_pickle
 from ditto_fast.core.errors import AvatarError
+from hostile import reference_bomb
 from support import at_most, reseal_record, write_avatar, write_record
 
 
@@ -82,15 +83,6 @@ def test_malicious_pickle_refused_by_load_avatar(tmp_path):
 
 
 # ----------------------------------------------------------------------------- reference bombs (issue 40)
-def _reference_bomb(levels: int, width: int) -> list:
-    """A list nested `levels` deep whose every level holds `width` references to the one below: a few bytes
-    pickled, width ** levels entries walked as a tree."""
-    a: list = []
-    for _ in range(levels):
-        a = [a] * width
-    return a
-
-
 def _cycle() -> list:
     a: list = [1]
     a.append({"x": a})
@@ -98,9 +90,9 @@ def _cycle() -> list:
 
 
 @pytest.mark.parametrize("obj, why", [
-    (_reference_bomb(60, 2), "nested more than"),            # the probe's bomb: 2^60 paths
-    (_reference_bomb(5, 1000), "more than 100,000 entries"),  # shallow and wide: 10^15 paths
-    ({"source": {"k": _reference_bomb(3, 50)}}, "more than 100,000 entries"),
+    (reference_bomb(60, 2), "nested more than"),            # the probe's bomb: 2^60 paths
+    (reference_bomb(5, 1000), "more than 100,000 entries"),  # shallow and wide: 10^15 paths
+    ({"source": {"k": reference_bomb(3, 50)}}, "more than 100,000 entries"),
     (_cycle(), "refers to itself"),
 ])
 def test_safe_pickle_refuses_reference_bombs_at_once(obj, why):
@@ -119,7 +111,7 @@ def test_safe_pickle_accepts_harmless_sharing():
 
 def test_reference_bomb_in_avatar_pkl_is_refused(tmp_path, run_cli):
     d, _, _ = write_avatar(tmp_path, n=2)
-    reseal_record(d, lambda body: body["source"].update(notes=_reference_bomb(60, 2)))
+    reseal_record(d, lambda body: body["source"].update(notes=reference_bomb(60, 2)))
     env = {"DITTO_FAST_HOME": str(tmp_path)}
     with at_most(20):
         with pytest.raises(AvatarError, match=r"avatar\.pkl is not an avatar record .*ditto-fast register"):

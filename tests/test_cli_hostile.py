@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import store_env
+from hostile import alias_bomb
 
 
 class _Deadline(Exception):
@@ -135,19 +136,15 @@ def test_audio_that_is_a_folder_a_fifo_or_a_device_is_named_as_such(video_avatar
         assert r.returncode == 3 and said in r.stderr and "empty" not in r.stderr, r.stderr
 
 
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
-
-
 def test_yaml_alias_bombs_are_refused_before_they_expand(tmp_path, run_cli, clips):
     config = tmp_path / "bomb.yaml"
-    config.write_text(BOMB + "render:\n  crf: *i\n")
+    config.write_text(alias_bomb("render:\n  crf: *i\n"))
     with deadline(20):
         r = run_cli(["config", "--config", str(config)])
     assert r.returncode == 2 and "aliases" in r.stderr and len(r.stderr) < 400, r.stderr[:400]
     profile = tmp_path / "house.yaml"
     shipped = (Path(__file__).parents[1] / "configs" / "delivery" / "web-h264.yaml").read_text()
-    profile.write_text(BOMB + shipped.replace("container: mp4", "container: *i", 1))
+    profile.write_text(alias_bomb(shipped.replace("container: mp4", "container: *i", 1)))
     with deadline(20):
         r = run_cli(["qc", str(clips[0]), "--delivery", str(profile)])
     assert r.returncode == 2 and "aliases" in r.stderr and len(r.stderr) < 400, r.stderr[:400]

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "support"))   # the synthetic anchor
+sys.path.insert(0, str(REPO / "scripts" / "support"))   # the synthetic anchor, hostile inputs
+from hostile import alias_bomb, reference_bomb  # noqa: E402 - from scripts/support
 OK_CODES = (0, 3, 4)
 MEMORY_LIMIT = 6 << 30        # address space of each run: an unbounded read fails (exit 1) instead of filling the host
 MUTATIONS = ("flip", "truncate", "header", "zero", "splice")
@@ -189,13 +190,6 @@ def _run(case: Case, cmd: list[str], env: dict, timeout: float, preexec=None) ->
 
 
 # ----------------------------------------------------------------------------- hostile inputs
-def _bomb_yaml(tail: str) -> str:
-    """A billion-laughs YAML (nine levels of nine aliases) ending in `tail`, which uses the last level (*i)."""
-    levels = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
-    return levels + tail
-
-
 def _copy_avatar(store: Path, name: str) -> Path:
     d = store / name
     if not d.exists():
@@ -211,17 +205,15 @@ def hostile_cases(seeds: dict[str, list[Path]], work: Path) -> list[tuple[Case, 
     for name in ("fifo.json", "fifo.jsonl", "fifo.yaml", "fifo.wav"):
         if not (d / name).exists():
             os.mkfifo(d / name)
-    (d / "bomb.yaml").write_text(_bomb_yaml("render:\n  crf: *i\n"))
+    (d / "bomb.yaml").write_text(alias_bomb("render:\n  crf: *i\n"))
     shipped = (REPO / "configs" / "delivery" / "web-h264.yaml").read_text()
-    (d / "bomb-profile.yaml").write_text(_bomb_yaml("") + shipped.replace("container: mp4", "container: *i", 1))
+    (d / "bomb-profile.yaml").write_text(alias_bomb(shipped.replace("container: mp4", "container: *i", 1)))
     (d / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n" +
                                   json.dumps({"avatar": "base", "audio": str(speech), "output": "x.mp4",
                                               "emotion": "x" * 5_000_000}) + "\n")
     (d / "jobs.jsonl").write_text(json.dumps({"avatar": "base", "audio": str(speech), "output": str(d / "j.mp4")})
                                   + "\n")
-    bomb: list = []
-    for _ in range(60):
-        bomb = [bomb, bomb]
+    bomb = reference_bomb(60, 2)
     pkl = _copy_avatar(store, "refbomb") / "avatar.pkl"
     from ditto_fast.avatar.format import encode_pkl, read_pkl
 
