@@ -256,8 +256,19 @@ def blend_kernel():
     return mod
 
 
+@pytest.fixture(scope="session")
+def local_ray(tmp_path_factory):
+    """One real Ray cluster for every Ray test (batch --ray, serve --ray): 2 CPUs, its temp dir under the tests'."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    yield ray
+    ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test that runs mediapipe (marked register) is slow too: the quick tier (-m "not slow") leaves it out."""
+    """A test that runs mediapipe (marked register) is slow too: the quick tier (-m "not slow") leaves it out. The
+    tests on the shared Ray cluster run last, so that it idles beside no other test."""
     for item in items:
         if item.get_closest_marker("register") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: "local_ray" in getattr(item, "fixturenames", ()))

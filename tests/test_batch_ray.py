@@ -23,15 +23,6 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    """One Ray cluster for the module: 2 CPUs, temp dir under the test's temp dir."""
-    temp = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp))
-    yield
-    ray.shutdown()
-
-
 def _frames(path) -> np.ndarray:
     gen = imageio_ffmpeg.read_frames(str(path))
     w, h = next(gen)["size"]
@@ -247,12 +238,11 @@ def test_a_worker_that_dies_leaves_stdout_to_the_summary(video_avatar, clips, tm
 
 def test_a_folder_the_token_cannot_be_written_in_is_named(tmp_path):
     """No internal error when the driver cannot write a visibility token: the folder, and nothing left behind."""
-    from ditto_fast.batch.ray_actors import _probes
+    from ditto_fast.batch.ray_actors import probe_folders
     from ditto_fast.core.errors import InputError
 
     (tmp_path / "out").mkdir()
     (tmp_path / "store").write_text("a file where the store's folder should be")
-    job = Job(0, RenderRequest("anchor", tmp_path / "a.wav", tmp_path / "out" / "a.mp4"))
     with pytest.raises(InputError, match="store: cannot write the token"):
-        _probes([job], tmp_path / "store")
+        probe_folders([tmp_path / "out", tmp_path / "store"])
     assert os.listdir(tmp_path / "out") == []

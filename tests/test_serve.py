@@ -70,7 +70,7 @@ def api(engine, session_home, tmp_path):
     queue = JobQueue(tmp_path / "q.sqlite")
     metrics = Metrics(queue)
     events: list[dict] = []
-    worker = Worker(engine, queue, metrics, events.append)
+    worker = Worker([engine], queue, metrics, events.append)
     acceptor = Acceptor(queue, engine.setup, [tmp_path])
     client = TestClient(make_app(queue, acceptor, worker, metrics, token="t" * 20))
     client.headers["Authorization"] = "Bearer " + "t" * 20
@@ -128,8 +128,6 @@ def test_the_api_needs_its_token_and_describes_itself(api):
 
 # ----------------------------------------------------------------------------- the watch folder, in process
 def test_the_watch_folder_takes_settled_files_with_their_sidecars(engine, session_home, clips, tmp_path):
-    import threading as th
-
     from ditto_fast.serve.accept import Acceptor
     from ditto_fast.serve.watch import WatchFolder
 
@@ -138,7 +136,7 @@ def test_the_watch_folder_takes_settled_files_with_their_sidecars(engine, sessio
     out.mkdir()
     queue = JobQueue(tmp_path / "q.sqlite")
     watch = WatchFolder(inbox, out, {"avatar": "anchor", "steps": 2}, Acceptor(queue, engine.setup, [inbox, out]),
-                        queue, th.Event(), lambda e: None, settle_s=5)
+                        queue, lambda: None, lambda e: None, settle_s=5)
     growing = inbox / "news.wav"
     data = clips[1].read_bytes()
     growing.write_bytes(data[:1000])
@@ -367,3 +365,51 @@ def test_serve_refuses_to_listen_beyond_this_machine_without_a_token(tmp_path, r
     short.write_text("abc\n")
     r = run_cli(["serve", "--host", "0.0.0.0", "--token-file", str(short), "--port", str(_free_port())])
     assert r.returncode == 2 and "at least 16" in r.stderr
+    r = run_cli(["serve", "--workers", "2", "--port", str(_free_port())])
+    assert r.returncode == 2 and "--workers goes with --ray" in r.stderr
+
+
+# ----------------------------------------------------------------------------- on Ray
+@pytest.mark.slow
+def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(local_ray, serving, tmp_path, run_cli,
+                                                                                tiny_checkpoints):
+    """`serve --ray ADDRESS` joining the tests' cluster: one actor, loaded before the server listens."""
+    ray = local_ray
+    server = serving("--ray", ray.get_runtime_context().gcs_address, "--workers", "1")
+    health = server.call("GET", "/healthz")[1]
+    assert health["engines"] == 1 and health["actors"][0]["node_id"] == ray.get_runtime_context().get_node_id()
+    audio = _speech(tmp_path, "a.wav", 0.8)
+    job = server.wait(server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "seed": 3,
+                                                       "output": str(tmp_path / "served.mp4")})[1]["id"])
+    assert job["status"] == "done" and job["profile"]["frames"] == 20, job
+    r = run_cli(["render", "--avatar", "anchor", "--audio", audio, "-o", tmp_path / "rendered.mp4", "--seed", "3",
+                 "--device", "cpu", "--quiet"], store_env(tmp_path / "home", tiny_checkpoints))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "served.mp4").read_bytes() == (tmp_path / "rendered.mp4").read_bytes()
+
+    long = _speech(tmp_path, "long.wav", 4.0)
+    victim = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(long),
+                                              "output": str(tmp_path / "victim.mp4")})[1]["id"]
+    _wait_for_frames(server, victim)
+    assert server.call("DELETE", f"/v1/jobs/{victim}")[0] == 202
+    assert server.wait(victim)["status"] == "cancelled"
+    assert not [p for p in tmp_path.iterdir() if "victim" in p.name]     # nor its part file
+
+    lost = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(long),
+                                            "output": str(tmp_path / "lost.mp4")})[1]["id"]
+    _wait_for_frames(server, lost)
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == "ditto-fast" and a["name"].startswith(f"ditto-fast-serve-{server.proc.pid}-")]
+    assert len(names) == 1
+    ray.kill(ray.get_actor(names[0], namespace="ditto-fast"))         # its node lost, say
+    again = server.wait(lost)
+    assert again["status"] == "done" and again["attempts"] == 2, again     # on the actor started in its place
+    assert server.stop() == 0
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "ditto-fast"]
+
+
+def _wait_for_frames(server: Server, job_id: str) -> None:
+    deadline = time.monotonic() + 120
+    while (server.call("GET", f"/v1/jobs/{job_id}")[1]["progress"] or {}).get("stage") != "frames":
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.1)

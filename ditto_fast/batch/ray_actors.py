@@ -14,7 +14,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 import torch
@@ -123,17 +123,17 @@ def _node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def _probes(jobs: list[Job], store: Path) -> tuple[dict[str, str], list[int]]:
-    """A token file in the store and in every output folder, which each actor must read back; and the descriptors
-    holding their flocks (a killed driver's tokens are unlocked, and removed by the next batch in that folder)."""
+def probe_folders(folders: Iterable[Path]) -> tuple[dict[str, str], list[int]]:
+    """A token file in each folder (the store and the outputs'), which each actor must read back; and the
+    descriptors holding their flocks (a killed driver's tokens are unlocked, and removed by the next batch there)."""
     token = uuid.uuid4().hex
     probes: dict[str, str] = {}
     locks: list[int] = []
-    for d in {store, *(j.output.parent for j in jobs if j.status == "pending")}:
+    for d in dict.fromkeys(folders):
         try:
             path, fd = create_locked(d / "ditto-fast", "probe")     # .ditto-fast.probeXXXXXXXX
         except OSError as e:
-            _remove_probes(probes, locks)
+            remove_probes(probes, locks)
             raise InputError(f"{d}: cannot write the token by which Ray actors check they see this folder "
                              f"({e.strerror or e}); make it writable") from None
         locks.append(fd)
@@ -143,7 +143,13 @@ def _probes(jobs: list[Job], store: Path) -> tuple[dict[str, str], list[int]]:
     return probes, locks
 
 
-def _remove_probes(probes: dict[str, str], locks: list[int]) -> None:
+def actor_count(workers: int | None, gpus: int, nodes: int) -> int:
+    """How many actors: `workers` if given, else one per GPU (one per node without GPUs); never more than the GPUs."""
+    count = workers or (gpus or nodes)
+    return min(count, gpus) if gpus else count
+
+
+def remove_probes(probes: dict[str, str], locks: list[int]) -> None:
     for path in probes:
         Path(path).unlink(missing_ok=True)
     for fd in locks:
@@ -291,9 +297,9 @@ class RayActors:
         # `--device cpu` renders on CPU actors even where the cluster has GPUs
         gpus = 0 if self.options.device == "cpu" else int(ray.cluster_resources().get("GPU", 0))
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        count = min(len(todo), self.workers or (gpus or nodes), *([gpus] if gpus else []))
+        count = min(len(todo), actor_count(self.workers, gpus, nodes))
         if todo:
-            self.probes, self.locks = _probes(todo, store_root() / "avatars")
+            self.probes, self.locks = probe_folders([store_root() / "avatars", *(j.output.parent for j in todo)])
         if gpus:
             remote, share = ray.remote(num_gpus=1)(BatchWorker), None
         else:   # spread over the nodes, each actor's torch on its part of the node's cores
@@ -359,7 +365,7 @@ class RayActors:
             book.write()
 
     def close(self) -> None:
-        _remove_probes(self.probes, self.locks)
+        remove_probes(self.probes, self.locks)
         for a in self.actors:
             self.ray.kill(a)
 

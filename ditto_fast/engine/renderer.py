@@ -36,14 +36,14 @@ import numpy as np
 from ditto_fast import models
 from ditto_fast.audio.hubert import HubertFeatures
 from ditto_fast.delivery.leveling import Leveling, level
-from ditto_fast.avatar import Avatar, load_avatar
+from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.plate import PlateReader
-from ditto_fast.avatar.store import avatars_dir
 from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.engine.clip import Clip, avatar_identity, check_clip
 from ditto_fast.engine.request import RenderRequest
+from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
@@ -109,19 +109,13 @@ class Renderer:
         self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype)
         self.hubert = HubertFeatures(self.checkpoints.hubert_dir, device=self.device)
         self.random_weights = self.checkpoints.any_random(self.lmdm, self.stitch_net)
-        self._avatars: dict[str, tuple[tuple[int, int] | None, Avatar]] = {}
+        self._avatars = OpenAvatars(self.checkpoints)
         self.load_seconds = time.perf_counter() - t0
         self._unreported_load = self.load_seconds      # goes into the first render's profile
 
     def avatar(self, name: str) -> Avatar:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
-        cached = self._avatars.get(name)
-        if cached is not None and avatar_identity(cached[1].dir) == cached[0]:
-            return cached[1]
-        key = avatar_identity(avatars_dir() / name)
-        avatar = load_avatar(name, checkpoints=self.checkpoints)
-        self._avatars[name] = (key, avatar)
-        return avatar
+        return self._avatars.get(name)
 
     def render(self, clip: RenderRequest | Clip, progress: Progress | None = None) -> RenderResult:
         """Render one clip into its output (written to a temporary name, renamed when complete): a RenderRequest is

@@ -5,19 +5,25 @@ would refuse; the refusal is the line `render` prints and its exit code."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlparse
 
-from ditto_fast.avatar import load_avatar
+from ditto_fast.audio.decode import DecodedAudio
+from ditto_fast.avatar import Avatar
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import shown
 from ditto_fast.engine.clip import check_clip, request_inputs
-from ditto_fast.engine.request import RenderRequest
+from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.render_setup import RenderSetup
+from ditto_fast.engine.request import RenderRequest
 from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
 
 EXTRA_KEYS = ("priority", "callback")     # what a job may carry beside the request's fields
+MEMO_BYTES = 256 << 20                    # decoded audio kept between a job's check and its render
 
 
 def parse_priority(value: Any) -> int:
@@ -56,12 +62,52 @@ def request_json(request: RenderRequest) -> dict:
             for f in dataclasses.fields(request) if (v := getattr(request, f.name)) is not None}
 
 
-class Acceptor:
-    """Checks jobs for one server (its roots, config and checkpoints) and queues them."""
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
-    def __init__(self, queue: JobQueue, setup: RenderSetup, roots: list[Path]):
+
+class DecodedMemo:
+    """The audio a job's check decoded, kept (up to MEMO_BYTES, oldest dropped first) for its render, which then
+    decodes nothing; taken back only if the file is the same one, unchanged, since."""
+
+    def __init__(self, limit: int = MEMO_BYTES):
+        self.limit = limit
+        self._kept: OrderedDict[str, tuple[tuple[int, int, int], DecodedAudio]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, path: Path, audio: DecodedAudio) -> None:
+        signature = _signature(path)
+        if signature is None or audio.samples.nbytes > self.limit:
+            return
+        with self._lock:
+            self._kept[str(path)] = (signature, audio)
+            self._kept.move_to_end(str(path))
+            while sum(a.samples.nbytes for _, a in self._kept.values()) > self.limit:
+                self._kept.popitem(last=False)
+
+    def take(self, path: Path) -> DecodedAudio | None:
+        """The audio decoded from `path` if it is unchanged since; None otherwise (decode it again)."""
+        with self._lock:
+            kept = self._kept.get(str(path))
+        if kept is None or kept[0] != _signature(path):
+            return None
+        return kept[1]
+
+
+class Acceptor:
+    """Checks jobs for one server (its roots, config and checkpoints) and queues them. `avatars` opens an avatar
+    (default: opened once each, reopened when replaced); the audio each check decoded is kept in `decoded`."""
+
+    def __init__(self, queue: JobQueue, setup: RenderSetup, roots: list[Path],
+                 avatars: Callable[[str], Avatar] | None = None):
         self.queue, self.setup, self.config = queue, setup, setup.config
         self.roots = [r.resolve() for r in roots]
+        self.avatars = avatars or OpenAvatars(setup.checkpoints).get
+        self.decoded = DecodedMemo()
 
     def check(self, data: Any, where: str) -> tuple[RenderRequest, int, str | None]:
         """The request, priority and callback of one job's JSON; UsageError (or the DittoError `render` gives) if
@@ -74,7 +120,8 @@ class Acceptor:
         request = RenderRequest.from_json(fields, self.roots[0], where)
         for path in (request.output, *request_inputs(request, self.config.clip.emotion)):
             confine(path, self.roots, "output" if path == request.output else "input")
-        check_clip(request, load_avatar(request.avatar, checkpoints=self.setup.checkpoints), self.config)
+        clip = check_clip(request, self.avatars(request.avatar), self.config)
+        self.decoded.put(request.audio, clip.audio)
         return request, priority, callback
 
     def accept(self, data: Any, where: str, source: str = "api", watch_path: str | None = None) -> dict:

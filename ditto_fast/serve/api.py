@@ -84,9 +84,10 @@ def _error(e: DittoError, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": str(e), "exit_code": e.exit_code}, status_code=status)
 
 
-def make_app(queue: JobQueue, acceptor: Acceptor, worker: Worker, metrics: Metrics, token: str | None = None) -> FastAPI:
-    """The API over one server's queue, acceptor and render thread; with `token`, every /v1 and /metrics request
-    needs `Authorization: Bearer TOKEN`."""
+def make_app(queue: JobQueue, acceptor: Acceptor, worker: Worker, metrics: Metrics, token: str | None = None,
+             engines: dict[str, Any] | None = None) -> FastAPI:
+    """The API over one server's queue, acceptor and render threads; with `token`, every /v1 and /metrics request
+    needs `Authorization: Bearer TOKEN`. `engines`: what /healthz says of the engines (device, or Ray's actors)."""
     def authorised(request: Request) -> None:
         if token is None:
             return
@@ -116,7 +117,7 @@ def make_app(queue: JobQueue, acceptor: Acceptor, worker: Worker, metrics: Metri
             queued = acceptor.accept(job.model_dump(exclude_unset=True), "request")
         except DittoError as e:
             return _error(e)
-        worker.wake.set()
+        worker.notify()
         worker.log({"job": queued["id"], "state": "queued", "priority": queued["priority"], "output": queued["output"]})
         return {"id": queued["id"], "status": queued["status"]}
 
@@ -152,8 +153,8 @@ def make_app(queue: JobQueue, acceptor: Acceptor, worker: Worker, metrics: Metri
         store = avatars_dir()
         writable = os.access(store if store.exists() else store.parent, os.W_OK)
         counts = queue.counts()
-        body = {"ok": writable, "engine": "loaded", "queue_depth": counts["queued"], "running": worker.running,
-                "store_writable": writable, "jobs": counts}
+        body = {"ok": writable, "engine": "loaded", "engines": len(worker.engines), **(engines or {}),
+                "queue_depth": counts["queued"], "running": worker.running, "store_writable": writable, "jobs": counts}
         return JSONResponse(body, status_code=200 if writable else 503)
 
     @app.get("/metrics", dependencies=guard)

@@ -4,6 +4,7 @@ the running job stops at its next frame batch and is queued again for the next s
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import socket
@@ -54,6 +55,12 @@ class ServeOptions:
     settle_s: float = _option(5.0, flags=("--settle",), range=(0.5, 600),
                               help="Seconds a dropped file's size and time must stay the same before it is taken.")
     poll_s: float = _option(2.0, flags=("--poll",), range=(0.1, 60), help="Seconds between looks at the watch folder.")
+    ray: str | None = _option(flags=("--ray",),
+                              help="Render on Ray actors, one engine each (one per GPU, or per node without GPUs): "
+                                   "'local' starts Ray here, ADDRESS joins a cluster (pip extra [ray]); the queue and "
+                                   "the API stay in this process.")
+    workers: int | None = _option(flags=("--workers",), range=(1, 1024),
+                                  help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
     defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
     quiet: bool = False
 
@@ -90,6 +97,8 @@ def check_options(opts: ServeOptions) -> str | None:
     if not is_loopback(opts.host) and opts.token_file is None:
         raise UsageError(f"--host {opts.host} serves beyond this machine: give --token-file FILE (a bearer token), "
                          "or keep the default --host 127.0.0.1")
+    if opts.workers is not None and opts.ray is None:
+        raise UsageError("--workers goes with --ray")
     if (opts.watch is None) != (opts.out is None):
         raise UsageError("--watch IN and --out OUT go together")
     if opts.watch is not None and not opts.watch.is_dir():
@@ -129,20 +138,46 @@ def serve(options: EngineOptions, opts: ServeOptions, stream: TextIO = sys.stder
     """Check the options (before the networks load), load the engine, open the queue, start the render thread and
     the watch folder, serve the API until SIGINT or SIGTERM (a clean stop); then stop the render thread (its job
     queued again) and return."""
+    token = check_options(opts)
+    log = json_log(stream, opts.quiet)
+    roots = [*opts.roots, *([opts.watch, opts.out] if opts.watch else [])] or [Path.cwd()]
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            engines, setup, engine_info = _engines(options, opts, roots, stack)
+            _serve(engines, setup, engine_info, opts, roots, token, log)
+        except (KeyboardInterrupt, Terminated):     # uvicorn passes the signal on once it has stopped: a clean stop
+            pass
+
+
+def _engines(options: EngineOptions, opts: ServeOptions, roots: list[Path], stack: contextlib.ExitStack
+             ) -> tuple[list, RenderSetup, dict[str, Any]]:
+    """The warm engines (the in-process Renderer, or one per Ray actor, let go when `stack` closes), the setup jobs
+    are checked with, and what the log and /healthz say of the engines."""
     from ditto_fast.engine.render_setup import RenderSetup
 
-    token = check_options(opts)
-    setup = RenderSetup.resolve(options)
-    try:
-        _serve(setup, opts, token, stream)
-    except (KeyboardInterrupt, Terminated):     # uvicorn passes the signal on once it has stopped: a clean stop
-        pass
+    t0 = time.perf_counter()
+    if opts.ray is None:
+        from ditto_fast.engine.renderer import Renderer
+
+        engine = Renderer(setup=RenderSetup.resolve(options))
+        return [engine], engine.setup, {"seconds": round(time.perf_counter() - t0, 2), "device": str(engine.device)}
+    from ditto_fast.batch.ray_actors import ray_session
+    from ditto_fast.serve.ray_pool import RayPool
+
+    ray = stack.enter_context(ray_session(opts.ray))
+    pool = RayPool(opts.ray, options, opts.workers)
+    stack.callback(pool.close)
+    engines = pool.start(ray, roots)
+    return engines, pool.check_setup, {"seconds": round(time.perf_counter() - t0, 2), "ray": opts.ray,
+                                       "actors": pool.describe()}
 
 
-def _serve(setup: RenderSetup, opts: ServeOptions, token: str | None, stream: TextIO) -> None:
+def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts: ServeOptions, roots: list[Path],
+           token: str | None, log: Callable[[dict], None]) -> None:
     import uvicorn
 
-    from ditto_fast.engine.renderer import Renderer
     from ditto_fast.serve.accept import Acceptor
     from ditto_fast.serve.api import make_app
     from ditto_fast.serve.metrics import Metrics
@@ -150,21 +185,15 @@ def _serve(setup: RenderSetup, opts: ServeOptions, token: str | None, stream: Te
     from ditto_fast.serve.watch import WatchFolder
     from ditto_fast.serve.worker import Worker
 
-    log = json_log(stream, opts.quiet)
-    roots = [*opts.roots, *([opts.watch, opts.out] if opts.watch else [])] or [Path.cwd()]
-    if opts.out is not None:
-        opts.out.mkdir(parents=True, exist_ok=True)
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
-    t0 = time.perf_counter()
-    engine = Renderer(setup=setup)
-    log({"event": "engine loaded", "seconds": round(time.perf_counter() - t0, 2), "device": str(engine.device),
-         "queued": queue.counts()["queued"]})
+    log({"event": "engine loaded", **engine_info, "queued": queue.counts()["queued"]})
     metrics = Metrics(queue)
-    worker = Worker(engine, queue, metrics, log)
-    acceptor = Acceptor(queue, setup, roots)
-    watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, worker.wake, log, opts.settle_s,
+    acceptor = Acceptor(queue, setup, roots, avatars=getattr(engines[0], "avatar", None) if opts.ray is None
+                        else None)
+    worker = Worker(engines, queue, metrics, log, audio=acceptor.decoded)
+    watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, worker.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
-    app = make_app(queue, acceptor, worker, metrics, token)
+    app = make_app(queue, acceptor, worker, metrics, token, engine_info)
     server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     worker.start()

@@ -45,7 +45,7 @@ class WatchFolder:
     """Turns settled speech files in `folder` into jobs whose outputs go to `out`, and files their inputs away."""
 
     def __init__(self, folder: Path, out: Path, defaults: dict[str, Any], acceptor: Acceptor, queue: JobQueue,
-                 wake: threading.Event, log: Callable[[dict], None], settle_s: float = 5.0, poll_s: float = 2.0):
+                 wake: Callable[[], None], log: Callable[[dict], None], settle_s: float = 5.0, poll_s: float = 2.0):
         self.folder, self.out, self.defaults = folder, out, defaults
         self.acceptor, self.queue, self.wake, self.log = acceptor, queue, wake, log
         self.settle_s, self.poll_s = settle_s, poll_s
@@ -100,7 +100,7 @@ class WatchFolder:
             self._failed(path, str(e), e.exit_code)
             self.log({"watch": where, "state": "failed", "error": str(e), "exit_code": e.exit_code})
             return
-        self.wake.set()
+        self.wake()
         self.log({"job": job["id"], "state": "queued", "watch": where, "output": job["output"]})
 
     def _sidecar(self, path: Path) -> dict:
