@@ -17,7 +17,8 @@ Stage keys of the profile and the table (wall seconds each):
   render          fused warp + decode on the device, crops back on the host
   putback         pasting each crop into its background frame
   write           the loop's ffmpeg I/O: handing each frame to the encoder and getting each background
-                  frame from the plate decoder (both are ffmpeg pipes, so both waits land here)
+                  frame from the plate decoder (both are ffmpeg pipes, so both waits land here); then the
+                  encoder's finish: its last frames, the mux, a delivery's QC of the file, the rename
 
 `stages_cpu` has the same keys: CPU seconds of the loop's own thread in each stage (not torch's or
 OpenCV's worker threads, nor ffmpeg), so write's wall minus its CPU is the time spent waiting for ffmpeg.
@@ -190,6 +191,8 @@ class Renderer:
                              check=check) as writer:
                 render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
                               self.config.render.lookahead, plate, writer, timer, progress)
+                with timer("write"):            # the encoder's last frames, the mux (the QC), the rename
+                    writer.close()
         if clip.delivery is None:
             return mouth, None
         return mouth, _delivery_record(clip, leveling, writer.checked)
