@@ -6,7 +6,7 @@
     python scripts/benchmark.py motion   [--quick]
     python scripts/benchmark.py render   [--quick] [--tiny]
     python scripts/benchmark.py batch    [--quick] [--tiny]
-    python scripts/benchmark.py serve    [--quick] [--tiny]   cold render vs warm serve, 20 jobs vs batch, breaking
+    python scripts/benchmark.py serve    [--quick] [--tiny]   cold render vs warm serve (--tiny: 20 jobs vs batch, breaking)
     python scripts/benchmark.py picture  [--quick]          per kind of source: plate, times, colour patches
     python scripts/benchmark.py delivery [--quick]          per profile: 10 s render and its QC, encoder cost, loudness
     python scripts/benchmark.py cpu      [--quick]          full-size warp+decode: default render vs plain fp32
