@@ -235,6 +235,41 @@ def test_float_audio_over_full_scale_is_lowered_not_clipped(tmp_path, speech_wav
     assert plain.filters() == [] and plain.note is None and plain.gain_db == 0
 
 
+def _five_one_in_phase(path: Path, level: float) -> Path:
+    """16-bit 5.1 (FL FR FC LFE BL BR): one tone at `level` in FL, FC and BL, in phase, so that the left of the
+    BS.775 mix sums to 2.41 times it."""
+    t = np.arange(48000) / 48000
+    tone = level * np.sin(2 * np.pi * 440 * t)
+    audio = np.zeros((len(t), 6))
+    audio[:, 0] = audio[:, 2] = audio[:, 4] = tone
+    sf.write(path, audio, 48000, subtype="PCM_16")
+    return path
+
+
+def test_a_5_1_mix_that_sums_over_full_scale_is_lowered_not_clipped(tmp_path):
+    """A 16-bit 5.1 file within full scale whose mix sums to +6.7 dBFS: the mix used to clip inside ffmpeg's pan
+    (integer audio), at full scale, with no word; now it is measured in float and lowered to -1 dBTP, with a note,
+    leveled or not. A mix within full scale keeps its filters (and bytes)."""
+    fmt = output_format(tmp_path / "o.mov", "prores")
+    loud = _five_one_in_phase(tmp_path / "loud.wav", 0.9)
+    info = decode_audio(loud)
+    assert info.channels == 6 and info.peak <= 1.0
+    for leveled in (False, True):
+        track = plan_soundtrack(loud, 6, info.channel_mask, fmt, peak=info.peak, leveled=leveled)
+        assert track.gain_db == pytest.approx(-7.7, abs=0.15), track
+        assert track.filters()[0] == f"volume={track.gain_db:.3f}dB" and track.filters()[1].startswith("pan=")
+        assert "its stereo mix summing to a true peak of +6." in track.note and "instead of being clipped" in track.note
+    with VideoWriter(tmp_path / "o.mov", (64, 48), audio_path=loud, frames=25, fmt=fmt, soundtrack=track) as vw:
+        _frames(vw, 25)
+    audio, _ = decoded(tmp_path / "o.mov")
+    assert (np.abs(audio) >= 0.999).sum() == 0 and 20 * np.log10(np.abs(audio).max()) <= -0.9
+    ratio = np.abs(audio[:, 0]).max() / np.abs(audio[:, 1]).max()    # the mix's own balance is kept
+    assert ratio == pytest.approx((1 + 2 * MINUS_3DB) / MINUS_3DB, rel=0.01)
+    quiet = _five_one_in_phase(tmp_path / "quiet.wav", 0.3)
+    plain = plan_soundtrack(quiet, 6, info.channel_mask, fmt, peak=decode_audio(quiet).peak)
+    assert plain.gain_db == 0 and len(plain.filters()) == 1 and "above full scale" not in plain.note
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [["--codec", "prores"], ["--delivery", "prores-hq-1080p"]])
 def test_a_render_of_float_audio_over_full_scale_clips_nothing(run_cli, video_avatar, session_home,

@@ -56,6 +56,25 @@ def test_priorities_and_callbacks_are_checked():
             check_callback(bad)
 
 
+def test_a_checked_job_s_audio_is_kept_for_its_render_only_while_the_file_is_unchanged(tmp_path):
+    import numpy as np
+
+    from ditto_fast.audio.decode import DecodedAudio
+    from ditto_fast.serve.accept import DecodedMemo
+
+    memo = DecodedMemo(limit=5 * 16000 * 4)          # five seconds of samples
+    paths = [tmp_path / f"{i}.wav" for i in range(3)]
+    for i, path in enumerate(paths):
+        path.write_bytes(b"x" * (i + 1))
+        memo.put(path, DecodedAudio(np.zeros(16000 * (i + 1), np.float32), f"{i}"))
+    assert memo.take(paths[0]) is None                # the oldest dropped: 1 + 2 + 3 s are over the limit
+    assert memo.take(paths[1]).sha256 == "1" and memo.take(paths[2]).sha256 == "2"
+    paths[2].write_bytes(b"yyy!")                     # replaced since its check: decoded again
+    assert memo.take(paths[2]) is None
+    paths[1].unlink()
+    assert memo.take(paths[1]) is None
+
+
 # ----------------------------------------------------------------------------- the API, in process
 @pytest.fixture()
 def api(engine, session_home, tmp_path):

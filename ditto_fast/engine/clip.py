@@ -110,9 +110,10 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
         fmt, rate = delivery_format(request, profile, avatar, output)
     audio = audio or decode_audio(request.audio)
     loudness = _loudness_target(request, profile)
-    # audio over full scale is lowered unless it is leveled: leveling's limiter keeps it under the ceiling
-    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt,
-                                 peak=audio.peak if loudness is None else 0.0)
+    # audio over full scale is lowered unless it is leveled (leveling's limiter keeps it under the ceiling); a mix
+    # that sums over full scale is lowered in any case
+    soundtrack = plan_soundtrack(request.audio, audio.channels, audio.channel_mask, fmt, peak=audio.peak,
+                                 leveled=loudness is not None)
     n = frames_for(len(audio.samples), rate)
     if profile is not None and profile.video.field_rate:
         n += n % 2                          # fields come in pairs: the audio is padded to the last one

@@ -62,7 +62,8 @@ def request_json(request: RenderRequest) -> dict:
             for f in dataclasses.fields(request) if (v := getattr(request, f.name)) is not None}
 
 
-def _signature(path: Path) -> tuple[int, int, int] | None:
+def file_signature(path: Path) -> tuple[int, int, int] | None:
+    """A file's inode, size and modification time (None if it is gone): what changes when it is replaced or grows."""
     try:
         st = os.stat(path)
     except OSError:
@@ -80,7 +81,7 @@ class DecodedMemo:
         self._lock = threading.Lock()
 
     def put(self, path: Path, audio: DecodedAudio) -> None:
-        signature = _signature(path)
+        signature = file_signature(path)
         if signature is None or audio.samples.nbytes > self.limit:
             return
         with self._lock:
@@ -93,7 +94,7 @@ class DecodedMemo:
         """The audio decoded from `path` if it is unchanged since; None otherwise (decode it again)."""
         with self._lock:
             kept = self._kept.get(str(path))
-        if kept is None or kept[0] != _signature(path):
+        if kept is None or kept[0] != file_signature(path):
             return None
         return kept[1]
 

@@ -18,18 +18,10 @@ from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.core.files import KIB, read_bounded
 from ditto_fast.encoding.formats import default_suffix
 from ditto_fast.delivery.profiles import load_profile
-from ditto_fast.serve.accept import Acceptor
+from ditto_fast.serve.accept import Acceptor, file_signature
 from ditto_fast.serve.queue import JobQueue
 
 SIDECAR_MAX_BYTES = 64 * KIB
-
-
-def _signature(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _aside(folder: Path, name: str) -> Path:
@@ -79,7 +71,7 @@ class WatchFolder:
         self._seen = {k: v for k, v in self._seen.items() if k in names}
         for name in names:
             path = self.folder / name
-            sig = _signature(path)
+            sig = file_signature(path)
             if sig is None or str(path) in active:
                 continue
             seen = self._seen.get(name)
