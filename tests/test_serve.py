@@ -425,6 +425,13 @@ def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(l
     assert again["status"] == "done" and again["attempts"] == 2, again     # on the actor started in its place
     assert server.stop() == 0
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "ditto-fast"]
+    # a server started before any avatar is registered (its store not made yet) starts all the same
+    fresh = Server(store_env(tmp_path / "fresh", tiny_checkpoints), tmp_path, "--ray",
+                   ray.get_runtime_context().gcs_address, "--workers", "1")
+    try:
+        assert fresh.start().call("GET", "/healthz")[1]["engines"] == 1
+    finally:
+        assert fresh.stop() == 0
 
 
 def _wait_for_frames(server: Server, job_id: str) -> None:

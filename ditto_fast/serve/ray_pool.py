@@ -149,7 +149,9 @@ class RayPool:
         which each actor must read back; the actors started and each engine loaded. InputError if none can
         render."""
         self.ray = ray
-        self._probes, self._locks = probe_folders([store_root() / "avatars",
+        store = store_root() / "avatars"
+        store.mkdir(parents=True, exist_ok=True)       # a server may start before the first avatar is registered
+        self._probes, self._locks = probe_folders([store,
                                                    *(f for f in folders if os.access(f, os.W_OK))])
         gpus = 0 if self.options.device == "cpu" else int(ray.cluster_resources().get("GPU", 0))
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
