@@ -246,3 +246,15 @@ def test_a_folder_the_token_cannot_be_written_in_is_named(tmp_path):
     with pytest.raises(InputError, match="store: cannot write the token"):
         probe_folders([tmp_path / "out", tmp_path / "store"])
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_the_actor_plan_follows_workers_nodes_and_jobs(local_ray):
+    """One node of 2 CPUs, no GPU: one actor by default, --workers N many sharing its cores, never more than the
+    jobs to render (none: no actor)."""
+    from ditto_fast.batch.ray_actors import plan_actors
+
+    cpu = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
+    assert plan_actors(ray, "auto", None) == (1, 1, cpu)
+    assert plan_actors(ray, "cpu", 3) == (3, 3, cpu)
+    assert plan_actors(ray, "auto", 3, most=2) == (2, 2, cpu)
+    assert plan_actors(ray, "auto", None, most=0)[0] == 0

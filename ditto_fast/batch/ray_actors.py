@@ -25,6 +25,8 @@ from ditto_fast.batch.runner import Book, run_job, run_jobs
 from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, InputError, UsageError
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
+from ditto_fast.engine.renderer import RenderResult
+from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.stages import Progress
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
@@ -82,20 +84,23 @@ class BatchWorker:
 
     def run(self, job: Job, audio: DecodedAudio) -> Job:
         """Render one job the driver checked and found unfinished for this actor's setup (its audio decoded there,
-        sent along). The avatar is opened here, from this node's view of the store."""
-        from ditto_fast.engine.clip import check_clip
-        from ditto_fast.engine.renderer import Renderer
-
-        def render():
-            if self.renderer is None:       # its load time goes into the first render's profile
-                self.renderer = Renderer(setup=self.setup)
-            clip = check_clip(job.request, self.renderer.avatar(job.avatar), self.setup.config, audio=audio)
-            return self.renderer.render(clip)
-
-        run_job(job, render)
+        sent along)."""
+        run_job(job, lambda: self._render(job.request, audio))
         job.extra["node"], job.extra["node_id"] = _node(), _node_id()
         job.extra["torch_threads"] = torch.get_num_threads()
         return job
+
+
+    def _render(self, request: RenderRequest, audio: DecodedAudio, progress: Progress | None = None) -> RenderResult:
+        """Check `request` with its decoded `audio` against the avatar opened here, from this node's view of the
+        store, and render it; the engine is loaded for the first (its load time goes into that render's profile)."""
+        from ditto_fast.engine.clip import check_clip
+        from ditto_fast.engine.renderer import Renderer
+
+        if self.renderer is None:
+            self.renderer = Renderer(setup=self.setup)
+        clip = check_clip(request, self.renderer.avatar(request.avatar), self.setup.config, audio=audio)
+        return self.renderer.render(clip, progress=progress)
 
 
 def _check_visible(probes: dict[str, str]) -> None:
@@ -143,10 +148,31 @@ def probe_folders(folders: Iterable[Path]) -> tuple[dict[str, str], list[int]]:
     return probes, locks
 
 
-def actor_count(workers: int | None, gpus: int, nodes: int) -> int:
-    """How many actors: `workers` if given, else one per GPU (one per node without GPUs); never more than the GPUs."""
+def ray_options(options: EngineOptions) -> tuple[EngineOptions, RenderSetup]:
+    """`options` as every node resolves them (the checkpoints as an absolute root), and the setup the driver checks
+    jobs with (checkpoints, avatars, inputs): no device, fp32 and batch 1, so that no `auto` starts a probe there;
+    the actors resolve the real setup."""
+    options = dataclasses.replace(options, checkpoints=str(options.find_checkpoints().root.resolve()))
+    return options, RenderSetup.resolve(dataclasses.replace(options, device="cpu", precision="fp32", batch_size=1,
+                                                            encoder="software"))
+
+
+def plan_actors(ray, device: str, workers: int | None, most: int | None = None
+                ) -> tuple[int, int | None, dict[str, Any]]:
+    """How many actors to start: `workers` if given, else one per GPU (one per node without GPUs; `--device cpu`
+    renders on CPU actors even where the cluster has GPUs), never more than the GPUs nor `most`; how many actors
+    share a CPU node's cores (None on GPUs); and the Ray resources each asks for."""
+    gpus = 0 if device == "cpu" else int(ray.cluster_resources().get("GPU", 0))
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     count = workers or (gpus or nodes)
-    return min(count, gpus) if gpus else count
+    if gpus:
+        count = min(count, gpus)
+    if most is not None:
+        count = min(count, most)
+    if gpus:
+        return count, None, {"num_gpus": 1}
+    # spread over the nodes, each actor's torch on its part of the node's cores
+    return count, math.ceil(count / max(1, nodes)), {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
 
 
 def remove_probes(probes: dict[str, str], locks: list[int]) -> None:
@@ -248,10 +274,9 @@ def run_batch_ray(jobs: list[Job], options: EngineOptions, *, address: str = "lo
     """Run `jobs` on Ray actors (see runner.run_jobs); a job whose actor dies is retried once on another actor. An
     actor that cannot render (its node does not see the store, say) gets no job: `warn` hears why, once a node,
     and the report's "ray_nodes" lists every node's actors and what stopped them."""
-    # the checkpoints as an absolute root, which every node resolves the same
-    options = dataclasses.replace(options, checkpoints=str(options.find_checkpoints().root.resolve()))
+    options, check_setup = ray_options(options)         # a missing checkpoint is said before Ray starts
     with ray_session(address) as ray:
-        return run_jobs(jobs, RayActors(ray, options, workers, progress, on_dispatch, warn), force=force,
+        return run_jobs(jobs, RayActors(ray, options, check_setup, workers, progress, on_dispatch, warn), force=force,
                         fail_fast=fail_fast, report=report)
 
 
@@ -274,14 +299,12 @@ class RayActors:
     each actor a job as it frees up; `progress` hears the frames of finished jobs. Finished jobs are skipped by
     the setup each actor reports, before any job goes to it."""
 
-    def __init__(self, ray, options: EngineOptions, workers: int | None, progress: Progress | None,
-                 on_dispatch: Callable[[Job, Any], None] | None, warn: Callable[[str], None] | None):
-        self.ray, self.options, self.workers = ray, options, workers
+    def __init__(self, ray, options: EngineOptions, check_setup: RenderSetup, workers: int | None,
+                 progress: Progress | None, on_dispatch: Callable[[Job, Any], None] | None,
+                 warn: Callable[[str], None] | None):
+        """`options` and `check_setup` as ray_options() gives them."""
+        self.ray, self.options, self.check_setup, self.workers = ray, options, check_setup, workers
         self.progress, self.on_dispatch, self.warn = progress, on_dispatch, warn
-        # the driver only checks the jobs (checkpoints, avatars, inputs): no device, fp32 and batch 1 so that no
-        # `auto` starts a probe here; the actors resolve the real setup
-        self.check_setup = RenderSetup.resolve(dataclasses.replace(options, device="cpu", precision="fp32",
-                                                                   batch_size=1, encoder="software"))
         self.render_setup = None
         self.extra: dict[str, Any] = {"ray_nodes": []}          # in the report beside the jobs
         self.actors: list[Any] = []
@@ -294,17 +317,10 @@ class RayActors:
 
         ray, todo = self.ray, book.queue
         self.total = sum(book.clips[j.index].frames for j in todo)
-        # `--device cpu` renders on CPU actors even where the cluster has GPUs
-        gpus = 0 if self.options.device == "cpu" else int(ray.cluster_resources().get("GPU", 0))
-        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        count = min(len(todo), actor_count(self.workers, gpus, nodes))
+        count, share, resources = plan_actors(ray, self.options.device, self.workers, most=len(todo))
         if todo:
             self.probes, self.locks = probe_folders([store_root() / "avatars", *(j.output.parent for j in todo)])
-        if gpus:
-            remote, share = ray.remote(num_gpus=1)(BatchWorker), None
-        else:   # spread over the nodes, each actor's torch on its part of the node's cores
-            remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(BatchWorker)
-            share = math.ceil(count / max(1, nodes))
+        remote = ray.remote(**resources)(BatchWorker)
         self.actors = [remote.remote(self.options, str(store_root()), self.probes, share)
                        for _ in range(max(0, count))]
 
@@ -334,7 +350,7 @@ class RayActors:
             ready, _ = ray.wait([*running, *starting], num_returns=1)
             if ready[0] in starting:
                 actor = starting.pop(ready[0])
-                info = _started(ray, ready[0])
+                info = actor_ready(ray, ready[0])
                 if _note_node(seen, info, self.warn):
                     free.append(actor)
                     # before any job goes there: a rerun loads no network to skip its jobs
@@ -370,7 +386,7 @@ class RayActors:
             self.ray.kill(a)
 
 
-def _started(ray, ref) -> dict[str, Any]:
+def actor_ready(ray, ref) -> dict[str, Any]:
     """An actor's answer to ready(): its node and why it cannot render (error None if it can)."""
     try:
         return ray.get(ref)

@@ -5,8 +5,6 @@ cancelled job at its next frame batch."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import threading
 import uuid
@@ -15,12 +13,12 @@ from typing import Any
 
 from ditto_fast.audio.decode import DecodedAudio
 from ditto_fast.avatar import Avatar, store_root
-from ditto_fast.batch.ray_actors import BatchWorker, actor_count, probe_folders, remove_probes
+from ditto_fast.batch.ray_actors import (BatchWorker, actor_ready, plan_actors, probe_folders, ray_options,
+                                        remove_probes)
 from ditto_fast.core.errors import DittoError, InputError
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.renderer import RenderResult
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.stages import Progress
@@ -54,8 +52,6 @@ class ServeActor(BatchWorker):
         """Render a request the server checked (`audio`: its decoding there), the avatar opened here from this
         node's store; `token` names this render for cancel(). The outcome as plain data: output and profile, or
         error and exit code, or cancelled."""
-        from ditto_fast.engine.clip import check_clip
-
         self.state = None
 
         def tick(stage: str, done: int, total: int) -> None:
@@ -64,8 +60,7 @@ class ServeActor(BatchWorker):
             self.state = (stage, done, total)
 
         try:
-            clip = check_clip(request, self.renderer.avatar(request.avatar), self.setup.config, audio=audio)
-            result = self.renderer.render(clip, progress=tick)
+            result = self._render(request, audio, tick)
         except JobCancelled:
             return {"cancelled": True}
         except DittoError as e:
@@ -131,11 +126,7 @@ class RayPool:
 
     def __init__(self, address: str, options: EngineOptions, workers: int | None):
         self.address, self.workers = address, workers
-        # the checkpoints as an absolute root, which every node resolves the same
-        self.options = dataclasses.replace(options, checkpoints=str(options.find_checkpoints().root.resolve()))
-        # the server only checks jobs: no device, fp32 and batch 1, so that no `auto` starts a probe here
-        self.check_setup = RenderSetup.resolve(dataclasses.replace(self.options, device="cpu", precision="fp32",
-                                                                   batch_size=1, encoder="software"))
+        self.options, self.check_setup = ray_options(options)
         self.avatars = OpenAvatars(self.check_setup.checkpoints)
         self.ray: Any = None
         self.engines: list[RayEngine] = []
@@ -153,16 +144,12 @@ class RayPool:
         store.mkdir(parents=True, exist_ok=True)       # a server may start before the first avatar is registered
         self._probes, self._locks = probe_folders([store,
                                                    *(f for f in folders if os.access(f, os.W_OK))])
-        gpus = 0 if self.options.device == "cpu" else int(ray.cluster_resources().get("GPU", 0))
-        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        count = actor_count(self.workers, gpus, nodes)
-        self._share = None if gpus else math.ceil(count / max(1, nodes))
-        remote = ray.remote(num_gpus=1, max_concurrency=2) if gpus else \
-            ray.remote(num_cpus=1, max_concurrency=2, scheduling_strategy="SPREAD")
-        self._remote = remote(ServeActor)
+        count, self._share, resources = plan_actors(ray, self.options.device, self.workers)
+        self._remote = ray.remote(max_concurrency=2, **resources)(ServeActor)
         actors = [self._new_actor() for _ in range(count)]
         problems = []
-        for actor, info in zip(actors, ray.get([a.ready.remote() for a in actors])):
+        refs = [a.ready.remote() for a in actors]          # the engines load side by side
+        for actor, info in zip(actors, [actor_ready(ray, ref) for ref in refs]):
             if info["error"] is None:
                 self.engines.append(RayEngine(self, actor, info))
             else:
@@ -182,10 +169,7 @@ class RayPool:
         """A new actor (its engine loaded) for `engine`'s, which died; if none can start, the engine is lost."""
         with self._lock:
             actor = self._new_actor()
-            try:
-                info = self.ray.get(actor.ready.remote())
-            except self.ray.exceptions.RayActorError:
-                info = {"error": "died while starting"}
+            info = actor_ready(self.ray, actor.ready.remote())
             if info["error"] is not None:
                 self.ray.kill(actor)
                 engine.lost = True

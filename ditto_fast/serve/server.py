@@ -188,8 +188,7 @@ def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts:
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
     log({"event": "engine loaded", **engine_info, "queued": queue.counts()["queued"]})
     metrics = Metrics(queue)
-    acceptor = Acceptor(queue, setup, roots, avatars=getattr(engines[0], "avatar", None) if opts.ray is None
-                        else None)
+    acceptor = Acceptor(queue, setup, roots, avatars=engines[0].avatar)    # the engines' avatars, opened once
     worker = Worker(engines, queue, metrics, log, audio=acceptor.decoded)
     watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, worker.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
