@@ -59,3 +59,12 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
+
+def file_signature(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """A file's inode, size and modification time (None if it is gone): what changes when it is replaced or grows."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

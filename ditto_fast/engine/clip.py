@@ -5,7 +5,6 @@ renders and the digest is made from. Nothing here loads a network."""
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -17,6 +16,7 @@ from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.format import PKL_NAME
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
+from ditto_fast.core.files import file_signature
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.media.claims import check_unclaimed
 from ditto_fast.media.inputs import check_input_file
@@ -49,7 +49,7 @@ class Clip:
     emotion_source: str                 # the emotion as given, or the sha256 of its schedule file
     controls: Controls | None
     controls_sha256: str | None
-    avatar_key: tuple[int, int] | None = None   # the avatar record's identity when the clip was checked
+    avatar_key: tuple[int, int, int] | None = None   # the avatar record's identity when the clip was checked
     blend: str = "feather"              # the putback: seamless or feather
     delivery: DeliveryProfile | None = None     # the delivery profile (`format` is then its DeliveryFormat)
     loudness: tuple[float, float] | None = None  # (target LUFS, true-peak ceiling dBTP) the audio is leveled to
@@ -62,13 +62,9 @@ class Clip:
         return [self.soundtrack.note] if self.soundtrack and self.soundtrack.note else []
 
 
-def avatar_identity(avatar_dir: Path) -> tuple[int, int] | None:
-    """What changes when an avatar directory is replaced: its record file's inode and mtime (None if gone)."""
-    try:
-        st = os.stat(avatar_dir / PKL_NAME)
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
+def avatar_identity(avatar_dir: Path) -> tuple[int, int, int] | None:
+    """What changes when an avatar directory is replaced: its record file's signature (None if gone)."""
+    return file_signature(avatar_dir / PKL_NAME)
 
 
 def default_output(avatar: str, audio: Path, codec: str | None = None, suffix: str | None = None) -> Path:

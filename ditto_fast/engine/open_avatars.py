@@ -13,7 +13,7 @@ class OpenAvatars:
 
     def __init__(self, checkpoints: CheckpointSet):
         self.checkpoints = checkpoints
-        self._open: dict[str, tuple[tuple[int, int] | None, Avatar]] = {}
+        self._open: dict[str, tuple[tuple[int, int, int] | None, Avatar]] = {}
 
     def get(self, name: str) -> Avatar:
         """The avatar `name`; reopened if its record was replaced since it was opened."""

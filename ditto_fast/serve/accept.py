@@ -5,7 +5,6 @@ would refuse; the refusal is the line `render` prints and its exit code."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -15,7 +14,7 @@ from urllib.parse import urlparse
 from ditto_fast.audio.decode import DecodedAudio
 from ditto_fast.avatar import Avatar
 from ditto_fast.core.errors import UsageError
-from ditto_fast.core.files import shown
+from ditto_fast.core.files import file_signature, shown
 from ditto_fast.engine.clip import check_clip, request_inputs
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.render_setup import RenderSetup
@@ -60,15 +59,6 @@ def request_json(request: RenderRequest) -> dict:
     """A request as the job line that makes it again (paths as given, absolute; defaults left out)."""
     return {f.name: str(v) if isinstance(v, Path) else v
             for f in dataclasses.fields(request) if (v := getattr(request, f.name)) is not None}
-
-
-def file_signature(path: Path) -> tuple[int, int, int] | None:
-    """A file's inode, size and modification time (None if it is gone): what changes when it is replaced or grows."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class DecodedMemo:

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 from ditto_fast.batch.jobs import AUDIO_SUFFIXES
 from ditto_fast.core.errors import DittoError, InputError, UsageError
-from ditto_fast.core.files import KIB, read_bounded
+from ditto_fast.core.files import KIB, file_signature, read_bounded
 from ditto_fast.encoding.formats import default_suffix
 from ditto_fast.delivery.profiles import load_profile
-from ditto_fast.serve.accept import Acceptor, file_signature
+from ditto_fast.serve.accept import Acceptor
 from ditto_fast.serve.queue import JobQueue
 
 SIDECAR_MAX_BYTES = 64 * KIB
