@@ -112,8 +112,8 @@ def register(source, name, max_size, max_frames, force, checkpoints, device, bat
 @cli.command()
 @request_options()
 @engine_options
-@click.option("--timings", "--profile", "timings", type=click.Path(path_type=Path), default=None,
-              help="Write the stage timings as JSON (--profile: the older name).")
+@click.option("--timings", "timings", type=click.Path(path_type=Path), default=None,
+              help="Write the stage timings as JSON.")
 @click.option("--preview", type=click.Path(path_type=Path), default=None,
               help="Also write a PNG: thumbnails of the output, the waveform and the generated lip opening.")
 @QUIET
@@ -132,7 +132,7 @@ def render(timings, preview, quiet, config_path, **values):
     for warning in result.warnings:
         click.echo(f"ditto-fast: warning: {warning}", err=True)
     if not quiet:
-        click.echo(stage_table(result.profile), err=True)
+        click.echo(stage_table(result.timings), err=True)
     click.echo(str(result.output))
 
 

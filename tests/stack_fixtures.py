@@ -50,7 +50,7 @@ def render_reference(out_dir: Path, checkpoints: Path) -> dict:
     audio = reference_audio(out_dir / "speech.wav")
     result = Renderer(checkpoints, device="cpu", precision="fp32").render(
         RenderRequest("anchor", audio, out_dir / "reference.mp4", seed=0))
-    return {"frames": result.profile["frames"], "mouth": [float(m) for m in result.mouth]}
+    return {"frames": result.timings["frames"], "mouth": [float(m) for m in result.mouth]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,8 @@ def test_engine_gives_the_same_bytes_first_or_again_and_as_the_cli(engine, clips
     a = engine.render(RenderRequest("anchor", clips[0], tmp_path / "a.mp4", seed=3))
     engine.render(RenderRequest("anchor", clips[1], tmp_path / "other.mp4"))
     b = engine.render(RenderRequest("anchor", clips[0], tmp_path / "b.mp4", seed=3))
-    assert a.profile["frames"] == 10 and a.output.read_bytes() == b.output.read_bytes()
-    assert container_comment(a.output) == a.profile["digest"]
+    assert a.timings["frames"] == 10 and a.output.read_bytes() == b.output.read_bytes()
+    assert container_comment(a.output) == a.timings["digest"]
     env = dict(os.environ, DITTO_FAST_HOME=str(session_home), DITTO_FAST_CHECKPOINTS=str(tiny_checkpoints))
     r = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "render", "--avatar", "anchor", "--audio",
                         str(clips[0]), "-o", str(tmp_path / "cli.mp4"), "--seed", "3", "--device", "cpu", "--quiet"],
@@ -36,7 +36,7 @@ def test_engine_gives_the_same_bytes_first_or_again_and_as_the_cli(engine, clips
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "cli.mp4").read_bytes() == a.output.read_bytes()
     c = engine.render(RenderRequest("anchor", clips[0], tmp_path / "c.mp4", seed=4))
-    assert c.profile["digest"] != a.profile["digest"] and c.output.read_bytes() != a.output.read_bytes()
+    assert c.timings["digest"] != a.timings["digest"] and c.output.read_bytes() != a.output.read_bytes()
 
 
 def _manifest(path, clips, extra=()):
@@ -199,7 +199,7 @@ def test_lookahead_gives_the_same_bytes(video_avatar, clips, tmp_path, tiny_chec
         cfg = dataclasses.replace(cfg, render=dataclasses.replace(cfg.render, lookahead=ahead))
         r = Renderer(tiny_checkpoints, device="cpu", config=cfg, batch_size=batch_size)
         res = r.render(RenderRequest("anchor", clips[0], tmp_path / f"{ahead}.mp4", seed=5))
-        assert res.profile["batch_size"] == batch_size and res.profile["stages"]["stitch"] > 0
+        assert res.timings["batch_size"] == batch_size and res.timings["stages"]["stitch"] > 0
         outs[ahead] = res.output.read_bytes()
     assert outs[True] == outs[False]
 

@@ -62,7 +62,7 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     assert {r["torch_threads"] for r in rows["jobs"]} == {max(1, len(os.sched_getaffinity(0)) // 2)}
     for j in jobs:                          # the same clips as the engine's (actors may run torch on fewer
         ref = engine.render(RenderRequest("anchor", j.audio, tmp_path / f"ref{j.index}.mp4", seed=j.request.seed))   # threads: rounding)
-        assert container_comment(j.output) == ref.profile["digest"]
+        assert container_comment(j.output) == ref.timings["digest"]
         got, want = _frames(j.output), _frames(ref.output)
         assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 1.0
     assert not list(tmp_path.glob(".ditto-fast.probe*")) and not list(tmp_path.glob(".*.part*"))
@@ -104,7 +104,7 @@ def test_ray_delivers_to_a_profile(local_ray, video_avatar, clips, engine, tmp_p
     assert abs(row["delivery"]["loudness"]["output"]["integrated_lufs"] + 23) <= 0.5
     ref = engine.render(RenderRequest("anchor", clips[0], tmp_path / "ref.mxf", delivery="xdcam-hd422-1080i50",
                                       steps=2))
-    assert container_comment(tmp_path / "d.mxf") == ref.profile["digest"]
+    assert container_comment(tmp_path / "d.mxf") == ref.timings["digest"]
 
 
 def test_ray_address_checked_and_a_cluster_that_does_not_answer(video_avatar, clips, tmp_path, tiny_checkpoints,

@@ -62,7 +62,7 @@ def test_one_job_records_its_outcome_whatever_its_render_raised(tmp_path):
     run_job(jobs[0], lambda: RenderResult(tmp_path / "0.mp4", profile, warnings=("quiet",)), then=seen.append)
     assert (jobs[0].status, jobs[0].frames, jobs[0].extra) == ("done", 7, {"stages": {"render": 0.5},
                                                                             "warnings": ["quiet"]})
-    assert [r.profile for r in seen] == [profile]
+    assert [r.timings for r in seen] == [profile]
 
     def damaged():
         raise AvatarError("ruby: damaged")

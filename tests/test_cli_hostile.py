@@ -56,10 +56,10 @@ def test_side_files_never_replace_an_input_or_an_output(video_avatar, session_ho
     render = ["render", "--avatar", "anchor", "--audio", str(audio), "--device", "cpu", "--quiet",
               "--config", str(config)]
     cases = [
-        [*render, "-o", str(tmp_path / "x.mp4"), "--profile", str(audio)],
-        [*render, "-o", str(tmp_path / "x.mp4"), "--profile", str(tmp_path / "x.mp4")],
-        [*render, "-o", str(tmp_path / "x.mp4"), "--profile", str(config)],
-        [*render, "-o", str(tmp_path / "x.mp4"), "--profile", str(video_avatar / "t.json")],
+        [*render, "-o", str(tmp_path / "x.mp4"), "--timings", str(audio)],
+        [*render, "-o", str(tmp_path / "x.mp4"), "--timings", str(tmp_path / "x.mp4")],
+        [*render, "-o", str(tmp_path / "x.mp4"), "--timings", str(config)],
+        [*render, "-o", str(tmp_path / "x.mp4"), "--timings", str(video_avatar / "t.json")],
         ["batch", str(jobs), "--report", str(jobs), "--device", "cpu", "--quiet"],
         ["batch", str(jobs), "--report", str(audio), "--device", "cpu", "--quiet"],
         ["batch", str(jobs), "--report", str(done), "--device", "cpu", "--quiet"],

@@ -53,7 +53,7 @@ def rendered(engine, video_avatar, clips, tmp_path_factory):
             out = out_dir / f"{profile}-{len(made)}{SHIPPED.get(profile, '.mxf')}"
             result = engine.render(RenderRequest(avatar="anchor", audio=clips[0], output=out, delivery=profile,
                                                  steps=2, **fields))
-            made[key] = (out, result.profile, result.warnings)
+            made[key] = (out, result.timings, result.warnings)
         return made[key]
 
     return render
@@ -318,9 +318,9 @@ def test_field_rate_motion_renders_each_field_at_its_own_time(engine, rendered, 
     out = tmp_path / "fields.mxf"
     result = engine.render(RenderRequest(avatar="anchor", audio=clips[0], output=out, delivery=str(house), steps=2))
     psf_out, psf, _ = rendered("xdcam-hd422-1080i50")
-    d = result.profile["delivery"]
+    d = result.timings["delivery"]
     assert d["qc"].endswith("ok") and d["scan"] == "interlaced tff, field-rate motion" and d["delivered_rate"] == "25"
-    assert result.profile["rate"] == "50" and result.profile["frames"] == 2 * psf["frames"]
+    assert result.timings["rate"] == "50" and result.timings["frames"] == 2 * psf["frames"]
     assert len(video_md5(out)) == len(video_md5(psf_out)) == psf["frames"]
 
 
@@ -336,9 +336,9 @@ def test_the_render_and_qc_run_one_check(engine, video_avatar, clips, tmp_path, 
     out = tmp_path / "tone.mxf"
     result = engine.render(RenderRequest(avatar="anchor", audio=tone, output=out, delivery="xdcam-hd422-1080i50",
                                          loudness="off", steps=2))
-    rendered_qc = {r["name"]: r for r in result.profile["delivery"]["requirements"]}
+    rendered_qc = {r["name"]: r for r in result.timings["delivery"]["requirements"]}
     assert rendered_qc["loudness"]["waived"] and rendered_qc["true peak"]["waived"]
-    assert result.profile["delivery"]["qc"].endswith(", 2 noted (--loudness off)")
+    assert result.timings["delivery"]["qc"].endswith(", 2 noted (--loudness off)")
     assert any("true peak" in w and "--loudness off" in w for w in result.warnings)
     res = run_cli(["qc", out, "--delivery", "xdcam-hd422-1080i50", "--loudness", "off", "--json"])
     assert res.returncode == 0, res.stdout

@@ -53,7 +53,7 @@ def rendered(video_avatar, session_home, tiny_checkpoints, tmp_path_factory):
     runs = {}
     for tag, seed in (("a", 0), ("b", 0), ("c", 1)):
         r = cli(["render", "--avatar", "anchor", "--audio", str(SPEECH_2S), "-o", str(out / f"{tag}.mp4"),
-                 "--seed", str(seed), "--profile", str(out / f"{tag}.json"), "--quiet"], session_home,
+                 "--seed", str(seed), "--timings", str(out / f"{tag}.json"), "--quiet"], session_home,
                 tiny_checkpoints)
         assert r.returncode == 0, r.stderr
         runs[tag] = out / f"{tag}.mp4"
@@ -65,14 +65,14 @@ def test_output_frames_size_and_audio(rendered):
     frames = decode(rendered["a"])
     assert frames.shape == (50, 1080, 1920, 3)
     assert abs(audio_seconds(rendered["a"]) - 2.0) <= 0.05
-    profile = json.loads(rendered["a"].with_suffix(".json").read_text())
-    assert profile["frames"] == 50 and profile["random_weights"] is True and profile["steps"] == 25
-    assert set(profile["stages"]) == {"load_models", "load_avatar", "audio_features", "motion", "stitch", "render",
+    timings = json.loads(rendered["a"].with_suffix(".json").read_text())
+    assert timings["frames"] == 50 and timings["random_weights"] is True and timings["steps"] == 25
+    assert set(timings["stages"]) == {"load_models", "load_avatar", "audio_features", "motion", "stitch", "render",
                                       "putback", "write"}
-    assert set(profile["stages_cpu"]) == set(profile["stages"])
-    assert all(profile["stages_cpu"][k] <= profile["stages"][k] + 0.05 for k in ("stitch", "putback", "write"))
-    assert profile["stages_cpu"]["putback"] > 0 and profile["stages_cpu"]["stitch"] > 0
-    assert profile["encoder"] == "libx264" and profile["batch_size"] == 1 and profile["rate"] == "25"
+    assert set(timings["stages_cpu"]) == set(timings["stages"])
+    assert all(timings["stages_cpu"][k] <= timings["stages"][k] + 0.05 for k in ("stitch", "putback", "write"))
+    assert timings["stages_cpu"]["putback"] > 0 and timings["stages_cpu"]["stitch"] > 0
+    assert timings["encoder"] == "libx264" and timings["batch_size"] == 1 and timings["rate"] == "25"
     assert not list(rendered["a"].parent.glob(".*part*"))
 
 

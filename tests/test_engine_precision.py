@@ -75,5 +75,5 @@ def test_a_pin_overrides_the_probe_and_a_bad_pin_is_refused(tiny_set, tmp_path, 
 @pytest.mark.slow
 def test_a_render_says_what_auto_chose(engine, clips, tmp_path):
     res = engine.render(RenderRequest("anchor", clips[0], tmp_path / "o.mp4"))
-    assert res.profile["precision"] == "float32"
-    assert res.profile["precision_choice"] == "fp32: pinned by DITTO_FAST_CPU_PRECISION"
+    assert res.timings["precision"] == "float32"
+    assert res.timings["precision_choice"] == "fp32: pinned by DITTO_FAST_CPU_PRECISION"

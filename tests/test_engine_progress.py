@@ -103,7 +103,7 @@ def test_hubert_and_the_lmdm_report_from_their_start(engine, clips):
         mine = [c for c in calls if c[0] == stage]
         assert mine[0] == (stage, 0, motion_frames) and mine[-1] == (stage, motion_frames, motion_frames)
     frames = [c for c in calls if c[0] == FRAMES]
-    assert frames[0] == (FRAMES, 0, result.profile["frames"]) and frames[-1][1] == result.profile["frames"]
+    assert frames[0] == (FRAMES, 0, result.timings["frames"]) and frames[-1][1] == result.timings["frames"]
     assert [c[1] for c in frames] == sorted(c[1] for c in frames)
 
 

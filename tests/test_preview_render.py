@@ -32,18 +32,18 @@ def test_lip_opening_grows_as_the_lip_keypoints_part():
 @pytest.mark.slow
 def test_render_returns_the_lip_opening_and_the_preview_is_the_same_each_time(engine, clips, tmp_path):
     result = engine.render(RenderRequest("anchor", clips[0], tmp_path / "a.mp4", seed=3))
-    n = result.profile["frames"]
+    n = result.timings["frames"]
     assert result.mouth is not None and result.mouth.shape == (n,) and np.isfinite(result.mouth).all()
     assert np.ptp(result.mouth) > 0                                  # the generated motion moves the lips
     av = engine.avatar("anchor")
     from ditto_fast.preview.render_strip import face_square
 
     face = face_square(av.M_c2o, av.size)
-    a = render_strip(result.output, clips[0], n, result.profile["rate"], mouth=result.mouth, face=face)
-    b = render_strip(result.output, clips[0], n, result.profile["rate"], mouth=result.mouth, face=face)
+    a = render_strip(result.output, clips[0], n, result.timings["rate"], mouth=result.mouth, face=face)
+    b = render_strip(result.output, clips[0], n, result.timings["rate"], mouth=result.mouth, face=face)
     assert a.shape[1] == 1600 and a.shape[0] > 600
     np.testing.assert_array_equal(a, b)
-    without = render_strip(result.output, clips[0], n, result.profile["rate"])
+    without = render_strip(result.output, clips[0], n, result.timings["rate"])
     assert without.shape[0] < a.shape[0]                             # no face close-ups without the avatar
 
 

@@ -212,7 +212,7 @@ def test_a_real_render_keeps_every_plate_pixel_outside_the_face_mask(tmp_path, v
     out = tmp_path / "out.mkv"
     renderer = Renderer(tiny_checkpoints, device="cpu", crf=0, preset="ultrafast")
     result = renderer.render(RenderRequest(avatar="anchor", audio=clips[0], output=out, blend="seamless"))
-    assert result.profile["blend"] == "seamless"
+    assert result.timings["blend"] == "seamless"
     avatar = load_avatar(video_avatar)
     w, h = avatar.size
     raw = subprocess.run([__import__("imageio_ffmpeg").get_ffmpeg_exe(), "-v", "error", "-i", str(out), "-f",
@@ -241,7 +241,7 @@ def test_blend_is_a_setting_of_the_cli_the_config_and_job_lines(tmp_path, video_
     for blend in ("feather", "seamless"):
         outs[blend] = tmp_path / f"{blend}.mp4"
         r = subprocess.run([*cli, "render", "--avatar", "anchor", "--audio", str(clips[0]), "-o", str(outs[blend]),
-                            "--blend", blend, "--quiet", "--profile", str(tmp_path / f"{blend}.json")],
+                            "--blend", blend, "--quiet", "--timings", str(tmp_path / f"{blend}.json")],
                            capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         assert json.loads((tmp_path / f"{blend}.json").read_text())["blend"] == blend

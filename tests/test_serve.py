@@ -276,7 +276,7 @@ def test_a_served_job_is_the_file_render_writes(serving, tmp_path, run_cli, tiny
                                                    "output": str(tmp_path / "served.mp4"), "emotion": "happy"})
     assert status == 202, body
     job = server.wait(body["id"])
-    assert job["status"] == "done" and job["exit_code"] == 0 and job["profile"]["frames"] == 20, job
+    assert job["status"] == "done" and job["exit_code"] == 0 and job["timings"]["frames"] == 20, job
     r = run_cli(["render", "--avatar", "anchor", "--audio", audio, "-o", tmp_path / "rendered.mp4", "--emotion",
                  "happy", "--device", "cpu", "--quiet"], store_env(tmp_path / "home", tiny_checkpoints))
     assert r.returncode == 0, r.stderr
@@ -285,7 +285,7 @@ def test_a_served_job_is_the_file_render_writes(serving, tmp_path, run_cli, tiny
     again = server.wait(server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
                                                          "output": str(tmp_path / "served.mp4"),
                                                          "emotion": "happy"})[1]["id"])
-    assert again["status"] == "done" and again["skipped"] and again["profile"] is None
+    assert again["status"] == "done" and again["skipped"] and again["timings"] is None
     assert server.stop() == 0
     lines = [json.loads(line) for line in server.log.read_text().splitlines()]
     assert [e["state"] for e in lines if e.get("job") == body["id"]] == ["queued", "running", "done"]
@@ -400,7 +400,7 @@ def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(l
     audio = _speech(tmp_path, "a.wav", 0.8)
     job = server.wait(server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "seed": 3,
                                                        "output": str(tmp_path / "served.mp4")})[1]["id"])
-    assert job["status"] == "done" and job["profile"]["frames"] == 20, job
+    assert job["status"] == "done" and job["timings"]["frames"] == 20, job
     r = run_cli(["render", "--avatar", "anchor", "--audio", audio, "-o", tmp_path / "rendered.mp4", "--seed", "3",
                  "--device", "cpu", "--quiet"], store_env(tmp_path / "home", tiny_checkpoints))
     assert r.returncode == 0, r.stderr

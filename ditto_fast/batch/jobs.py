@@ -145,13 +145,13 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
             for i, p in enumerate(files)]
 
 
-def record_result(job: Job, profile: dict, warnings: tuple[str, ...] = ()) -> None:
+def record_result(job: Job, timings: dict, warnings: tuple[str, ...] = ()) -> None:
     """A rendered job's report entries: done, its frames and stages, and for a delivery its profile, QC and the
     loudness measured in and out."""
-    job.status, job.frames = "done", profile["frames"]
-    job.extra["stages"] = profile["stages"]
-    if "delivery" in profile:
-        d = profile["delivery"]
+    job.status, job.frames = "done", timings["frames"]
+    job.extra["stages"] = timings["stages"]
+    if "delivery" in timings:
+        d = timings["delivery"]
         job.extra["delivery"] = {"profile": d["profile"], "qc": d["qc"], "loudness": d["loudness"]}
     if warnings:
         job.extra["warnings"] = list(warnings)

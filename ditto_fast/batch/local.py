@@ -27,7 +27,7 @@ class LocalEngine:
     def execute(self, book: Book) -> None:
         renderer, total = None, len(book.queue)
         while (job := book.take()) is not None:
-            if renderer is None:                # its load time goes into the first render's profile
+            if renderer is None:                # its load time goes into the first render's timings
                 renderer = Renderer(setup=self.render_setup)
             k, clip = total - len(book.queue), book.clips[job.index]
             tick = (lambda stage, d, n, k=k: self.progress(f"job {k}/{total} {stage}", d, n)) if self.progress \

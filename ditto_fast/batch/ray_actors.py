@@ -93,7 +93,7 @@ class BatchWorker:
 
     def _render(self, request: RenderRequest, audio: DecodedAudio, progress: Progress | None = None) -> RenderResult:
         """Check `request` with its decoded `audio` against the avatar opened here, from this node's view of the
-        store, and render it; the engine is loaded for the first (its load time goes into that render's profile)."""
+        store, and render it; the engine is loaded for the first (its load time goes into that render's timings)."""
         from ditto_fast.engine.clip import check_clip
         from ditto_fast.engine.renderer import Renderer
 

@@ -133,12 +133,12 @@ def run_jobs(jobs: list[Job], executor: Executor, *, force: bool = False, fail_f
 
 def run_job(job: Job, render: Callable[[], RenderResult], then: Callable[[RenderResult], None] | None = None
             ) -> None:
-    """Render one job (`render`) and record on it what became of it: done with its profile (then `then`, such as
+    """Render one job (`render`) and record on it what became of it: done with its timings (then `then`, such as
     its preview), or failed with the error; a bug in one job is that job's internal error, not the batch's."""
     t0 = time.perf_counter()
     try:
         result = render()
-        record_result(job, result.profile, result.warnings)
+        record_result(job, result.timings, result.warnings)
         if then:
             then(result)
     except DittoError as e:

@@ -5,9 +5,9 @@ putback, write: one thread, frames in order, deterministic for a seed (the same 
 is an engine's first or tenth). Overlap comes only from what is already asynchronous: CUDA kernel
 launches and the ffmpeg reader/writer processes. Nothing here prints or changes process-wide state;
 progress goes to a callback, `progress(stage, done, total)` for the audio features, the motion and the frames
-in turn (see engine/stages.py), and the stage timings into the result's profile.
+in turn (see engine/stages.py), and the stage timings into the result's timings.
 
-Stage keys of the profile and the table (wall seconds each):
+Stage keys of the timings and the table (wall seconds each):
   load_models     finding the checkpoints and loading the networks and HuBERT (in an engine's first render;
                   0 in the ones after it, which load nothing)
   load_avatar     opening the avatar cache (0 for a Clip checked before: its avatar is open already)
@@ -61,25 +61,25 @@ STAGES = ("load_models", "load_avatar", "audio_features", "motion", "stitch", "r
 @dataclass
 class RenderResult:
     output: Path
-    profile: dict
+    timings: dict
     mouth: np.ndarray | None = None     # [N] generated lip opening per output frame (for the render preview)
     warnings: tuple[str, ...] = ()      # what the caller should tell the user (speech too quiet to level)
 
 
-def stage_table(profile: dict) -> str:
-    """The human-readable stage table of a render's profile."""
-    n = max(1, profile["frames"])
+def stage_table(timings: dict) -> str:
+    """The human-readable stage table of a render's timings."""
+    n = max(1, timings["frames"])
     lines = [f"{'stage':<16}{'seconds':>10}{'ms/frame':>11}"]
     for s in STAGES:
-        sec = profile["stages"][s]
+        sec = timings["stages"][s]
         lines.append(f"{s:<16}{sec:>10.2f}{1000 * sec / n:>11.1f}")
-    lines.append(f"{'total':<16}{profile['wall_seconds']:>10.2f}{1000 * profile['wall_seconds'] / n:>11.1f}")
-    lines.append(f"{profile['frames']} frames, {profile['audio_seconds']:.2f} s audio, {profile['fps']:.2f} fps, "
-                 f"{profile['device']} {profile['precision']}, {profile['steps']} steps, {profile['rate']} fps "
-                 f"{profile['container']} {profile['encoder']}, batch {profile['batch_size']}"
-                 + (" — RANDOM WEIGHTS: the face region is noise" if profile["random_weights"] else ""))
-    if profile.get("delivery"):
-        d, ld = profile["delivery"], profile["delivery"].get("loudness")
+    lines.append(f"{'total':<16}{timings['wall_seconds']:>10.2f}{1000 * timings['wall_seconds'] / n:>11.1f}")
+    lines.append(f"{timings['frames']} frames, {timings['audio_seconds']:.2f} s audio, {timings['fps']:.2f} fps, "
+                 f"{timings['device']} {timings['precision']}, {timings['steps']} steps, {timings['rate']} fps "
+                 f"{timings['container']} {timings['encoder']}, batch {timings['batch_size']}"
+                 + (" — RANDOM WEIGHTS: the face region is noise" if timings["random_weights"] else ""))
+    if timings.get("delivery"):
+        d, ld = timings["delivery"], timings["delivery"].get("loudness")
         level_text = "levels as spoken" if ld is None else (
             f"loudness {ld['input']['integrated_lufs']:.1f} -> {ld['output']['integrated_lufs']:.1f} LUFS "
             f"(target {ld['target']:g}), true peak {ld['output']['true_peak_dbtp']:.1f} dBTP")
@@ -112,7 +112,7 @@ class Renderer:
         self.random_weights = self.checkpoints.any_random(self.lmdm, self.stitch_net)
         self._avatars = OpenAvatars(self.checkpoints)
         self.load_seconds = time.perf_counter() - t0
-        self._unreported_load = self.load_seconds      # goes into the first render's profile
+        self._unreported_load = self.load_seconds      # goes into the first render's timings
 
     def avatar(self, name: str) -> Avatar:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
@@ -137,7 +137,7 @@ class Renderer:
         with claimed(clip.output):              # one writer per output path, for the whole render
             mouth, delivery = self._render(clip, digest, timer, progress)
         wall = time.perf_counter() - t_start
-        profile = {
+        timings = {
             "frames": clip.frames, "audio_seconds": clip.audio.seconds, "wall_seconds": wall,
             "fps": clip.frames / wall if wall else 0.0, "device": str(self.device),
             "precision": str(self.dtype).replace("torch.", ""), "precision_choice": self.setup.precision_choice,
@@ -151,11 +151,11 @@ class Renderer:
         }
         warnings: tuple[str, ...] = ()
         if delivery is not None:
-            profile["delivery"] = delivery
+            timings["delivery"] = delivery
             warnings = tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
                              f"{clip.delivery.name} asks: levels as spoken (--loudness off); `ditto-fast qc` "
                              "without --loudness off fails it" for r in delivery["requirements"] if r["waived"])
-        return RenderResult(clip.output, profile, mouth, warnings)
+        return RenderResult(clip.output, timings, mouth, warnings)
 
     def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None
                 ) -> tuple[np.ndarray, dict | None]:
@@ -209,7 +209,7 @@ def _qc_check(clip: Clip, fmt) -> Callable[[Path], list]:
 
 
 def _delivery_record(clip: Clip, leveling: Leveling | None, checked: list) -> dict:
-    """The profile JSON's "delivery": profile, the QC lines, loudness measured on the speech and on the file."""
+    """The timings JSON's "delivery": the profile, the QC lines, loudness measured on the speech and on the file."""
     v = clip.delivery.video
     record = {"profile": clip.delivery.name, "qc": qc.summary(checked),
               "scan": ("interlaced " + v.field_order + (", field-rate motion" if v.field_rate else ", PsF"))

@@ -44,7 +44,7 @@ def render_one(request: RenderRequest, options: EngineOptions, *, timings: Path 
         setup = RenderSetup.resolve(dataclasses.replace(options, checkpoints=checkpoints, config=config))
         result = Renderer(setup=setup).render(clip, progress=progress)
     if timings is not None:
-        write_json(timings, result.profile)
+        write_json(timings, result.timings)
     if preview is not None:
         write_preview(preview, result, clip)
     return result
@@ -55,6 +55,6 @@ def write_preview(path: Path, result: RenderResult, clip: Clip) -> Path:
     opening and the face close-ups."""
     from ditto_fast.preview.render_strip import write_render_preview
 
-    return write_render_preview(path, result.output, clip.request.audio, result.profile["frames"],
-                                result.profile["rate"], mouth=result.mouth, M_c2o=clip.avatar.M_c2o,
-                                size=clip.avatar.size, random_weights=result.profile["random_weights"])
+    return write_render_preview(path, result.output, clip.request.audio, result.timings["frames"],
+                                result.timings["rate"], mouth=result.mouth, M_c2o=clip.avatar.M_c2o,
+                                size=clip.avatar.size, random_weights=result.timings["random_weights"])

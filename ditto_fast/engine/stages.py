@@ -1,4 +1,4 @@
-"""The stages of one clip's render, in the profile's order: the timeline, audio features, motion, then the frame
+"""The stages of one clip's render, in the timings' order: the timeline, audio features, motion, then the frame
 loop (stitch, warp + decode, putback, write). Each is a function of the checked Clip and what came before;
 the Renderer wires them, owns the timer and hands progress on: each long stage reports (stage, done, total)
 from its start, so an hour of audio shows movement in its first second."""

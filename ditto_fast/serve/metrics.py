@@ -27,9 +27,9 @@ class Metrics:
         self.turnaround = Histogram("ditto_fast_turnaround_seconds", "Seconds from a job's acceptance to its end",
                                     buckets=TURNAROUND_BUCKETS, registry=r)
 
-    def rendered(self, profile: dict) -> None:
-        self.frames.inc(profile["frames"])
-        for stage, seconds in profile["stages"].items():
+    def rendered(self, timings: dict) -> None:
+        self.frames.inc(timings["frames"])
+        for stage, seconds in timings["stages"].items():
             self.stage_seconds.labels(stage).inc(seconds)
 
     def ended(self, job: dict) -> None:

@@ -35,14 +35,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT,
     exit_code INTEGER,
     seconds REAL,
-    profile TEXT,
+    timings TEXT,
     progress TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
     skipped INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_next ON jobs (status, priority DESC, seq);
 """
-_JSON_COLUMNS = ("request", "profile", "progress")
+_JSON_COLUMNS = ("request", "timings", "progress")
 
 
 class JobQueue:
@@ -54,6 +54,9 @@ class JobQueue:
         with closing(sqlite3.connect(self.path, timeout=30, isolation_level=None)) as db:
             db.execute("PRAGMA journal_mode=WAL")       # kept by the file: readers never wait for the writer
             db.executescript(_SCHEMA)
+            columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+            if "profile" in columns:            # a queue written before the stage timings were called timings
+                db.execute("ALTER TABLE jobs RENAME COLUMN profile TO timings")
         with self._db() as db:
             # the job a killed server was rendering: queued again (nothing of it is at its output: renders rename)
             db.execute("UPDATE jobs SET status='queued', progress=NULL, started=NULL WHERE status='running'")
@@ -95,7 +98,7 @@ class JobQueue:
         return self.get(row["id"])
 
     def finish(self, job_id: str, status: str, **fields: Any) -> dict:
-        """Set a job's final (or re-queued) state and any of output, error, exit_code, seconds, profile, skipped."""
+        """Set a job's final (or re-queued) state and any of output, error, exit_code, seconds, timings, skipped."""
         assert status in STATES
         values = {k: json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
         if status in FINAL:
@@ -165,6 +168,6 @@ def job_view(job: dict) -> dict:
     """A job as the API returns it (and as a callback receives it)."""
     return {"id": job["id"], "status": job["status"], "priority": job["priority"], "source": job["source"],
             "request": job["request"], "progress": job["progress"], "output": job["output"], "error": job["error"],
-            "exit_code": job["exit_code"], "seconds": job["seconds"], "profile": job["profile"],
+            "exit_code": job["exit_code"], "seconds": job["seconds"], "timings": job["timings"],
             "skipped": bool(job["skipped"]), "attempts": job["attempts"], "created": job["created"],
             "started": job["started"], "finished": job["finished"]}

@@ -50,7 +50,7 @@ class ServeActor(BatchWorker):
 
     def render(self, request: RenderRequest, audio: DecodedAudio, token: str) -> dict[str, Any]:
         """Render a request the server checked (`audio`: its decoding there), the avatar opened here from this
-        node's store; `token` names this render for cancel(). The outcome as plain data: output and profile, or
+        node's store; `token` names this render for cancel(). The outcome as plain data: output and timings, or
         error and exit code, or cancelled."""
         self.state = None
 
@@ -65,7 +65,7 @@ class ServeActor(BatchWorker):
             return {"cancelled": True}
         except DittoError as e:
             return {"error": str(e), "exit_code": e.exit_code}
-        return {"output": str(result.output), "profile": result.profile, "warnings": list(result.warnings)}
+        return {"output": str(result.output), "timings": result.timings, "warnings": list(result.warnings)}
 
     def progress(self) -> tuple[str, int, int] | None:
         """The running render's last (stage, done, total); None before its first."""
@@ -118,7 +118,7 @@ class RayEngine:
             raise JobCancelled()
         if "error" in outcome:
             raise RemoteError(outcome["error"], outcome["exit_code"])
-        return RenderResult(clip.output, outcome["profile"], None, tuple(outcome["warnings"]))
+        return RenderResult(clip.output, outcome["timings"], None, tuple(outcome["warnings"]))
 
 
 class RayPool:

@@ -140,8 +140,8 @@ class Worker:
             else:
                 result = engine.render(clip, progress=self._progress(job["id"]))
                 done = self.queue.finish(job["id"], "done", output=str(result.output), exit_code=0,
-                                         seconds=round(time.perf_counter() - t0, 3), profile=result.profile)
-                self.metrics.rendered(result.profile)
+                                         seconds=round(time.perf_counter() - t0, 3), timings=result.timings)
+                self.metrics.rendered(result.timings)
         except JobCancelled:
             if self._stop.is_set() and job["id"] not in self._cancel:      # the server stops: run it next time
                 self.queue.finish(job["id"], "queued", progress=None)

@@ -2,7 +2,7 @@
 
 Both arms are `ditto-fast` processes timed from outside, so both pay Python's start and the imports.
 Per-clip fixed cost = wall time less the per-frame stages (audio features, motion, stitch, render,
-putback, write) of each clip, read from each render's profile / the batch's report.
+putback, write) of each clip, read from each render's timings / the batch's report.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
     for i in range(clips_n):
         prof = work / f"p{i}.json"
         wall = _cli(["render", "--avatar", "bench", "--audio", str(audio), "-o", str(work / f"r{i}.mp4"),
-                     "--seed", str(i), "--steps", str(steps), "--profile", str(prof), *common], env)
+                     "--seed", str(i), "--steps", str(steps), "--timings", str(prof), *common], env)
         stages = json.loads(prof.read_text())["stages"]
         separate += wall
         fixed_sep.append(wall - sum(stages[k] for k in PER_FRAME))

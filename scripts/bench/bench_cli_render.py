@@ -77,7 +77,7 @@ def run(out_json: str | None, quick: bool = False, tiny: bool = True) -> dict:
         for i in range(1 if quick else 3):
             prof = tmp / f"p{i}.json"
             wall, calls = _cli(["render", "--avatar", "b", "--audio", str(audio), "-o", str(tmp / f"o{i}.mp4"),
-                         "--batch-size", "1", "--profile", str(prof), "--quiet"], env)
+                         "--batch-size", "1", "--timings", str(prof), "--quiet"], env)
             p = json.loads(prof.read_text())
             rows.append({"process_s": wall, "render_s": p["wall_seconds"], "load_models_s": p["stages"]["load_models"],
                          "rest_s": wall - p["wall_seconds"] - p["stages"]["load_models"],

@@ -149,25 +149,25 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     frames, rounds = (2, 1) if quick else (8, 3)
     autos, plains = [], []
     for _ in range(rounds):     # the arms alternate; each keeps its best round (this host's speed drifts)
-        profile, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")
-        autos.append(profile["stages"]["render"] / profile["frames"])
+        timings, _ = _render(anchor(25), ckpt, speech(frames / 25), "cpu", "auto")
+        autos.append(timings["stages"]["render"] / timings["frames"])
         plains.append(_plain_child(ckpt, frames))
     auto_s, plain_s = min(autos), min(plains)
     plain_our_malloc = _plain_child(ckpt, frames, CLI_MALLOC)      # for the record: the plain arm on our malloc policy
     native_bf16 = bool(set(kind["flags"]) & set(BF16_FLAGS))
     gflops = {"fp32": conv_throughput(torch.float32), "bf16": conv_throughput(torch.bfloat16, 1 if quick else 2)}
     result = {"cpu": kind["model"], "flags": kind["flags"], "native_bf16": native_bf16,
-              "auto_precision": profile["precision"], "precision_choice": profile["precision_choice"],
-              "auto_batch_size": profile["batch_size"], "batch_choice": profile["batch_choice"],
-              "frames": profile["frames"], "auto_warp_decode_s_per_frame": auto_s,
+              "auto_precision": timings["precision"], "precision_choice": timings["precision_choice"],
+              "auto_batch_size": timings["batch_size"], "batch_choice": timings["batch_choice"],
+              "frames": timings["frames"], "auto_warp_decode_s_per_frame": auto_s,
               "plain_fp32_eager_s_per_frame": plain_s, "speedup": plain_s / auto_s, "target_speedup": 2.5,
               "rounds": {"auto": autos, "plain": plains}, "plain_with_our_malloc_s_per_frame": plain_our_malloc,
               "conv3x3_gflops": gflops,
               "limit_s_per_frame": {k: FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()},
               "default_path_limit_s_per_frame": {k: FOLDED_FLOP_PER_FRAME / (v * 1e9) for k, v in gflops.items()}}
     print(f"CPU: {kind['model']} ({', '.join(kind['flags']) or 'no bf16/AMX flags'})")
-    print(f"warp + decode, full size, s/frame: default render ({profile['precision']}: "
-          f"{profile['precision_choice']}; batch {profile['batch_choice']}) {auto_s:.2f}; plain fp32 eager "
+    print(f"warp + decode, full size, s/frame: default render ({timings['precision']}: "
+          f"{timings['precision_choice']}; batch {timings['batch_choice']}) {auto_s:.2f}; plain fp32 eager "
           f"batch 1 {plain_s:.2f} "
           f"-> {result['speedup']:.2f}x (target >= 2.5x)" + (f"; best of {rounds} rounds, alternating: default "
           + " / ".join(f"{v:.2f}" for v in autos) + ", plain " + " / ".join(f"{v:.2f}" for v in plains)

@@ -83,7 +83,7 @@ def renders(work: Path, ckpt: Path, audio: Path, extra: dict[str, Path]) -> dict
         out, prof = work / f"{name}{load_profile(profile).extension}", work / f"{name}.json"
         t0 = time.perf_counter()
         r = _cli(["render", "--avatar", "a", "--audio", str(audio), "-o", str(out), "--delivery", profile, "--quiet",
-                  "--profile", str(prof)], env)
+                  "--timings", str(prof)], env)
         seconds = time.perf_counter() - t0
         if r.returncode:
             raise RuntimeError(f"render {name} failed: {r.stderr[-500:]}")

@@ -87,13 +87,13 @@ def _one(name: str, work: Path, ckpt: Path, audio: Path, n: int, seconds: float)
     plate = next((work / "home").rglob("plate.mp4"))
     line = subprocess.run([FFMPEG, "-hide_banner", "-i", str(plate)], capture_output=True, text=True).stderr
     layout = next((w for w in ("yuv422p10le", "yuv420p10le", "yuv422p", "yuv420p") if f"{w}(" in line), "?")
-    out, prof = work / "out.mov", work / "profile.json"
+    out, prof = work / "out.mov", work / "timings.json"
     codec = ["--codec", "prores"] if "ProRes" in name else []
-    render_s = _cli(["render", "--avatar", "a", "--audio", str(audio), "-o", str(out), "--quiet", "--profile",
+    render_s = _cli(["render", "--avatar", "a", "--audio", str(audio), "-o", str(out), "--quiet", "--timings",
                      str(prof), *codec], env)
-    profile = json.loads(prof.read_text())
-    frames = int(profile.get("frames") or round(seconds * 25))
-    stages = profile["stages"]
+    timings = json.loads(prof.read_text())
+    frames = int(timings.get("frames") or round(seconds * 25))
+    stages = timings["stages"]
     after = patch_error(_first_rgb(out))
     if before_args is not None:
         _cli(["register", str(src), "--name", "b", "--quiet", "--force", *extra, *before_args], env)
@@ -129,5 +129,5 @@ def run(out_json: str | None, quick: bool = False) -> dict:
               f"{r['render_ms_per_frame']:11.0f} {r['render_frame_loop_ms_per_frame']:9.1f} "
               f"{'x'.join(map(str, r['output_size'])):>10}  {b} -> {a}")
     print("reg/render ms/f: whole CLI calls (start-up and model loading included) over the frames; loop: the frame\n"
-          "loop's stitch + render + putback + write stages from --profile (tiny networks)")
+          "loop's stitch + render + putback + write stages from --timings (tiny networks)")
     return save(out_json, result)

@@ -68,12 +68,12 @@ engine = Renderer({ckpt!r}, device={device!r}, precision={precision!r}, batch_si
 res = engine.render(RenderRequest("bench", {audio!r}, {out!r}, blend={blend!r}))
 import resource
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)     # the ffmpeg processes: audio decode, plate decode, encode
-res.profile["ffmpeg_cpu_s"] = ru.ru_utime + ru.ru_stime
-res.profile["io_s"] = io_s
-res.profile["putback_split_s"] = putback_s
-res.profile["torch_threads"] = threads_used
-print(stage_table(res.profile), flush=True)
-print(json.dumps(res.profile))
+res.timings["ffmpeg_cpu_s"] = ru.ru_utime + ru.ru_stime
+res.timings["io_s"] = io_s
+res.timings["putback_split_s"] = putback_s
+res.timings["torch_threads"] = threads_used
+print(stage_table(res.timings), flush=True)
+print(json.dumps(res.timings))
 """
 
 

@@ -4,7 +4,7 @@ against `batch` of the same 20, and a breaking job's wait behind 10 normal ones.
 a client would: polling at 100 Hz took CPU from the render on two cores.
 
 Fixed cost per clip = turnaround less the clip's own stages (audio features, motion, stitch, render, putback,
-write) from its profile; in the server that is the queue, the checks and the HTTP round trips.
+write) from its timings; in the server that is the queue, the checks and the HTTP round trips.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def _wait(port: int, job_id: str, poll: float = 0.25) -> dict:
         time.sleep(poll)
 
 
-def _own(profile: dict) -> float:
-    return sum(profile["stages"][k] for k in PER_CLIP)
+def _own(timings: dict) -> float:
+    return sum(timings["stages"][k] for k in PER_CLIP)
 
 
 def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) -> dict:
@@ -68,7 +68,7 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
     # a cold process
     t0 = time.perf_counter()
     subprocess.run([*cli, "render", "--avatar", "bench", "--audio", str(clip), "-o", str(work / "cold.mp4"),
-                    "--profile", str(work / "cold.json"), *common], check=True, env=env)
+                    "--timings", str(work / "cold.json"), *common], check=True, env=env)
     cold = time.perf_counter() - t0
     cold_own = _own(json.loads((work / "cold.json").read_text()))
 
@@ -91,7 +91,7 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
             t0 = time.time()
             job = _wait(port, _call(port, "POST", "/v1/jobs", {"avatar": "bench", "audio": str(clip), "seed": i + 1,
                                                                 "output": str(work / f"warm{i}.mp4")})["id"])
-            warm.append((job["finished"] - t0, _own(job["profile"])))
+            warm.append((job["finished"] - t0, _own(job["timings"])))
         warm.sort()
         warm_wall, warm_own = warm[len(warm) // 2]
 

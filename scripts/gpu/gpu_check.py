@@ -188,7 +188,7 @@ def run(args: argparse.Namespace, seconds: float, tmp: Path, t_start: float) -> 
             engine.setup = dataclasses.replace(base_setup, nvenc=use_nvenc)
             engine.config = dataclasses.replace(base_cfg, render=dataclasses.replace(base_cfg.render, lookahead=ahead))
             res = engine.render(RenderRequest("gpu_check", audio, tmp / f"out_{ahead}_{use_nvenc}.mp4"))
-            p = res.profile
+            p = res.timings
             per = {k: round(1000 * p["stages"][k] / p["frames"], 2) for k in shown}
             renders.append({"lookahead": ahead, "encoder": p["encoder"], "frames": p["frames"],
                             "fps": round(p["fps"], 2), "ms_per_frame": per})
