@@ -1,0 +1,113 @@
+"""What crosses an engine handle: a checked job going out (`EngineJob`), its result or the reason it has none coming
+back; the interface every handle has (`EngineHandle`) and what it says of its engine (`EngineState`)."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ditto_fast.core.errors import DittoError
+
+if TYPE_CHECKING:
+    from ditto_fast.audio.decode import DecodedAudio
+    from ditto_fast.engine.render_setup import RenderSetup
+    from ditto_fast.engine.renderer import RenderResult
+    from ditto_fast.engine.request import RenderRequest
+    from ditto_fast.engine.stages import Progress
+
+STATES = ("starting", "idle", "busy", "restarting", "dead")
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    """A job checked by the parent: the request (paths absolute), its decoded audio and the signature of the avatar's
+    files it was checked against (the engine opens the avatar from its own view of the store)."""
+
+    request: RenderRequest
+    audio: DecodedAudio
+    avatar: tuple | None = None
+    label: str = ""                     # what the job is called where it came from (a serve job's id)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)      # names this render for a cancel
+
+
+class JobCancelled(Exception):
+    """Raised by a progress callback to stop its render (a cancelled job, a stopping server), and by a handle whose
+    render so stopped: nothing is left at the output."""
+
+
+class EngineDied(Exception):
+    """The engine died or was killed under a job (`why` in words: a signal, out of memory, a hang); the parent lives
+    on, and the job may run again on a fresh engine."""
+
+
+class EngineError(DittoError):
+    """A DittoError a render ended with inside an engine: its one line and exit code, as `render` gives them."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class EngineState:
+    """What a handle says of its engine (for /healthz, the log and the report)."""
+
+    name: str
+    kind: str                           # process or ray
+    state: str = "starting"             # one of STATES
+    where: str = ""                     # pid N on this host, or a Ray node
+    job: str | None = None              # the job it renders (busy)
+    last_beat: float | None = None      # when the engine last said it is alive (time.time())
+    restarts: int = 0
+    last_death: str | None = None       # why its previous engine died
+    error: str | None = None            # why it cannot render (dead)
+
+    @property
+    def can_render(self) -> bool:
+        return self.state in ("idle", "busy")
+
+    def as_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["heartbeat_age_s"] = None if self.last_beat is None else round(time.time() - self.last_beat, 1)
+        return body
+
+
+class EngineHandle(Protocol):
+    """An engine running elsewhere, loaded once, rendering one job at a time."""
+
+    name: str
+    setup: RenderSetup | None           # what its outputs' digests are made with (known once started)
+
+    def start(self) -> None:
+        """Start the engine and load its networks; DittoError if it cannot render."""
+
+    def render(self, job: EngineJob, progress: Progress | None = None) -> RenderResult:
+        """Render `job`; `progress(stage, done, total)` hears it and may raise JobCancelled to stop it. Raises
+        EngineError (the render's own refusal), JobCancelled, or EngineDied (then call restart())."""
+
+    def restart(self) -> None:
+        """A fresh engine for one that died (counted in the state's restarts); DittoError if none can start."""
+
+    def state(self) -> EngineState:
+        """What the engine is doing now."""
+
+    def close(self) -> None:
+        """Stop the engine (a render under way is abandoned: nothing is left at its output)."""
+
+
+def signal_words(returncode: int | None) -> str:
+    """How a process ended, in words: 'SIGSEGV', 'SIGKILL (out of memory, or killed)', 'exit 3'."""
+    if returncode is None:
+        return "still running"
+    if returncode >= 0:
+        return f"exit {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+    hint = {"SIGKILL": " (out of memory, or killed by an operator)",
+            "SIGBUS": " (a file it had mapped was cut short: an avatar copied over in place?)"}.get(name, "")
+    return name + hint

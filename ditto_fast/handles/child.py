@@ -1,0 +1,161 @@
+"""The engine process (`python -m ditto_fast.handles.child FD PARENT_PID`): loads the networks once, then renders the
+jobs its parent sends over the socket FD, one at a time, saying how far it is and that it is alive (a heartbeat each
+second). It dies with its parent; out of memory, it says so and exits, so that its parent starts a fresh one.
+
+Messages in: ("start", setup, memory_bytes), ("render", job), ("cancel", token), ("stop",).
+Messages out: ("beat", time), ("ready", info), ("failed", line, exit_code), ("progress", token, stage, done, total),
+("done", token, result), ("error", token, line, exit_code), ("cancelled", token), ("fatal", token, why)."""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import queue
+import resource
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+BEAT_S = 1.0                # how often the engine says it is alive
+PROGRESS_EVERY_S = 0.2      # the most often a render's progress is sent
+_PR_SET_PDEATHSIG = 1
+
+
+class _Channel:
+    """The socket to the parent, written from the render and heartbeat threads."""
+
+    def __init__(self, conn: Connection):
+        self.conn, self._lock = conn, threading.Lock()
+
+    def send(self, *message: Any) -> None:
+        with self._lock:
+            self.conn.send(message)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies (Linux); if the parent is gone already, exit now."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is an allocation that failed (numpy's MemoryError, torch's allocator, a fork refused)."""
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text)) or (
+        isinstance(e, OSError) and e.errno == 12)
+
+
+def _limit_memory(limit: int | None) -> None:
+    """Cap this process's address space at `limit` bytes (None: no cap): past it an allocation fails here, and the
+    engine exits saying so, instead of the host's OOM killer choosing a process."""
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _reader(conn: Connection, inbox: queue.Queue, cancelled: set[str]) -> None:
+    """Read the parent's messages: cancels take effect at once, the rest wait in `inbox`. The parent gone: exit."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        if message[0] == "cancel":
+            cancelled.add(message[1])
+        else:
+            inbox.put(message)
+
+
+def _beat(channel: _Channel) -> None:
+    while True:
+        try:
+            channel.send("beat", time.time())
+        except OSError:
+            os._exit(0)
+        time.sleep(BEAT_S)
+
+
+def _render(renderer: Any, job: Any, channel: _Channel, cancelled: set[str]) -> None:
+    """Check the job against the avatar as this process sees the store, render it, send the outcome."""
+    from ditto_fast.core.errors import DittoError, one_line
+    from ditto_fast.engine.clip import check_clip
+    from ditto_fast.handles.base import JobCancelled
+
+    token, last = job.token, [0.0]
+
+    def tick(stage: str, done: int, total: int) -> None:
+        if token in cancelled:
+            raise JobCancelled()
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_S or done == total:
+            last[0] = now
+            channel.send("progress", token, stage, done, total)
+
+    try:
+        clip = check_clip(job.request, renderer.avatar(job.request.avatar), renderer.config, audio=job.audio)
+        result = renderer.render(clip, progress=tick)
+    except JobCancelled:
+        channel.send("cancelled", token)
+    except DittoError as e:
+        channel.send("error", token, str(e), e.exit_code)
+    except Exception as e:  # noqa: BLE001 - said to the parent; this engine goes on unless memory ran out
+        if _out_of_memory(e):
+            channel.send("fatal", token, f"out of memory ({one_line(str(e) or type(e).__name__, 200)})")
+            os._exit(3)
+        channel.send("error", token, one_line(f"internal error: {type(e).__name__}: {e}; render that request alone "
+                                              "with `ditto-fast render` and DITTO_FAST_DEBUG=1 and report it"), 1)
+    else:
+        result.mouth = None if result.mouth is None else result.mouth.copy()
+        channel.send("done", token, result)
+    finally:
+        cancelled.discard(token)
+
+
+def main(argv: list[str]) -> int:
+    fd, parent = int(argv[0]), int(argv[1])
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # a Ctrl-C at the terminal is the parent's to handle
+    faulthandler.enable()                               # a crash prints where each thread was (to the parent's log)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)     # asked before a hung engine is killed
+    conn = Connection(fd)
+    channel = _Channel(conn)
+    _, setup, memory = conn.recv()
+    threading.Thread(target=_beat, args=(channel,), name="ditto-fast-engine-beat", daemon=True).start()
+    try:
+        _limit_memory(memory)
+        from ditto_fast.core.errors import DittoError
+        from ditto_fast.core.memory import reuse_freed_memory
+        from ditto_fast.engine.renderer import Renderer
+
+        reuse_freed_memory()
+        renderer = Renderer(setup=setup)
+    except DittoError as e:
+        channel.send("failed", str(e), e.exit_code)
+        return 0
+    except Exception as e:  # noqa: BLE001 - the parent says why no engine started
+        why = "out of memory while loading the networks" if _out_of_memory(e) else f"{type(e).__name__}: {e}"
+        channel.send("failed", f"the engine could not start: {why}", 1)
+        return 0
+    channel.send("ready", {"pid": os.getpid(), "load_seconds": round(renderer.load_seconds, 3)})
+    inbox: queue.Queue = queue.Queue()
+    cancelled: set[str] = set()
+    threading.Thread(target=_reader, args=(conn, inbox, cancelled), name="ditto-fast-engine-reader",
+                     daemon=True).start()
+    while True:
+        message = inbox.get()
+        if message[0] == "stop":
+            return 0
+        if message[0] == "render":
+            _render(renderer, message[1], channel, cancelled)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
