@@ -67,7 +67,6 @@ def test_one_render_decodes_its_audio_once_and_opens_its_avatar_once(video_avata
                                                                     clips, tmp_path, run_cli, monkeypatch):
     import ditto_fast.audio.decode as decode
     import ditto_fast.avatar as avatar_pkg
-    import ditto_fast.batch.jobs as batch_jobs
     import ditto_fast.engine.open_avatars as open_avatars
     import ditto_fast.engine.single as single
 
@@ -82,7 +81,7 @@ def test_one_render_decodes_its_audio_once_and_opens_its_avatar_once(video_avata
     monkeypatch.setattr(decode, "_decode", counted("decode", decode._decode))     # every decoding goes through it
     monkeypatch.setattr(decode, "file_sha256", counted("sha", decode.file_sha256))
     monkeypatch.setattr(avatar_pkg, "load_avatar", counted("avatar", avatar_pkg.load_avatar))
-    for module in (open_avatars, single, batch_jobs):     # the engine's own opening, render's and the batch's check
+    for module in (open_avatars, single):         # every opening: the engines' and checks' (OpenAvatars), render's
         monkeypatch.setattr(module, "load_avatar", counted("avatar", module.load_avatar))
     env = {"DITTO_FAST_CHECKPOINTS": str(tiny_checkpoints)}
     r = run_cli(["render", "--avatar", "anchor", "--audio", clips[0], "-o", tmp_path / "a.mp4", "--quiet"], env)

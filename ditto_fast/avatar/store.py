@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ditto_fast.core.files import file_signature
 from ditto_fast.core.home import store_root
 from ditto_fast.core.errors import AvatarError, InputError, UsageError
 
@@ -28,6 +29,16 @@ NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")   # never a leading "-"
 def avatars_dir(root: str | os.PathLike | None = None) -> Path:
     """The directory holding one sub-directory per avatar."""
     return (Path(root) if root is not None else store_root()) / "avatars"
+
+
+def avatar_signature(avatar_dir: Path) -> tuple | None:
+    """What changes when any file of an avatar is replaced, rewritten in place or cut short (`cp`/`rsync --inplace`
+    over it): each file's name and signature; None when the folder is gone."""
+    try:
+        names = sorted(e.name for e in os.scandir(avatar_dir) if e.is_file(follow_symlinks=False))
+    except OSError:
+        return None
+    return tuple((name, file_signature(avatar_dir / name)) for name in names)
 
 
 def validate_name(name: str) -> str:

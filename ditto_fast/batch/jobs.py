@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ditto_fast.avatar import Avatar, load_avatar
+from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.store import NAME_RE, avatars_dir
 from ditto_fast.core.errors import DittoError, InputError, UsageError, one_line
 from ditto_fast.core.files import MIB, read_bounded
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
+from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.media.ffpipe import container_comment
@@ -181,7 +182,8 @@ def check_side_files(jobs: list[Job], report: Path | None, previews: dict[int, P
 
 def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
     """Check every pending job without loading a network; failed ones are marked, the rest get their Clip."""
-    avatars: dict[str, Avatar | DittoError] = {}
+    opened = OpenAvatars(setup.checkpoints)
+    avatars: dict[str, Avatar | DittoError] = {}        # this check's answer for each name, a refusal included
     emotion = setup.config.clip.emotion
     inputs = {p.resolve() for j in jobs for p in (request_inputs(j.request, emotion) if j.request else
                                                   j.named.get("inputs", []))}
@@ -194,7 +196,7 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
         try:
             if request.avatar not in avatars:
                 try:
-                    avatars[request.avatar] = load_avatar(request.avatar, checkpoints=setup.checkpoints)
+                    avatars[request.avatar] = opened.get(request.avatar)
                 except DittoError as e:
                     avatars[request.avatar] = e
             avatar = avatars[request.avatar]

@@ -13,10 +13,9 @@ import numpy as np
 
 from ditto_fast.audio.decode import AUDIO_FILE, DecodedAudio, decode_audio
 from ditto_fast.avatar import Avatar
-from ditto_fast.avatar.format import PKL_NAME
+from ditto_fast.avatar.store import avatar_signature
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
-from ditto_fast.core.files import file_signature
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.media.claims import check_unclaimed
 from ditto_fast.media.inputs import check_input_file
@@ -49,7 +48,7 @@ class Clip:
     emotion_source: str                 # the emotion as given, or the sha256 of its schedule file
     controls: Controls | None
     controls_sha256: str | None
-    avatar_key: tuple[int, int, int] | None = None   # the avatar record's identity when the clip was checked
+    avatar_key: tuple | None = None     # the signature of the avatar's files when the clip was checked
     blend: str = "feather"              # the putback: seamless or feather
     delivery: DeliveryProfile | None = None     # the delivery profile (`format` is then its DeliveryFormat)
     loudness: tuple[float, float] | None = None  # (target LUFS, true-peak ceiling dBTP) the audio is leveled to
@@ -60,11 +59,6 @@ class Clip:
     def notes(self) -> list[str]:
         """What checking decided that a user should hear of (a 5.1 file mixed to stereo, say)."""
         return [self.soundtrack.note] if self.soundtrack and self.soundtrack.note else []
-
-
-def avatar_identity(avatar_dir: Path) -> tuple[int, int, int] | None:
-    """What changes when an avatar directory is replaced: its record file's signature (None if gone)."""
-    return file_signature(avatar_dir / PKL_NAME)
 
 
 def default_output(avatar: str, audio: Path, codec: str | None = None, suffix: str | None = None) -> Path:
@@ -84,7 +78,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
     `audio` is its decoding already) and its channels go into the output (encoding/soundtrack.py), emotion and
     controls parse for its length. Raises the DittoError a user caused."""
-    key = avatar_identity(avatar.dir)
+    key = avatar_signature(avatar.dir)
     settings = request.with_defaults(config)
     profile = load_profile(request.delivery) if request.delivery else None
     if profile is None and (request.loudness is not None or request.timecode is not None):

@@ -42,7 +42,8 @@ from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.core.timing import StageTimer
-from ditto_fast.engine.clip import Clip, avatar_identity, check_clip
+from ditto_fast.avatar.store import avatar_signature
+from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.options import EngineOptions
@@ -128,7 +129,7 @@ class Renderer:
             with timer("load_avatar"):
                 avatar = self.avatar(clip.avatar)
             clip = check_clip(clip, avatar, self.config)
-        elif avatar_identity(clip.avatar.dir) != clip.avatar_key:     # replaced in the store since it was checked
+        elif avatar_signature(clip.avatar.dir) != clip.avatar_key:     # changed in the store since it was checked
             with timer("load_avatar"):
                 avatar = self.avatar(clip.request.avatar)
             clip = check_clip(clip.request, avatar, self.config, audio=clip.audio)
