@@ -119,10 +119,12 @@ class Renderer:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
         return self._avatars.get(name)
 
-    def render(self, clip: RenderRequest | Clip, progress: Progress | None = None) -> RenderResult:
+    def render(self, clip: RenderRequest | Clip, progress: Progress | None = None,
+               commit: Callable[[], None] | None = None) -> RenderResult:
         """Render one clip into its output (written to a temporary name, renamed when complete): a RenderRequest is
         checked first (its avatar opened through this engine), a Clip checked before is rendered as it is (checked
-        again, with its decoded audio, against the store's avatar if that was replaced since)."""
+        again, with its decoded audio, against the store's avatar if that was replaced since). `commit` is called
+        when the file is complete, just before its rename: an exception there leaves nothing at the output."""
         t_start = time.perf_counter()
         timer = StageTimer(STAGES)
         if isinstance(clip, RenderRequest):
@@ -136,7 +138,7 @@ class Renderer:
         timer.seconds["load_models"], self._unreported_load = round(self._unreported_load, 4), 0.0
         digest = self.setup.digest(clip)
         with claimed(clip.output):              # one writer per output path, for the whole render
-            mouth, delivery = self._render(clip, digest, timer, progress)
+            mouth, delivery = self._render(clip, digest, timer, progress, commit)
         wall = time.perf_counter() - t_start
         timings = {
             "frames": clip.frames, "audio_seconds": clip.audio.seconds, "wall_seconds": wall,
@@ -158,7 +160,8 @@ class Renderer:
                              "without --loudness off fails it" for r in delivery["requirements"] if r["waived"])
         return RenderResult(clip.output, timings, mouth, warnings)
 
-    def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None
+    def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None,
+                commit: Callable[[], None] | None
                 ) -> tuple[np.ndarray, dict | None]:
         """The stages of one checked clip; returns the generated lip opening [N] per output frame and, for a
         delivery, its record (profile, loudness measured in and out, the QC of the file before its rename)."""
@@ -189,7 +192,7 @@ class Renderer:
             with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
                              crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
                              fmt=fmt, pix_fmt=plate.layout.pix_fmt, soundtrack=clip.soundtrack,
-                             check=check) as writer:
+                             check=_before_rename(check, commit)) as writer:
                 render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
                               self.config.render.lookahead, plate, writer, timer, progress)
                 with timer("write"):            # the encoder's last frames, the mux (the QC), the rename
@@ -197,6 +200,19 @@ class Renderer:
         if clip.delivery is None:
             return mouth, None
         return mouth, _delivery_record(clip, leveling, writer.checked)
+
+
+def _before_rename(check: Callable[[Path], list] | None, commit: Callable[[], None] | None
+                   ) -> Callable[[Path], list | None] | None:
+    """What the writer runs on the finished temporary file before its rename: the delivery's QC, then `commit`."""
+    if commit is None:
+        return check
+
+    def run(path: Path) -> list | None:
+        checked = check(path) if check else None
+        commit()
+        return checked
+    return run
 
 
 def _qc_check(clip: Clip, fmt) -> Callable[[Path], list]:

@@ -7,7 +7,7 @@ import signal
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ditto_fast.core.errors import DittoError
 
@@ -84,8 +84,10 @@ class EngineHandle(Protocol):
     def start(self) -> None:
         """Start the engine and load its networks; DittoError if it cannot render."""
 
-    def render(self, job: EngineJob, progress: Progress | None = None) -> RenderResult:
-        """Render `job`; `progress(stage, done, total)` hears it and may raise JobCancelled to stop it. Raises
+    def render(self, job: EngineJob, progress: Progress | None = None,
+               commit: Callable[[], None] | None = None) -> RenderResult:
+        """Render `job`; `progress(stage, done, total)` hears it and may raise JobCancelled to stop it, as may
+        `commit()`, called once the output is complete, just before its rename (after it, the job is done). Raises
         EngineError (the render's own refusal), JobCancelled, or EngineDied (then call restart())."""
 
     def restart(self) -> None:

@@ -2,9 +2,10 @@
 jobs its parent sends over the socket FD, one at a time, saying how far it is and that it is alive (a heartbeat each
 second). It dies with its parent; out of memory, it says so and exits, so that its parent starts a fresh one.
 
-Messages in: ("start", setup, memory_bytes), ("render", job), ("cancel", token), ("stop",).
+Messages in: ("start", setup, memory_bytes), ("render", job), ("cancel", token), ("go", token), ("stop",).
 Messages out: ("beat", time), ("ready", info), ("failed", line, exit_code), ("progress", token, stage, done, total),
-("done", token, result), ("error", token, line, exit_code), ("cancelled", token), ("fatal", token, why)."""
+("commit", token) (the file is complete: answered go or cancel before its rename), ("done", token, result),
+("error", token, line, exit_code), ("cancelled", token), ("fatal", token, why)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def _limit_memory(limit: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _reader(conn: Connection, inbox: queue.Queue, cancelled: set[str]) -> None:
-    """Read the parent's messages: cancels take effect at once, the rest wait in `inbox`. The parent gone: exit."""
+def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelled: set[str]) -> None:
+    """Read the parent's messages: cancels take effect at once, answers to a commit go to `answers`, jobs wait in
+    `inbox`. The parent gone: exit."""
     while True:
         try:
             message = conn.recv()
@@ -70,6 +72,8 @@ def _reader(conn: Connection, inbox: queue.Queue, cancelled: set[str]) -> None:
             os._exit(0)
         if message[0] == "cancel":
             cancelled.add(message[1])
+        if message[0] in ("cancel", "go"):
+            answers.put(message)
         else:
             inbox.put(message)
 
@@ -83,8 +87,9 @@ def _beat(channel: _Channel) -> None:
         time.sleep(BEAT_S)
 
 
-def _render(renderer: Any, job: Any, channel: _Channel, cancelled: set[str]) -> None:
-    """Check the job against the avatar as this process sees the store, render it, send the outcome."""
+def _render(renderer: Any, job: Any, channel: _Channel, answers: queue.Queue, cancelled: set[str]) -> None:
+    """Check the job against the avatar as this process sees the store, render it (its rename only once the parent
+    says go), send the outcome."""
     from ditto_fast.core.errors import DittoError, one_line
     from ditto_fast.engine.clip import check_clip
     from ditto_fast.handles.base import JobCancelled
@@ -99,9 +104,18 @@ def _render(renderer: Any, job: Any, channel: _Channel, cancelled: set[str]) -> 
             last[0] = now
             channel.send("progress", token, stage, done, total)
 
+    def commit() -> None:
+        channel.send("commit", token)
+        while True:
+            answer, about = answers.get()
+            if about == token:
+                if answer == "cancel":
+                    raise JobCancelled()
+                return
+
     try:
         clip = check_clip(job.request, renderer.avatar(job.request.avatar), renderer.config, audio=job.audio)
-        result = renderer.render(clip, progress=tick)
+        result = renderer.render(clip, progress=tick, commit=commit)
     except JobCancelled:
         channel.send("cancelled", token)
     except DittoError as e:
@@ -146,15 +160,16 @@ def main(argv: list[str]) -> int:
         return 0
     channel.send("ready", {"pid": os.getpid(), "load_seconds": round(renderer.load_seconds, 3)})
     inbox: queue.Queue = queue.Queue()
+    answers: queue.Queue = queue.Queue()
     cancelled: set[str] = set()
-    threading.Thread(target=_reader, args=(conn, inbox, cancelled), name="ditto-fast-engine-reader",
+    threading.Thread(target=_reader, args=(conn, inbox, answers, cancelled), name="ditto-fast-engine-reader",
                      daemon=True).start()
     while True:
         message = inbox.get()
         if message[0] == "stop":
             return 0
         if message[0] == "render":
-            _render(renderer, message[1], channel, cancelled)
+            _render(renderer, message[1], channel, answers, cancelled)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import ditto_fast
 from ditto_fast.core.errors import DittoError, InputError, one_line
+from ditto_fast.media.claims import remove_dead_writers
 from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineState, JobCancelled, signal_words
 
 _EOF = ("eof",)
@@ -104,7 +105,7 @@ class ProcessEngine:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "ditto_fast.handles.child", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, env=env)
+                stderr=subprocess.STDOUT, env=env, start_new_session=True)    # its ffmpegs die with it
         except OSError as e:
             self._state.state, self._state.error = "dead", f"cannot start the engine process ({e.strerror or e})"
             raise InputError(f"{self.name}: {self._state.error}") from None
@@ -146,8 +147,10 @@ class ProcessEngine:
             if stacks and proc.poll() is None:
                 proc.send_signal(signal.SIGUSR1)
                 time.sleep(1.0)
-            if proc.poll() is None:
-                proc.kill()
+            try:                                # the engine and the ffmpeg processes it started
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             proc.wait()
         if self._conn is not None:
             self._conn.close()
@@ -210,12 +213,25 @@ class ProcessEngine:
                 return None
 
     # ------------------------------------------------------------------ a job
-    def render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None = None) -> Any:
+    def render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None = None,
+               commit: Callable[[], None] | None = None) -> Any:
         """Render `job` in the child (see EngineHandle.render). A dead engine is restarted first."""
         if self._state.state == "dead" or self._proc is None:
             self.restart()
-        conn, inbox = self._conn, self._inbox
         self._state.state, self._state.job = "busy", job.label or str(job.request.output)
+        try:
+            return self._render(job, progress, commit)
+        except (EngineDied, JobCancelled, EngineError):
+            raise
+        except BaseException:       # an interrupt, or this process's own trouble: the engine is let go at once
+            self._kill()
+            self._dead("let go in the middle of a job")
+            remove_dead_writers(job.request.output)
+            raise
+
+    def _render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None,
+                commit: Callable[[], None] | None) -> Any:
+        conn, inbox = self._conn, self._inbox
         started = time.monotonic()
         try:
             conn.send(("render", job))
@@ -240,6 +256,17 @@ class ProcessEngine:
                 return self._died(job, f"its process died ({self._ended()})")
             if len(message) > 1 and message[1] != token:
                 continue                                # a late word about an earlier job
+            if kind == "commit":                        # complete: renamed into place unless cancelled now
+                try:
+                    if cancelled:
+                        raise JobCancelled()
+                    if commit is not None:
+                        commit()
+                    self._send_quietly(("go", token))
+                except JobCancelled:
+                    cancelled = True
+                    self._send_quietly(("cancel", token))
+                continue
             if kind == "progress":
                 last_progress = time.monotonic()
                 if progress is not None and not cancelled:
@@ -269,6 +296,8 @@ class ProcessEngine:
     def _died(self, job: EngineJob, why: str) -> Any:
         self._state.last_death = why
         self._dead(why)
+        self._kill()
+        remove_dead_writers(job.request.output)
         raise EngineDied(f"{self.name} {why}")
 
 

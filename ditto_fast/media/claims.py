@@ -11,11 +11,12 @@ import re
 import threading
 import time
 from contextlib import contextmanager
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Iterator
 
 from ditto_fast.core.errors import InputError
-from ditto_fast.media.partfiles import lock_if_free
+from ditto_fast.media.partfiles import lock_if_free, remove_stale
 
 _CLAIM = re.compile(r"^\..+\.(mp4|mov|mkv)\.claim$", re.IGNORECASE)   # the containers a render writes
 _PID_LINE = re.compile(rb"\d*\n?")                                     # what a claim file holds
@@ -155,3 +156,18 @@ def claimed(target: str | os.PathLike) -> Iterator[Path]:
 
 
 __all__ = ["check_unclaimed", "claim_file", "claimed"]
+
+
+def remove_dead_writers(target: str | os.PathLike, wait_s: float = 10.0) -> None:
+    """Remove what writers of `target` that were killed left beside it: their claims, and their hidden temporary
+    outputs once the ffmpeg that wrote each has finished (it holds the file's lock until then; at most `wait_s`
+    seconds). Never a live writer's."""
+    target = Path(target)
+    _remove_stale_claims(target.parent)
+    deadline = time.monotonic() + wait_s
+    while True:
+        remove_stale(target.parent, "part")
+        left = list(target.parent.glob(f".{glob_escape(target.name)}.part*"))
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)

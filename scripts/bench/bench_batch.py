@@ -67,12 +67,12 @@ def run(out_json: str | None = None, quick: bool = False, tiny: bool = False) ->
     try:
         import ray
 
-        from ditto_fast.batch.ray_actors import BatchWorker
+        from ditto_fast.handles.ray_engine import EngineActor
         from ditto_fast.engine.options import EngineOptions
 
         t0 = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
-        remote = ray.remote(num_cpus=1)(BatchWorker)
+        remote = ray.remote(num_cpus=1)(EngineActor)
         options = EngineOptions(device="cpu", precision=precision, checkpoints=str(ckpt))
         actors = [remote.remote(options, env["DITTO_FAST_HOME"], {}) for _ in range(2)]
         ray.get([a.ready.remote() for a in actors])

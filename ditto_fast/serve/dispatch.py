@@ -1,0 +1,238 @@
+"""The server's dispatch threads, one per engine handle (an engine process here, or a Ray actor): each takes the next
+job from the queue, checks it again as `render` would (the files may have changed since it was accepted), and has
+its engine render it (the same request, checks and bytes as `render`); a request identical to a finished one (its
+output carries the same digest) is done at once. An engine that dies under a job is replaced and the job retried or
+failed by rule; a thread outlives any one job and any passing error of the queue's database."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ditto_fast.batch.jobs import clip_is_finished
+from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, one_line
+from ditto_fast.engine.clip import Clip, check_clip
+from ditto_fast.engine.open_avatars import OpenAvatars
+from ditto_fast.engine.render_setup import RenderSetup
+from ditto_fast.engine.request import RenderRequest
+from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
+from ditto_fast.serve.accept import DecodedMemo
+from ditto_fast.serve.callbacks import post_job
+from ditto_fast.serve.metrics import Metrics
+from ditto_fast.serve.queue import JobQueue, job_view
+
+PROGRESS_EVERY_S = 0.5          # the queue's progress of a running job is at most this old
+MAX_ATTEMPTS = 2                # a job whose engine died under it runs once more
+RESTART_PAUSES_S = (0.0, 5.0, 30.0, 120.0)      # between tries to start a dead engine again (the last repeats)
+DB_RETRY_S = 2.0                # after the queue's database could not be read or written
+
+
+def request_of(job: dict) -> RenderRequest:
+    """The RenderRequest a queued job holds (checked when it was accepted; paths absolute)."""
+    return RenderRequest.from_json(job["request"], Path("/"), f"job {job['id']}")
+
+
+class Dispatcher:
+    """Renders queued jobs on engine handles, one job at a time on each, each handle with its own dispatch thread;
+    the queue gives each free engine the next job by priority. `avatars` opens the avatars jobs are checked
+    against (shared with the acceptor); `setup`, what they are checked with."""
+
+    def __init__(self, handles: Sequence[EngineHandle], queue: JobQueue, metrics: Metrics,
+                 log: Callable[[dict], None], avatars: OpenAvatars, setup: RenderSetup,
+                 audio: DecodedMemo | None = None):
+        self.handles, self.queue, self.metrics, self.log = list(handles), queue, metrics, log
+        self.avatars, self.setup, self.audio = avatars, setup, audio
+        self._queued = threading.Condition()
+        self._notified = 0                          # how many times a job was queued (a thread that found none
+        #                                             waits for this to change)
+        self._stop = threading.Event()
+        self._cancel: set[str] = set()
+        self._committed: set[str] = set()          # running jobs whose output is complete: too late to cancel
+        self._running: dict[int, str] = {}          # handle index -> the job it renders
+        self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"ditto-fast-dispatch-{i}", daemon=True)
+                         for i in range(len(self.handles))]
+
+    @property
+    def running(self) -> list[str]:
+        """The jobs being rendered now."""
+        return sorted(self._running.values())
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def notify(self) -> None:
+        """A job was queued: a free engine takes it now."""
+        with self._queued:
+            self._notified += 1
+            self._queued.notify_all()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop after each running job's next frame batch (those jobs are queued again) and wait for the threads."""
+        self._stop.set()
+        self.notify()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def cancel(self, job_id: str) -> bool:
+        """Stop the running job `job_id` before its output is renamed into place (it ends cancelled); False when too
+        late: its output is complete and being renamed into place (it ends done)."""
+        with self._queued:
+            if job_id in self._committed:
+                return False
+            self._cancel.add(job_id)
+            return True
+
+    def health(self) -> dict:
+        """Each engine's state and whether its dispatch thread runs; `ok` when at least one engine can render."""
+        engines = []
+        for handle, thread in zip(self.handles, self._threads):
+            state = handle.state().as_json()
+            state["dispatching"] = thread.is_alive()
+            engines.append(state)
+        ok = any(e["dispatching"] and e["state"] in ("idle", "busy") for e in engines)
+        return {"ok": ok, "engines": engines}
+
+    # ------------------------------------------------------------------ a dispatch thread
+    def _loop(self, index: int) -> None:
+        handle, tries = self.handles[index], 0
+        while not self._stop.is_set():
+            if handle.state().state == "dead":
+                if not self._revive(index, tries):
+                    tries += 1
+                    continue
+                tries = 0
+            try:
+                seen = self._notified
+                job = self.queue.take()
+            except sqlite3.Error as e:              # locked by a backup, say: try again shortly
+                self.log({"event": "queue unavailable", "engine": handle.name,
+                          "error": one_line(f"the job queue could not be read ({e}); trying again", 300)})
+                self._stop.wait(DB_RETRY_S)
+                continue
+            if job is None:
+                with self._queued:
+                    self._queued.wait_for(lambda: self._notified != seen or self._stop.is_set(), timeout=1.0)
+                continue
+            self._running[index] = job["id"]
+            try:
+                self._run(job, handle)
+            except Exception as e:  # noqa: BLE001 - the thread outlives any one job's trouble (the queue's database
+                #                                   locked past its timeout, say): the job is queued again
+                self.log({"job": job["id"], "engine": handle.name,
+                          "error": one_line(f"dispatch failed: {type(e).__name__}: {e}; the job is queued again", 500)})
+                self._stop.wait(DB_RETRY_S)
+                self._release(job["id"])
+            finally:
+                del self._running[index]
+                self._cancel.discard(job["id"])
+                self._committed.discard(job["id"])
+
+    def _release(self, job_id: str) -> None:
+        """Queue a job again whose outcome could not be recorded (if even that fails, the next start does it)."""
+        try:
+            self.queue.finish(job_id, "queued", progress=None)
+        except Exception as e:  # noqa: BLE001
+            self.log({"job": job_id, "error": one_line(f"could not queue it again ({e}); the next start will", 300)})
+
+    def _revive(self, index: int, tries: int) -> bool:
+        """Start engine `index` again after the pause its `tries` so far call for; whether it can render now."""
+        handle = self.handles[index]
+        pause = RESTART_PAUSES_S[min(tries, len(RESTART_PAUSES_S) - 1)]
+        if pause and self._stop.wait(pause):
+            return False
+        try:
+            handle.restart()
+        except DittoError as e:
+            self.log({"event": "engine down", "engine": handle.name, "error": one_line(
+                f"it could not start again ({e}); next try in "
+                f"{RESTART_PAUSES_S[min(tries + 1, len(RESTART_PAUSES_S) - 1)]:g} s", 600)})
+            return False
+        self.metrics.engine_restarted(handle.name)
+        self.log({"event": "engine started", "engine": handle.name, "where": handle.state().where,
+                  "restarts": handle.state().restarts})
+        return True
+
+    def _progress(self, job_id: str) -> Callable[[str, int, int], None]:
+        last = [0.0]
+
+        def tick(stage: str, done: int, total: int) -> None:
+            if job_id in self._cancel or self._stop.is_set():
+                raise JobCancelled()
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or done == total:
+                last[0] = now
+                self.queue.set_progress(job_id, {"stage": stage, "done": done, "total": total})
+        return tick
+
+    def _commit(self, job_id: str) -> Callable[[], None]:
+        """Called when the job's output is complete: JobCancelled if it was cancelled; from now on, it is done."""
+        def commit() -> None:
+            with self._queued:
+                if job_id in self._cancel:
+                    raise JobCancelled()
+                self._committed.add(job_id)
+        return commit
+
+    def _check(self, job: dict) -> Clip:
+        """The job checked again as it starts: its files as they are now (the audio decoded at acceptance is used
+        only if the file is unchanged since)."""
+        request = request_of(job)
+        audio = self.audio.take(request.audio) if self.audio else None
+        return check_clip(request, self.avatars.get(request.avatar), self.setup.config, audio=audio)
+
+    def _run(self, job: dict, handle: EngineHandle) -> None:
+        t0 = time.perf_counter()
+        self.log({"job": job["id"], "state": "running", "attempt": job["attempts"], "engine": handle.name})
+        try:
+            clip = self._check(job)
+            if clip_is_finished(clip, handle.setup):
+                done = self.queue.finish(job["id"], "done", output=str(clip.output), seconds=0.0, skipped=1,
+                                         exit_code=0)
+            else:
+                engine_job = EngineJob(clip.request, clip.audio, clip.avatar_key, label=job["id"])
+                result = handle.render(engine_job, progress=self._progress(job["id"]),
+                                       commit=self._commit(job["id"]))
+                done = self.queue.finish(job["id"], "done", output=str(result.output), exit_code=0,
+                                         seconds=round(time.perf_counter() - t0, 3), timings=result.timings)
+                self.metrics.rendered(result.timings)
+        except JobCancelled:
+            if self._stop.is_set() and job["id"] not in self._cancel:      # the server stops: run it next time
+                self.queue.finish(job["id"], "queued", progress=None)
+                self.log({"job": job["id"], "state": "queued", "why": "server stopping"})
+                return
+            done = self.queue.finish(job["id"], "cancelled", error="cancelled while rendering; nothing was written",
+                                     seconds=round(time.perf_counter() - t0, 3))
+        except EngineDied as e:
+            self.log({"event": "engine died", "engine": handle.name, "job": job["id"], "error": str(e)})
+            if job["attempts"] < MAX_ATTEMPTS and not self._stop.is_set():      # on the next free engine
+                self.queue.finish(job["id"], "queued", progress=None)
+                self.log({"job": job["id"], "state": "queued", "why": str(e)})
+                return
+            done = self.queue.finish(job["id"], "failed", exit_code=EXIT_INTERNAL,
+                                     seconds=round(time.perf_counter() - t0, 3),
+                                     error=one_line(f"{e} ({job['attempts']} attempts); render that request alone "
+                                                    "with `ditto-fast render` to see why"))
+        except DittoError as e:
+            done = self.queue.finish(job["id"], "failed", error=str(e), exit_code=e.exit_code,
+                                     seconds=round(time.perf_counter() - t0, 3))
+        except Exception as e:  # noqa: BLE001 - one job's bug must not stop the server
+            done = self.queue.finish(job["id"], "failed", exit_code=1, seconds=round(time.perf_counter() - t0, 3),
+                                     error=one_line(f"internal error: {type(e).__name__}: {e}; render that request "
+                                                    "with `ditto-fast render` and DITTO_FAST_DEBUG=1 and report it"))
+        self.ended(done)
+
+    def ended(self, job: dict) -> None:
+        """A job reached its final state: metrics, the log line and its callback."""
+        self.metrics.ended(job)
+        self.log({"job": job["id"], "state": job["status"], "seconds": job["seconds"], "output": job["output"],
+                  "error": job["error"], "exit_code": job["exit_code"],
+                  **({"skipped": True} if job["skipped"] else {})})
+        if job["callback"]:
+            post_job(job["callback"], json.dumps(job_view(job)).encode(), self.log, job["id"])
