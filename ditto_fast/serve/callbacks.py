@@ -11,13 +11,13 @@ import http.client
 import ipaddress
 import socket
 import ssl
-import threading
 import time
 from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from ditto_fast.core.errors import UsageError, one_line
 from ditto_fast.serve.queue import JobQueue
+from ditto_fast.serve.service_thread import ServiceThread
 
 RETRY_PAUSES_S = (1.0, 4.0, 15.0)       # after the first try: three more, then the job's callback is given up
 TIMEOUT_S = 10.0
@@ -148,46 +148,25 @@ class _Refused(Exception):
     pass
 
 
-class CallbackSender:
+class CallbackSender(ServiceThread):
     """A thread sending the queue's pending callbacks (those of earlier runs too), each try recorded in the queue;
-    `wake()` when a job ends."""
+    `wake()` when a job ends. Stopped, it leaves what is not sent in the queue for the next start."""
 
     def __init__(self, queue: JobQueue, policy: CallbackPolicy, log: Callable[[dict], None],
                  resolver: Resolver = resolve):
-        self.queue, self.policy, self.log, self.resolver = queue, policy, log, resolver
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="ditto-fast-callbacks", daemon=True)
+        super().__init__("ditto-fast-callbacks", log)
+        self.queue, self.policy, self.resolver = queue, policy, resolver
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self, timeout: float = 2 * TIMEOUT_S) -> None:
-        """Stop after the try under way; what is not sent stays in the queue for the next start."""
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.send_due()
-                due = self.queue.next_callback_due()
-            except Exception as e:  # noqa: BLE001 - a locked queue, say: look again in a moment
-                self.log({"event": "callbacks", "error": f"cannot read the callbacks' outbox: {e}"})
-                due = None
-            pause = IDLE_WAKE_S if due is None else min(IDLE_WAKE_S, max(0.0, due - time.time()))
-            self._wake.wait(pause)
-            self._wake.clear()
+    def step(self) -> float:
+        self.send_due()
+        due = self.queue.next_callback_due()
+        return IDLE_WAKE_S if due is None else min(IDLE_WAKE_S, max(0.0, due - time.time()))
 
     def send_due(self) -> int:
         """Try each callback due now; returns how many were tried."""
         due = self.queue.callbacks_due()
         for callback in due:
-            if self._stop.is_set():
+            if self.stopping:
                 break
             self._try(callback)
         return len(due)

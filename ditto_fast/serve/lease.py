@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from ditto_fast.serve.service_thread import ServiceThread
 
 HEARTBEAT_EVERY_S = 5.0         # how often a server refreshes its lease
 LEASE_EXPIRY_S = 60.0           # a lease not refreshed for this long is dead, whoever holds it
@@ -67,25 +68,13 @@ def lease_alive(host: str, pid: int, started: str | None, heartbeat: float, now:
     return host != socket.gethostname() or process_alive(pid, started)
 
 
-class Heartbeat:
-    """A daemon thread calling `beat` every `every_s` seconds until stopped; a failed beat is logged, not fatal (the
-    next one may pass)."""
+class Heartbeat(ServiceThread):
+    """Calls `beat` (the queue's heartbeat) every `every_s` seconds until stopped."""
 
     def __init__(self, beat: Callable[[], object], log: Callable[[dict], None], every_s: float = HEARTBEAT_EVERY_S):
-        self.beat, self.log, self.every_s = beat, log, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="ditto-fast-heartbeat", daemon=True)
+        super().__init__("ditto-fast-heartbeat", log)
+        self.beat, self.every_s = beat, every_s
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.beat()
-            except Exception as e:  # noqa: BLE001 - a locked or busy queue: the next beat may pass
-                self.log({"event": "heartbeat", "error": f"could not refresh the server's lease: {e}"})
+    def step(self) -> float:
+        self.beat()
+        return self.every_s

@@ -232,6 +232,6 @@ def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts:
         if watch:
             watch.stop()
         worker.stop()
-        callbacks.stop()            # what is not sent yet is sent after the next start
+        callbacks.stop(timeout=15)  # what is not sent yet is sent after the next start
         heartbeat.stop()
         log({"event": "stopped", "queued": queue.counts()["queued"]})
