@@ -112,7 +112,8 @@ def test_a_rerun_job_shows_no_progress_of_the_dead_attempt(tmp_path):
     assert started.take()["progress"] is None
     assert gone.set_progress(job["id"], {"stage": "frames", "done": 45, "total": 50}) is False   # a late tick
     assert started.get(job["id"])["progress"] is None
-    assert started.requeue(job["id"])["progress"] is None
+    requeued = started.requeue(job["id"])           # a clean stop: queued again, not counted as a crash
+    assert requeued["progress"] is None and requeued["status"] == "queued" and requeued["crashes"] == 1
 
 
 def test_a_final_job_s_callback_is_written_with_its_state_and_each_try_recorded(tmp_path):
