@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -91,20 +94,84 @@ def blanked_sha256(path: Path) -> str:
 
 
 HOLD = textwrap.dedent("""
-    import sys
-    from ditto_fast.media.claims import claimed
-    with claimed(sys.argv[1]):
+    import importlib, sys
+    module, name = sys.argv[2].split(":")
+    with getattr(importlib.import_module(module), name)(sys.argv[1]):
         print("held", flush=True)
         sys.stdin.read()            # until the test closes our stdin (or kills us)
 """)
 
 
-def hold(target: Path) -> subprocess.Popen:
-    """Another process that claims `target` and keeps the claim until its stdin is closed."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
+def hold(target: Path, lock: str = "ditto_fast.media.claims:claimed") -> subprocess.Popen:
+    """Another process that holds `lock` (module:function, a context manager taking a path; default: the claim on
+    output `target`) on `target` until its stdin is closed."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(target), lock], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "held\n"
     return p
+
+
+def gone_lease():
+    """The serve queue's lease of a server that is gone (its process has exited)."""
+    import uuid
+
+    from ditto_fast.serve.lease import Lease
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return Lease(uuid.uuid4().hex, Lease.this_process().host, child.pid, "a start long gone")
+
+
+class Receiver:
+    """A callback receiver on 127.0.0.1 (a thread): each POST's path, Host header and JSON body in `got`; it answers
+    `answer` (with a Location header when `location` is set)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        receiver = self
+        self.got: list[dict] = []
+        self.answer, self.location = 204, None
+
+        class Hook(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.got.append({"path": self.path, "host": self.headers["Host"], "body": body})
+                self.send_response(receiver.answer)
+                if receiver.location:
+                    self.send_header("Location", receiver.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+        self.port = self.server.server_port
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def bodies(self, timeout: float = 60) -> list[dict]:
+        """The bodies received, once there is one (AssertionError if none comes within `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while not self.got:
+            assert time.monotonic() < deadline, "no callback arrived"
+            time.sleep(0.05)
+        return [g["body"] for g in self.got]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def busy_message(target: Path, pid: int) -> str:

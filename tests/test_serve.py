@@ -3,15 +3,12 @@ folder, priorities, cancelling, callbacks, a SIGKILL and restart, and served byt
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,11 +19,12 @@ pytest.importorskip("prometheus_client")
 
 from conftest import REPO, store_env  # noqa: E402
 from ditto_fast.serve.queue import JobQueue  # noqa: E402
+from support import Receiver, free_port, gone_lease  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- the queue
 def test_the_queue_runs_breaking_jobs_first_and_requeues_a_killed_servers_running_job(tmp_path):
-    q = JobQueue(tmp_path / "jobs.sqlite")
+    q = JobQueue(tmp_path / "jobs.sqlite", gone_lease())
     a = q.submit({"avatar": "a"})
     b = q.submit({"avatar": "b"})
     news = q.submit({"avatar": "news"}, priority=100)
@@ -34,6 +32,7 @@ def test_the_queue_runs_breaking_jobs_first_and_requeues_a_killed_servers_runnin
     q.finish(news["id"], "done", exit_code=0)
     assert q.take()["id"] == a["id"]                   # running when the server is killed
     again = JobQueue(tmp_path / "jobs.sqlite")         # the next start
+    assert [j["id"] for j in again.recover()] == [a["id"]]
     assert [again.get(j["id"])["status"] for j in (a, b, news)] == ["queued", "queued", "done"]
     assert again.cancel(b["id"]) == "queued" and again.get(b["id"])["status"] == "cancelled"
     assert again.cancel(b["id"]) == "cancelled" and again.cancel("nope") is None
@@ -45,15 +44,17 @@ def test_the_queue_runs_breaking_jobs_first_and_requeues_a_killed_servers_runnin
 def test_priorities_and_callbacks_are_checked():
     from ditto_fast.core.errors import UsageError
     from ditto_fast.serve.accept import check_callback, parse_priority
+    from ditto_fast.serve.callbacks import CallbackPolicy, parse_networks
 
     assert [parse_priority(p) for p in (None, "normal", "breaking", 7)] == [0, 0, 100, 7]
     for bad in ("urgent", 10**6, True, 1.5):
         with pytest.raises(UsageError):
             parse_priority(bad)
-    assert check_callback("http://127.0.0.1:9/x") == "http://127.0.0.1:9/x"
+    loopback = CallbackPolicy(parse_networks(["127.0.0.0/8"]))
+    assert check_callback("http://127.0.0.1:9/x", loopback) == "http://127.0.0.1:9/x"
     for bad in ("file:///etc/passwd", "ftp://x/y", "http://", 5):
         with pytest.raises(UsageError):
-            check_callback(bad)
+            check_callback(bad, loopback)
 
 
 def test_a_checked_job_s_audio_is_kept_for_its_render_only_while_the_file_is_unchanged(tmp_path):
@@ -184,17 +185,11 @@ def test_the_watch_folder_takes_settled_files_with_their_sidecars(engine, sessio
 
 
 # ----------------------------------------------------------------------------- a real server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """`ditto-fast serve` as a process on a free port, and a small HTTP client for it."""
 
     def __init__(self, env: dict, root: Path, *extra: str):
-        self.port = _free_port()
+        self.port = free_port()
         self.log = root / f"serve-{self.port}.log"
         self.args = [sys.executable, "-m", "ditto_fast.cli", "serve", "--device", "cpu", "--port", str(self.port),
                      "--root", str(root), *extra]
@@ -338,25 +333,14 @@ def test_breaking_news_runs_next_and_a_running_job_can_be_cancelled(serving, tmp
 
 @pytest.mark.slow
 def test_a_finished_job_is_posted_to_its_callback_and_the_watch_folder_files_inputs(serving, tmp_path, clips):
-    received: list[dict] = []
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    hook = http.server.HTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    hook = Receiver()
     inbox, out = tmp_path / "in", tmp_path / "out"
     inbox.mkdir()
-    server = serving("--watch", str(inbox), "--out", str(out), "--avatar", "anchor", "--settle", "1", "--poll", "0.3")
+    server = serving("--watch", str(inbox), "--out", str(out), "--avatar", "anchor", "--settle", "1", "--poll", "0.3",
+                     "--callback-allow", "127.0.0.1")
     audio = shutil.copy(clips[0], tmp_path / "cb.wav")           # a path under the server's roots
     job = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "output": str(out / "cb.mp4"),
-                                           "callback": f"http://127.0.0.1:{hook.server_port}/done"})[1]
+                                           "callback": hook.url("/done")})[1]
     assert server.wait(job["id"])["status"] == "done"
     shutil.copy(clips[1], inbox / "story.wav")
     deadline = time.monotonic() + 120
@@ -370,21 +354,49 @@ def test_a_finished_job_is_posted_to_its_callback_and_the_watch_folder_files_inp
         time.sleep(0.2)
     watched = [j for j in server.call("GET", "/v1/jobs")[1]["jobs"] if j["source"] == "watch"]
     assert sorted(j["skipped"] for j in watched) == [False, True]
-    while not received:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    received = hook.bodies()
     assert received[0]["id"] == job["id"] and received[0]["status"] == "done"
-    hook.shutdown()
+    hook.close()
+
+
+@pytest.mark.slow
+def test_a_second_server_on_the_same_home_is_refused_naming_the_first(serving, tmp_path):
+    first = serving()
+    r = subprocess.run([*first.args[:first.args.index("--port") + 1], str(free_port()), "--root", str(tmp_path)],
+                       env=first.env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and f"pid {first.proc.pid}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert first.call("GET", "/healthz")[0] == 200
+
+
+@pytest.mark.slow
+def test_a_job_its_server_keeps_dying_on_is_failed_and_its_callback_sent_after_the_restart(serving, tmp_path):
+    hook = Receiver()
+    allow = ("--callback-allow", "127.0.0.1")
+    server = serving(*allow)
+    audio = _speech(tmp_path, "long.wav", 4.0)
+    job_id = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "x.mp4"),
+                                              "callback": hook.url()})[1]["id"]
+    for _ in range(2):                          # as under systemd's Restart=always, a job that kills its server
+        _wait_for_frames(server, job_id)
+        server.stop(signal.SIGKILL)
+        server = serving(*allow)
+    job = server.wait(job_id)
+    assert job["status"] == "failed" and job["crashes"] == 2 and job["attempts"] == 2, job
+    assert job["error"].startswith("killed its engine 2 times (server died, server died)")
+    assert [(b["id"], b["status"]) for b in hook.bodies()] == [(job_id, "failed")]
+    assert not (tmp_path / "x.mp4").exists()
+    hook.close()
 
 
 def test_serve_refuses_to_listen_beyond_this_machine_without_a_token(tmp_path, run_cli):
-    r = run_cli(["serve", "--host", "0.0.0.0", "--port", str(_free_port())])
+    r = run_cli(["serve", "--host", "0.0.0.0", "--port", str(free_port())])
     assert r.returncode == 2 and "--token-file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     short = tmp_path / "token"
     short.write_text("abc\n")
-    r = run_cli(["serve", "--host", "0.0.0.0", "--token-file", str(short), "--port", str(_free_port())])
+    r = run_cli(["serve", "--host", "0.0.0.0", "--token-file", str(short), "--port", str(free_port())])
     assert r.returncode == 2 and "at least 16" in r.stderr
-    r = run_cli(["serve", "--workers", "2", "--port", str(_free_port())])
+    r = run_cli(["serve", "--workers", "2", "--port", str(free_port())])
     assert r.returncode == 2 and "--workers goes with --ray" in r.stderr
 
 

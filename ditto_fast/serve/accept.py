@@ -19,6 +19,7 @@ from ditto_fast.engine.clip import check_clip, request_inputs
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
+from ditto_fast.serve.callbacks import CallbackPolicy, redact
 from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
 
 EXTRA_KEYS = ("priority", "callback")     # what a job may carry beside the request's fields
@@ -37,13 +38,21 @@ def parse_priority(value: Any) -> int:
     raise UsageError(f"priority must be normal, breaking or a whole number in {low}..{high}, got {shown(value)}")
 
 
-def check_callback(url: Any) -> str | None:
-    """A callback URL: http(s) with a host; UsageError otherwise."""
+def check_callback(url: Any, policy: CallbackPolicy) -> str | None:
+    """A callback URL: http(s) with a host, no credentials, not a literal address `policy` refuses; UsageError
+    otherwise."""
     if url is None:
         return None
-    parsed = urlparse(url) if isinstance(url, str) and len(url) <= 2000 else None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise UsageError(f"callback must be an http:// or https:// URL, got {shown(url)}")
+    try:
+        parsed = urlparse(url) if isinstance(url, str) and len(url) <= 2000 else None
+        valid = parsed is not None and parsed.scheme in ("http", "https") and bool(parsed.hostname) and \
+            parsed.port != 0
+    except ValueError:                  # a bad port or IPv6 literal
+        valid = False
+    if not valid:
+        shown_url = redact(url) if isinstance(url, str) else url
+        raise UsageError(f"callback must be an http:// or https:// URL, got {shown(shown_url)}")
+    policy.check_url(url)
     return url
 
 
@@ -91,11 +100,13 @@ class DecodedMemo:
 
 class Acceptor:
     """Checks jobs for one server (its roots, config and checkpoints) and queues them. `avatars` opens an avatar
-    (default: opened once each, reopened when replaced); the audio each check decoded is kept in `decoded`."""
+    (default: opened once each, reopened when replaced); the audio each check decoded is kept in `decoded`;
+    `callbacks`: the destinations a job's callback may have (default: public addresses only)."""
 
     def __init__(self, queue: JobQueue, setup: RenderSetup, roots: list[Path],
-                 avatars: Callable[[str], Avatar] | None = None):
+                 avatars: Callable[[str], Avatar] | None = None, callbacks: CallbackPolicy | None = None):
         self.queue, self.setup, self.config = queue, setup, setup.config
+        self.callbacks = callbacks or CallbackPolicy()
         self.roots = [r.resolve() for r in roots]
         self.avatars = avatars or OpenAvatars(setup.checkpoints).get
         self.decoded = DecodedMemo()
@@ -107,7 +118,8 @@ class Acceptor:
             raise UsageError(f"{where}: expected a JSON object like "
                              '{"avatar": "ruby", "audio": "/news/a.wav", "output": "/news/out/a.mp4"}')
         fields = {k: v for k, v in data.items() if k not in EXTRA_KEYS}
-        priority, callback = parse_priority(data.get("priority")), check_callback(data.get("callback"))
+        priority = parse_priority(data.get("priority"))
+        callback = check_callback(data.get("callback"), self.callbacks)
         request = RenderRequest.from_json(fields, self.roots[0], where)
         for path in (request.output, *request_inputs(request, self.config.clip.emotion)):
             confine(path, self.roots, "output" if path == request.output else "input")

@@ -1,5 +1,6 @@
 """The server's Prometheus metrics (prometheus_client): jobs by state, frames and seconds by stage, the queue's
-depth and each job's turnaround (accepted to final)."""
+depth, each job's turnaround (accepted to final) and attempts, and the crashes under jobs (an engine or the server
+that died while rendering one) by what became of the job."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from ditto_fast.serve.queue import STATES, JobQueue
 
 TURNAROUND_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+ATTEMPT_BUCKETS = (1, 2, 3, 5, 10)
 
 
 class Metrics:
@@ -26,6 +28,10 @@ class Metrics:
                                      ["stage"], registry=r)
         self.turnaround = Histogram("ditto_fast_turnaround_seconds", "Seconds from a job's acceptance to its end",
                                     buckets=TURNAROUND_BUCKETS, registry=r)
+        self.attempts = Histogram("ditto_fast_job_attempts", "Runs a job was given (attempts) by the time it ended",
+                                  buckets=ATTEMPT_BUCKETS, registry=r)
+        self.crashes = Counter("ditto_fast_job_crashes", "Engines (or servers) that died under a job since start, by "
+                               "what became of the job: queued again, failed or cancelled", ["outcome"], registry=r)
 
     def rendered(self, timings: dict) -> None:
         self.frames.inc(timings["frames"])
@@ -36,6 +42,12 @@ class Metrics:
         self.finished.labels(job["status"]).inc()
         if job["finished"] is not None:
             self.turnaround.observe(job["finished"] - job["created"])
+        if job["attempts"]:
+            self.attempts.observe(job["attempts"])
+
+    def crashed(self, job: dict) -> None:
+        """An engine (or server) died under `job`, which is now queued again, failed or cancelled."""
+        self.crashes.labels(job["status"]).inc()
 
     def exposition(self) -> bytes:
         """The text format, with the queue's counts read now."""

@@ -20,6 +20,8 @@ from ditto_fast.core.errors import Terminated, UsageError
 from ditto_fast.core.files import read_bounded
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
+from ditto_fast.serve.callbacks import parse_networks
+from ditto_fast.serve.queue import MAX_CRASHES
 
 if TYPE_CHECKING:
     from ditto_fast.engine.render_setup import RenderSetup
@@ -61,6 +63,12 @@ class ServeOptions:
                                    "the API stay in this process.")
     workers: int | None = _option(flags=("--workers",), range=(1, 1024),
                                   help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
+    max_crashes: int = _option(MAX_CRASHES, flags=("--max-crashes",), range=(1, 100),
+                               help="A job whose engine (or the server) dies under it this many times is failed, "
+                                    "not run again.")
+    callback_allow: list[str] = _option(flags=("--callback-allow",), multiple=True,
+                                        help="An address or CIDR a job's callback may go to although it is private, "
+                                             "loopback or link-local (repeatable; e.g. 10.20.0.0/16).")
     defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
     quiet: bool = False
 
@@ -106,6 +114,7 @@ def check_options(opts: ServeOptions) -> str | None:
     for root in opts.roots:
         if not root.is_dir():
             raise UsageError(f"{root}: --root must be an existing folder")
+    parse_networks(opts.callback_allow)
     token = read_token(opts.token_file) if opts.token_file else None
     with socket.socket(socket.AF_INET6 if ":" in opts.host else socket.AF_INET) as probe:
         try:
@@ -144,6 +153,9 @@ def serve(options: EngineOptions, opts: ServeOptions, stream: TextIO = sys.stder
     if opts.out is not None:
         opts.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
+        from ditto_fast.serve.home_lock import lock_home
+
+        stack.enter_context(lock_home(store_root() / "serve"))       # before the queue opens or an engine loads
         try:
             engines, setup, engine_info = _engines(options, opts, roots, stack)
             _serve(engines, setup, engine_info, opts, roots, token, log)
@@ -180,21 +192,35 @@ def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts:
 
     from ditto_fast.serve.accept import Acceptor
     from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.callbacks import CallbackPolicy, CallbackSender
+    from ditto_fast.serve.lease import Heartbeat
     from ditto_fast.serve.metrics import Metrics
     from ditto_fast.serve.queue import JobQueue
     from ditto_fast.serve.watch import WatchFolder
     from ditto_fast.serve.worker import Worker
 
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
-    log({"event": "engine loaded", **engine_info, "queued": queue.counts()["queued"]})
     metrics = Metrics(queue)
-    acceptor = Acceptor(queue, setup, roots, avatars=engines[0].avatar)    # the engines' avatars, opened once
-    worker = Worker(engines, queue, metrics, log, audio=acceptor.decoded)
+    for job in queue.recover(opts.max_crashes):         # what a server that is gone was rendering
+        metrics.crashed(job)
+        if job["status"] != "queued":
+            metrics.ended(job)
+        log({"job": job["id"], "state": job["status"], "why": "its server died while rendering it",
+             "crashes": job["crashes"], **({"error": job["error"]} if job["status"] != "queued" else {})})
+    log({"event": "engine loaded", **engine_info, "queued": queue.counts()["queued"]})
+    policy = CallbackPolicy(parse_networks(opts.callback_allow))
+    acceptor = Acceptor(queue, setup, roots, avatars=engines[0].avatar, callbacks=policy)    # the engines' avatars
+    callbacks = CallbackSender(queue, policy, log)
+    heartbeat = Heartbeat(queue.heartbeat, log)
+    worker = Worker(engines, queue, metrics, log, audio=acceptor.decoded, callbacks=callbacks,
+                    max_crashes=opts.max_crashes)
     watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, worker.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
     app = make_app(queue, acceptor, worker, metrics, token, engine_info)
     server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
                                            access_log=False, lifespan="off"))
+    heartbeat.start()
+    callbacks.start()
     worker.start()
     if watch:
         watch.start()
@@ -206,4 +232,6 @@ def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts:
         if watch:
             watch.stop()
         worker.stop()
+        callbacks.stop(timeout=15)  # what is not sent yet is sent after the next start
+        heartbeat.stop()
         log({"event": "stopped", "queued": queue.counts()["queued"]})

@@ -5,7 +5,6 @@ cancelled job stops at its next frame batch."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -13,19 +12,18 @@ from typing import Callable, Protocol, Sequence
 
 from ditto_fast.avatar import Avatar
 from ditto_fast.batch.jobs import clip_is_finished
-from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, one_line
+from ditto_fast.core.errors import DittoError, one_line
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.renderer import RenderResult
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.stages import Progress
 from ditto_fast.serve.accept import DecodedMemo
-from ditto_fast.serve.callbacks import post_job
+from ditto_fast.serve.callbacks import CallbackSender
 from ditto_fast.serve.metrics import Metrics
-from ditto_fast.serve.queue import JobQueue, job_view
+from ditto_fast.serve.queue import CANCELLED_RUNNING, MAX_CRASHES, JobQueue
 
 PROGRESS_EVERY_S = 0.5          # the queue's progress of a running job is at most this old
-MAX_ATTEMPTS = 2                # a job whose engine died under it runs once more, on another
 
 
 class JobCancelled(Exception):
@@ -57,8 +55,10 @@ class Worker:
     in its own thread and loaded once; the queue gives each free engine the next job by priority."""
 
     def __init__(self, engines: Sequence[Engine], queue: JobQueue, metrics: Metrics, log: Callable[[dict], None],
-                 audio: DecodedMemo | None = None):
+                 audio: DecodedMemo | None = None, callbacks: CallbackSender | None = None,
+                 max_crashes: int = MAX_CRASHES):
         self.engines, self.queue, self.metrics, self.log, self.audio = list(engines), queue, metrics, log, audio
+        self.callbacks, self.max_crashes = callbacks, max_crashes
         self._queued = threading.Condition()
         self._notified = 0                          # how many times a job was queued (a thread that found none
         #                                             waits for this to change)
@@ -119,7 +119,7 @@ class Worker:
         last = [0.0]
 
         def tick(stage: str, done: int, total: int) -> None:
-            if job_id in self._cancel or self._stop.is_set():
+            if job_id in self._cancel or self._stop.is_set() or self.queue.cancel_requested(job_id):
                 raise JobCancelled()
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S or done == total:
@@ -143,21 +143,19 @@ class Worker:
                                          seconds=round(time.perf_counter() - t0, 3), timings=result.timings)
                 self.metrics.rendered(result.timings)
         except JobCancelled:
-            if self._stop.is_set() and job["id"] not in self._cancel:      # the server stops: run it next time
-                self.queue.finish(job["id"], "queued", progress=None)
+            if self._stop.is_set() and job["id"] not in self._cancel and not self.queue.cancel_requested(job["id"]):
+                self.queue.requeue(job["id"])                # the server stops: run it next time
                 self.log({"job": job["id"], "state": "queued", "why": "server stopping"})
                 return
-            done = self.queue.finish(job["id"], "cancelled", error="cancelled while rendering; nothing was written",
+            done = self.queue.finish(job["id"], "cancelled", error=CANCELLED_RUNNING,
                                      seconds=round(time.perf_counter() - t0, 3))
         except LostEngine as e:
-            if job["attempts"] < MAX_ATTEMPTS:              # on the next free engine
-                self.queue.finish(job["id"], "queued", progress=None)
+            done = self.queue.engine_died(job["id"], str(e), self.max_crashes)
+            if done is not None:
+                self.metrics.crashed(done)
+            if done is not None and done["status"] == "queued":     # on the next free engine
                 self.log({"job": job["id"], "state": "queued", "why": str(e)})
                 return
-            done = self.queue.finish(job["id"], "failed", exit_code=EXIT_INTERNAL,
-                                     seconds=round(time.perf_counter() - t0, 3),
-                                     error=one_line(f"{e} ({job['attempts']} attempts); render that request alone "
-                                                    "with `ditto-fast render` to see why"))
         except DittoError as e:
             done = self.queue.finish(job["id"], "failed", error=str(e), exit_code=e.exit_code,
                                      seconds=round(time.perf_counter() - t0, 3))
@@ -165,6 +163,10 @@ class Worker:
             done = self.queue.finish(job["id"], "failed", exit_code=1, seconds=round(time.perf_counter() - t0, 3),
                                      error=one_line(f"internal error: {type(e).__name__}: {e}; render that request "
                                                     "with `ditto-fast render` and DITTO_FAST_DEBUG=1 and report it"))
+        if done is None:                    # no longer this server's (never the case with one server per home)
+            self.log({"job": job["id"], "error": "the job's final state was not written: this server's lease on it "
+                      "is gone"})
+            return
         self.ended(done)
 
     def ended(self, job: dict) -> None:
@@ -173,5 +175,5 @@ class Worker:
         self.log({"job": job["id"], "state": job["status"], "seconds": job["seconds"], "output": job["output"],
                   "error": job["error"], "exit_code": job["exit_code"],
                   **({"skipped": True} if job["skipped"] else {})})
-        if job["callback"]:
-            post_job(job["callback"], json.dumps(job_view(job)).encode(), self.log, job["id"])
+        if job["callback"] and self.callbacks:     # the queue's outbox holds it: the sender sends it now
+            self.callbacks.wake()
