@@ -42,7 +42,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_next ON jobs (status, priority DESC, seq);
 """
-_JSON_COLUMNS = ("request", "timings", "progress")
+_ADDED_COLUMNS = {                  # columns of jobs a queue written by an older server lacks
+    "watch_files": "TEXT",          # the signatures of the watch folder's audio and sidecar the job took (JSON)
+}
+_JSON_COLUMNS = ("request", "timings", "progress", "watch_files")
 
 
 class JobQueue:
@@ -57,6 +60,9 @@ class JobQueue:
             columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
             if "profile" in columns:            # a queue written before the stage timings were called timings
                 db.execute("ALTER TABLE jobs RENAME COLUMN profile TO timings")
+            for name, declaration in _ADDED_COLUMNS.items():
+                if name not in columns:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {declaration}")
         with self._db() as db:
             # the job a killed server was rendering: queued again (nothing of it is at its output: renders rename)
             db.execute("UPDATE jobs SET status='queued', progress=NULL, started=NULL WHERE status='running'")
@@ -77,14 +83,16 @@ class JobQueue:
                 raise
 
     def submit(self, request: dict, *, priority: int = 0, source: str = "api", callback: str | None = None,
-               watch_path: str | None = None, output: str | None = None) -> dict:
-        """Queue a checked request (a job line, paths absolute); returns the job."""
+               watch_path: str | None = None, output: str | None = None, watch_files: dict | None = None) -> dict:
+        """Queue a checked request (a job line, paths absolute); returns the job. A watch folder's job carries its
+        file (`watch_path`) and the signatures of the files it took (`watch_files`)."""
         job_id = uuid.uuid4().hex[:16]
         with self._db() as db:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             db.execute("INSERT INTO jobs (id, seq, priority, status, request, source, watch_path, callback, created, "
-                       "output) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
-                       (job_id, seq, priority, json.dumps(request), source, watch_path, callback, time.time(), output))
+                       "output, watch_files) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                       (job_id, seq, priority, json.dumps(request), source, watch_path, callback, time.time(), output,
+                        None if watch_files is None else json.dumps(watch_files)))
         return self.get(job_id)
 
     def take(self) -> dict | None:
@@ -147,6 +155,13 @@ class JobQueue:
             "status IN ('queued','running')"
         with self._db() as db:
             rows = db.execute(f"SELECT * FROM jobs WHERE source='watch' AND {cond} ORDER BY seq").fetchall()
+        return [_job(r) for r in rows]
+
+    def watched_output(self, output: str) -> list[dict]:
+        """Watch-folder jobs that write `output`, newest first."""
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM jobs WHERE source='watch' AND output=? ORDER BY seq DESC LIMIT 100",
+                              (output,)).fetchall()
         return [_job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:

@@ -57,8 +57,9 @@ class Worker:
     in its own thread and loaded once; the queue gives each free engine the next job by priority."""
 
     def __init__(self, engines: Sequence[Engine], queue: JobQueue, metrics: Metrics, log: Callable[[dict], None],
-                 audio: DecodedMemo | None = None):
+                 audio: DecodedMemo | None = None, at_start: Callable[[dict, RenderRequest], None] | None = None):
         self.engines, self.queue, self.metrics, self.log, self.audio = list(engines), queue, metrics, log, audio
+        self.at_start = at_start                    # the acceptor's checks as a job starts (Acceptor.at_start)
         self._queued = threading.Condition()
         self._notified = 0                          # how many times a job was queued (a thread that found none
         #                                             waits for this to change)
@@ -132,6 +133,8 @@ class Worker:
         self.log({"job": job["id"], "state": "running", "attempt": job["attempts"]})
         try:
             request = request_of(job)
+            if self.at_start:
+                self.at_start(job, request)
             audio = self.audio.take(request.audio) if self.audio else None
             clip = check_clip(request, engine.avatar(request.avatar), engine.setup.config, audio=audio)
             if clip_is_finished(clip, engine.setup):
