@@ -103,6 +103,9 @@ def check_options(opts: ServeOptions) -> str | None:
         raise UsageError("--watch IN and --out OUT go together")
     if opts.watch is not None and not opts.watch.is_dir():
         raise UsageError(f"{opts.watch}: --watch must be an existing folder")
+    if opts.watch is not None and not isinstance(opts.defaults.get("avatar"), str):
+        raise UsageError("--watch needs --avatar NAME: the anchor of the files dropped there (a sidecar <stem>.json "
+                         "may name another for its file)")
     for root in opts.roots:
         if not root.is_dir():
             raise UsageError(f"{root}: --root must be an existing folder")
@@ -189,7 +192,7 @@ def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts:
     log({"event": "engine loaded", **engine_info, "queued": queue.counts()["queued"]})
     metrics = Metrics(queue)
     acceptor = Acceptor(queue, setup, roots, avatars=engines[0].avatar)    # the engines' avatars, opened once
-    worker = Worker(engines, queue, metrics, log, audio=acceptor.decoded)
+    worker = Worker(engines, queue, metrics, log, audio=acceptor.decoded, at_start=acceptor.at_start)
     watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, worker.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
     app = make_app(queue, acceptor, worker, metrics, token, engine_info)
