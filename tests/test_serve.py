@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -76,26 +77,6 @@ def test_a_checked_job_s_audio_is_kept_for_its_render_only_while_the_file_is_unc
 
 
 # ----------------------------------------------------------------------------- the API, in process
-@pytest.fixture()
-def api(engine, session_home, tmp_path):
-    """The API over a fresh queue and the session's engine, its render thread not started (jobs stay queued)."""
-    from fastapi.testclient import TestClient
-
-    from ditto_fast.serve.accept import Acceptor
-    from ditto_fast.serve.api import make_app
-    from ditto_fast.serve.metrics import Metrics
-    from ditto_fast.serve.worker import Worker
-
-    queue = JobQueue(tmp_path / "q.sqlite")
-    metrics = Metrics(queue)
-    events: list[dict] = []
-    worker = Worker([engine], queue, metrics, events.append)
-    acceptor = Acceptor(queue, engine.setup, [tmp_path])
-    client = TestClient(make_app(queue, acceptor, worker, metrics, token="t" * 20))
-    client.headers["Authorization"] = "Bearer " + "t" * 20
-    return client, queue, events
-
-
 def test_the_api_queues_a_checked_job_and_refuses_as_render_does(api, clips, tmp_path, run_cli, session_home,
                                                                   tiny_checkpoints):
     client, queue, events = api
@@ -439,3 +420,18 @@ def _wait_for_frames(server: Server, job_id: str) -> None:
     while (server.call("GET", f"/v1/jobs/{job_id}")[1]["progress"] or {}).get("stage") != "frames":
         assert time.monotonic() < deadline, server.log.read_text()[-2000:]
         time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_render_stops_cleanly_and_the_job_runs_at_the_next_start(serving, tmp_path):
+    server = serving()
+    audio = _speech(tmp_path, "long.wav", 4.0)
+    job_id = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
+                                              "output": str(tmp_path / "t.mp4")})[1]["id"]
+    _wait_for_frames(server, job_id)
+    assert server.stop(signal.SIGTERM) == 0                      # stops at the next frame batch
+    with sqlite3.connect(tmp_path / "home" / "serve" / "jobs.sqlite") as db:        # read only: no server of its own
+        assert db.execute("SELECT status FROM jobs WHERE id=?", (job_id,)).fetchone() == ("queued",)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".t.mp4", "t.mp4"))]
+    again = serving().wait(job_id)
+    assert again["status"] == "done" and again["attempts"] == 2 and (tmp_path / "t.mp4").is_file(), again
