@@ -272,3 +272,44 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("register") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: "local_ray" in getattr(item, "fixturenames", ()))
+
+
+# ----------------------------------------------------------------------------- serve, in process
+SERVE_TOKEN = "t" * 20
+
+
+@pytest.fixture()
+def serve_parts(engine, session_home, tmp_path):
+    """A server's parts over a fresh queue and the session's engine (in this process), its roots [tmp_path], its
+    dispatch thread not started (jobs stay queued): queue, acceptor, dispatcher, metrics and the log's events."""
+    from types import SimpleNamespace
+
+    from support import InProcessEngine
+
+    from ditto_fast.engine.open_avatars import OpenAvatars
+    from ditto_fast.serve.accept import Acceptor
+    from ditto_fast.serve.dispatch import Dispatcher
+    from ditto_fast.serve.metrics import Metrics
+    from ditto_fast.serve.queue import JobQueue
+
+    queue = JobQueue(tmp_path / "q.sqlite")
+    metrics = Metrics(queue)
+    events: list[dict] = []
+    avatars = OpenAvatars(engine.setup.checkpoints)
+    acceptor = Acceptor(queue, engine.setup, [tmp_path], avatars=avatars.get)
+    dispatcher = Dispatcher([InProcessEngine(engine)], queue, metrics, events.append, avatars, engine.setup,
+                            audio=acceptor.decoded, at_start=acceptor.at_start)
+    return SimpleNamespace(queue=queue, acceptor=acceptor, dispatcher=dispatcher, metrics=metrics, events=events)
+
+
+@pytest.fixture()
+def api(serve_parts):
+    """The job API in process over `serve_parts`, with a token: (client carrying the token, queue, log events)."""
+    from fastapi.testclient import TestClient
+
+    from ditto_fast.serve.api import make_app
+
+    parts = serve_parts
+    client = TestClient(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics, token=SERVE_TOKEN))
+    client.headers["Authorization"] = "Bearer " + SERVE_TOKEN
+    return client, parts.queue, parts.events

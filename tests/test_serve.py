@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -77,26 +79,6 @@ def test_a_checked_job_s_audio_is_kept_for_its_render_only_while_the_file_is_unc
 
 
 # ----------------------------------------------------------------------------- the API, in process
-@pytest.fixture()
-def api(engine, session_home, tmp_path):
-    """The API over a fresh queue and the session's engine, its render thread not started (jobs stay queued)."""
-    from fastapi.testclient import TestClient
-
-    from ditto_fast.serve.accept import Acceptor
-    from ditto_fast.serve.api import make_app
-    from ditto_fast.serve.metrics import Metrics
-    from ditto_fast.serve.worker import Worker
-
-    queue = JobQueue(tmp_path / "q.sqlite")
-    metrics = Metrics(queue)
-    events: list[dict] = []
-    worker = Worker([engine], queue, metrics, events.append)
-    acceptor = Acceptor(queue, engine.setup, [tmp_path])
-    client = TestClient(make_app(queue, acceptor, worker, metrics, token="t" * 20))
-    client.headers["Authorization"] = "Bearer " + "t" * 20
-    return client, queue, events
-
-
 def test_the_api_queues_a_checked_job_and_refuses_as_render_does(api, clips, tmp_path, run_cli, session_home,
                                                                   tiny_checkpoints):
     client, queue, events = api
@@ -139,7 +121,12 @@ def test_the_api_needs_its_token_and_describes_itself(api):
     client, queue, _ = api
     assert client.get("/v1/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.get("/metrics", headers={"Authorization": ""}).status_code == 401
-    assert client.get("/healthz", headers={"Authorization": ""}).json()["engine"] == "loaded"
+    # health: without the token only up or down; with it, each engine's state (the dispatch thread not started
+    # here: no engine dispatches, so it is down)
+    anonymous = client.get("/healthz", headers={"Authorization": ""})
+    assert anonymous.status_code == 503 and anonymous.json() == {"ok": False}
+    (engine,) = client.get("/healthz").json()["engines"]
+    assert engine["state"] == "idle" and engine["dispatching"] is False and engine["restarts"] == 0
     metrics = client.get("/metrics").text
     assert 'ditto_fast_jobs{state="queued"} 0.0' in metrics and "ditto_fast_turnaround_seconds_bucket" in metrics
     schema = client.get("/openapi.json").json()["components"]["schemas"]["Job"]["properties"]
@@ -451,3 +438,18 @@ def _wait_for_frames(server: Server, job_id: str) -> None:
     while (server.call("GET", f"/v1/jobs/{job_id}")[1]["progress"] or {}).get("stage") != "frames":
         assert time.monotonic() < deadline, server.log.read_text()[-2000:]
         time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_render_stops_cleanly_and_the_job_runs_at_the_next_start(serving, tmp_path):
+    server = serving()
+    audio = _speech(tmp_path, "long.wav", 4.0)
+    job_id = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
+                                              "output": str(tmp_path / "t.mp4")})[1]["id"]
+    _wait_for_frames(server, job_id)
+    assert server.stop(signal.SIGTERM) == 0                      # stops at the next frame batch
+    with sqlite3.connect(tmp_path / "home" / "serve" / "jobs.sqlite") as db:        # read only: no server of its own
+        assert db.execute("SELECT status FROM jobs WHERE id=?", (job_id,)).fetchone() == ("queued",)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".t.mp4", "t.mp4"))]
+    again = serving().wait(job_id)
+    assert again["status"] == "done" and again["attempts"] == 2 and (tmp_path / "t.mp4").is_file(), again

@@ -1,5 +1,6 @@
 """Reading a user's small file safely: a regular file only (a FIFO or a device would block or never end), read
-with a limit that fits what it is, and values cut short before they go into a message."""
+with a limit that fits what it is, and values cut short before they go into a message; paths no file can have
+refused by name, and a file name's bytes that are not UTF-8 shown readably."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import os
 import stat
 from pathlib import Path
 
-from ditto_fast.core.errors import InputError
+from ditto_fast.core.errors import InputError, UsageError
 
 KIB, MIB = 1 << 10, 1 << 20
 SHOWN_CHARS = 80            # the most of a user's value a message repeats
+NAME_MAX, PATH_MAX = 255, 4095      # bytes: the longest file name and path Linux takes (PATH_MAX less its NUL)
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
@@ -19,6 +21,34 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
         return f"<a {type(value).__name__} of {len(value)} items>"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit - 12]}... ({len(text)} chars)"
+
+
+def printable(text: str) -> str:
+    """`text` with the bytes of a file name that are not UTF-8 (Python's surrogate escapes) written as \\xNN, and
+    any other lone surrogate as \\uNNNN: text any UTF-8 writer takes."""
+    if not any("\ud800" <= c <= "\udfff" for c in text):
+        return text
+    return "".join(c if not "\ud800" <= c <= "\udfff" else
+                   f"\\x{ord(c) - 0xdc00:02x}" if "\udc80" <= c <= "\udcff" else f"\\u{ord(c):04x}" for c in text)
+
+
+def check_path_text(path: str | os.PathLike, what: str) -> None:
+    """UsageError naming `what` for a path no file can have: a NUL byte, a name over NAME_MAX bytes or a path over
+    PATH_MAX bytes (refused here, not met as an OS error half-way through)."""
+    text = os.fspath(path)
+    if "\0" in text:
+        raise UsageError(f"{what} {shown(printable(text))}: a file path cannot hold a NUL byte; give a real path")
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeEncodeError:          # a lone surrogate no byte of a file name makes (JSON's "\\ud800")
+        encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) > PATH_MAX:
+        raise UsageError(f"{what} {shown(printable(text))}: a path is at most {PATH_MAX} bytes, this one has "
+                         f"{len(encoded)}; give a shorter path")
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        raise UsageError(f"{what} {shown(printable(text))}: a file name is at most {NAME_MAX} bytes, one here has "
+                         f"{len(longest)}; give a shorter name")
 
 
 def _size(n: int) -> str:

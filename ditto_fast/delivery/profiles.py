@@ -22,6 +22,7 @@ from ditto_fast.core.errors import UsageError
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
 
 PROFILE_DIR = CONFIG_DIR / "delivery"
+PROFILE_FILE_SUFFIXES = (".yaml", ".yml")       # a --delivery value ending so names a profile file
 EXTENSIONS = {"mxf": ".mxf", "mov": ".mov", "mp4": ".mp4"}
 # what each container carries (the pairs ffmpeg's muxers write and playout servers read)
 CONTAINER_VIDEO = {"mxf": ("mpeg2video", "dnxhd"), "mov": ("prores", "dnxhd", "h264", "mpeg2video"),
@@ -130,13 +131,18 @@ def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
+def is_profile_file(value: str | Path) -> bool:
+    """Whether a --delivery value names a YAML file (a shipped profile's name never ends so)."""
+    return str(value).lower().endswith(PROFILE_FILE_SUFFIXES)
+
+
 def profile_path(name_or_file: str | Path) -> Path:
     """The file a --delivery value names: a shipped profile's name or a YAML file; UsageError for neither."""
     text = str(name_or_file)
     if re.fullmatch(r"[a-z0-9][a-z0-9-]*", text) and (PROFILE_DIR / f"{text}.yaml").is_file():
         return PROFILE_DIR / f"{text}.yaml"
     path = Path(text)
-    if path.suffix.lower() in (".yaml", ".yml"):
+    if is_profile_file(path):
         if not path.exists() or path.is_dir():     # a FIFO or device is refused by name when read
             raise UsageError(f"{path}: delivery profile not found; give a YAML file or one of "
                              f"{', '.join(shipped_profiles())}")

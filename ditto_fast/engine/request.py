@@ -18,8 +18,8 @@ from typing import Any
 from ditto_fast.avatar.store import validate_name
 from ditto_fast.core.config import check_setting, declaration
 from ditto_fast.core.errors import UsageError
-from ditto_fast.core.files import shown
-from ditto_fast.delivery.profiles import LOUDNESS_RANGE, TIMECODE, load_profile, shipped_profiles
+from ditto_fast.core.files import check_path_text, shown
+from ditto_fast.delivery.profiles import LOUDNESS_RANGE, TIMECODE, is_profile_file, load_profile, shipped_profiles
 from ditto_fast.media.rates import MOTION_FPS, NAMED_RATES, RENDER_RATES, parse_rate, rate_text
 from ditto_fast.motion.conditions import EMOTIONS
 
@@ -99,7 +99,7 @@ class RenderRequest:
             if f.metadata["kind"] == "path" and f.name in data and isinstance(data[f.name], str):
                 values[f.name] = base / data[f.name]
         delivery = data.get("delivery")
-        if isinstance(delivery, str) and delivery.lower().endswith((".yaml", ".yml")):   # a profile file
+        if isinstance(delivery, str) and is_profile_file(delivery):
             values["delivery"] = str(base / delivery)
         try:
             return cls(**values)
@@ -127,6 +127,7 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
     if meta["kind"] == "path":
         if not isinstance(value, (str, Path)) or not str(value):
             raise UsageError(f"{f.name} must be a file path, got {shown(value)}")
+        check_path_text(value, f.name)
         return Path(value)
     if meta["kind"] == "rate":
         if isinstance(value, bool) or not isinstance(value, (str, int, float, Fraction)):
@@ -140,6 +141,7 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
         if not isinstance(value, (str, Path)) or not str(value):
             raise UsageError(f"delivery must be a profile name ({', '.join(shipped_profiles())}) or a FILE.yaml, "
                              f"got {shown(value)}")
+        check_path_text(value, f.name)
         load_profile(value)                     # read and checked now: a bad profile fails before anything loads
         return str(value)
     if meta["kind"] == "loudness":

@@ -1,10 +1,14 @@
 """Accepting a job: a job line's JSON (from the API or a watch folder's file and sidecar) checked as `render` checks
-its options, every path it names confined to the server's roots, then queued. Nothing is queued that `render`
-would refuse; the refusal is the line `render` prints and its exit code."""
+its options, every path it names confined to the server's roots (a delivery profile's file before it is read), an
+existing output kept unless the job says "overwrite", then queued. Nothing is queued that `render` would refuse;
+the refusal is the line `render` prints and its exit code. When the job starts, its paths are confined again and a
+watch folder's file must still be the one taken (`Acceptor.at_start`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -13,16 +17,18 @@ from urllib.parse import urlparse
 
 from ditto_fast.audio.decode import DecodedAudio
 from ditto_fast.avatar import Avatar
-from ditto_fast.core.errors import UsageError
-from ditto_fast.core.files import file_signature, shown
-from ditto_fast.engine.clip import check_clip, request_inputs
+from ditto_fast.batch.jobs import clip_is_finished
+from ditto_fast.core.errors import InputError, UsageError
+from ditto_fast.core.files import check_path_text, file_signature, printable, shown
+from ditto_fast.delivery.profiles import is_profile_file, profile_path
+from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.serve.callbacks import CallbackPolicy, redact
 from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
 
-EXTRA_KEYS = ("priority", "callback")     # what a job may carry beside the request's fields
+EXTRA_KEYS = ("priority", "callback", "overwrite")   # what a job may carry beside the request's fields
 MEMO_BYTES = 256 << 20                    # decoded audio kept between a job's check and its render
 
 
@@ -56,8 +62,52 @@ def check_callback(url: Any, policy: CallbackPolicy) -> str | None:
     return url
 
 
+def parse_overwrite(value: Any) -> bool:
+    """Whether a job may replace an existing output that is not its own render: true or false (the default)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise UsageError(f"overwrite must be true or false, got {shown(value)}")
+
+
+def check_utf8(data: dict, where: str) -> None:
+    """UsageError for a job value holding text that is not UTF-8 (a file name in another encoding, read from a
+    folder or sent as JSON's "\\udce4"): the queue keeps and answers UTF-8 only."""
+    for key, value in data.items():
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            text = f" {printable(value)}" if isinstance(value, str) else ""
+            raise UsageError(f"{where}: {printable(str(key))}{text} is not valid UTF-8 (a file name in another "
+                             "encoding, Latin-1 from an SMB share?); rename it in UTF-8") from None
+        except (TypeError, ValueError):             # not JSON: the request's own checks name it
+            pass
+
+
+def check_not_replacing(clip: Clip, setup: RenderSetup) -> None:
+    """UsageError if the clip's output exists and is not this request's own render (its digest): a job replaces
+    another file only when it says "overwrite": true."""
+    if os.path.lexists(clip.output) and not clip_is_finished(clip, setup):
+        raise UsageError(f"{clip.output}: exists already and is not this request's render; choose another output, "
+                         'or send "overwrite": true to replace it')
+
+
+def check_taken(job: dict) -> None:
+    """InputError unless a watch folder's job's file is still the one it took (the same signature): a copy that
+    stalled past the settling time and went on, or a file removed, is not rendered."""
+    taken = (job.get("watch_files") or {}).get("audio")
+    if taken is None:                   # not a watch job (or queued by a server that kept no signatures)
+        return
+    now, name = file_signature(job["watch_path"]), printable(job["watch_path"])
+    if now is None:
+        raise InputError(f"{name}: removed from the watch folder before its render; drop it again to render it")
+    if list(now) != list(taken):
+        raise InputError(f"{name}: changed after the watch folder took it (a copy still being written?); it is "
+                         "taken again once it settles. Write files elsewhere, then rename them into the folder")
+
+
 def confine(path: Path, roots: list[Path], what: str) -> None:
     """UsageError unless `path` (symbolic links followed) lies under one of `roots`."""
+    check_path_text(path, what)
     real = path.resolve()
     if not any(real == r or r in real.parents for r in roots):
         raise UsageError(f"{path}: the {what} is outside the folders this server may use "
@@ -113,23 +163,52 @@ class Acceptor:
 
     def check(self, data: Any, where: str) -> tuple[RenderRequest, int, str | None]:
         """The request, priority and callback of one job's JSON; UsageError (or the DittoError `render` gives) if
-        it is not one `render` would take or names a path outside the roots."""
+        it is not one `render` would take, names a path outside the roots or an existing output not its own
+        (without "overwrite": true)."""
         if not isinstance(data, dict):
             raise UsageError(f"{where}: expected a JSON object like "
                              '{"avatar": "ruby", "audio": "/news/a.wav", "output": "/news/out/a.mp4"}')
+        check_utf8(data, where)
         fields = {k: v for k, v in data.items() if k not in EXTRA_KEYS}
         priority = parse_priority(data.get("priority"))
         callback = check_callback(data.get("callback"), self.callbacks)
+        overwrite = parse_overwrite(data.get("overwrite"))
+        self.confine_profile(fields.get("delivery"))
         request = RenderRequest.from_json(fields, self.roots[0], where)
-        for path in (request.output, *request_inputs(request, self.config.clip.emotion)):
-            confine(path, self.roots, "output" if path == request.output else "input")
+        self.confine_request(request)
         clip = check_clip(request, self.avatars(request.avatar), self.config)
+        if not overwrite:
+            check_not_replacing(clip, self.setup)
         self.decoded.put(request.audio, clip.audio)
         return request, priority, callback
 
-    def accept(self, data: Any, where: str, source: str = "api", watch_path: str | None = None) -> dict:
+    def confine_profile(self, delivery: Any) -> None:
+        """A delivery profile given as a file, confined to the roots before anything reads it (so no line of a file
+        outside them reaches an answer, a log or a watch folder's note)."""
+        if isinstance(delivery, str) and is_profile_file(delivery):
+            confine(self.roots[0] / delivery, self.roots, "delivery profile")
+
+    def confine_request(self, request: RenderRequest) -> None:
+        """UsageError unless the output and every file the request reads (a shipped delivery profile aside) lie
+        under the roots, links followed as they are now."""
+        confine(request.output, self.roots, "output")
+        shipped = profile_path(request.delivery) if request.delivery and not is_profile_file(request.delivery) \
+            else None
+        for path in request_inputs(request, self.config.clip.emotion):
+            if path != shipped:
+                confine(path, self.roots, "input")
+
+    def at_start(self, job: dict, request: RenderRequest) -> None:
+        """What a render thread calls as a job starts, before its render opens any file: the paths confined again
+        (a folder swapped for a link since the job was accepted is refused) and a watch folder's file still the
+        one the job took (check_taken)."""
+        self.confine_request(request)
+        check_taken(job)
+
+    def accept(self, data: Any, where: str, source: str = "api", watch_path: str | None = None,
+               watch_files: dict | None = None) -> dict:
         """Check one job and queue it; returns the queued job."""
         request, priority, callback = self.check(data, where)
         return self.queue.submit(request_json(request), priority=priority, source=source, callback=callback,
-                                 watch_path=watch_path, output=str(request.output))
+                                 watch_path=watch_path, output=str(request.output), watch_files=watch_files)
 

@@ -6,7 +6,6 @@ failed by rule; a thread outlives any one job and any passing error of the queue
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -14,19 +13,18 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ditto_fast.batch.jobs import clip_is_finished
-from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, one_line
+from ditto_fast.core.errors import DittoError, one_line
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
 from ditto_fast.serve.accept import DecodedMemo
-from ditto_fast.serve.callbacks import post_job
+from ditto_fast.serve.callbacks import CallbackSender
 from ditto_fast.serve.metrics import Metrics
-from ditto_fast.serve.queue import JobQueue, job_view
+from ditto_fast.serve.queue import CANCELLED_RUNNING, MAX_CRASHES, JobQueue
 
 PROGRESS_EVERY_S = 0.5          # the queue's progress of a running job is at most this old
-MAX_ATTEMPTS = 2                # a job whose engine died under it runs once more
 RESTART_PAUSES_S = (0.0, 5.0, 30.0, 120.0)      # between tries to start a dead engine again (the last repeats)
 DB_RETRY_S = 2.0                # after the queue's database could not be read or written
 
@@ -43,9 +41,14 @@ class Dispatcher:
 
     def __init__(self, handles: Sequence[EngineHandle], queue: JobQueue, metrics: Metrics,
                  log: Callable[[dict], None], avatars: OpenAvatars, setup: RenderSetup,
-                 audio: DecodedMemo | None = None):
+                 audio: DecodedMemo | None = None, callbacks: CallbackSender | None = None,
+                 max_crashes: int = MAX_CRASHES, at_start: Callable[[dict, RenderRequest], None] | None = None):
+        """`callbacks` sends the final states the queue's outbox holds; a job whose engine died under it
+        `max_crashes` times is failed; `at_start(job, request)` checks a job again as it starts (its paths within
+        the roots, a watch folder's file unchanged: Acceptor.at_start)."""
         self.handles, self.queue, self.metrics, self.log = list(handles), queue, metrics, log
         self.avatars, self.setup, self.audio = avatars, setup, audio
+        self.callbacks, self.max_crashes, self.at_start = callbacks, max_crashes, at_start
         self._queued = threading.Condition()
         self._notified = 0                          # how many times a job was queued (a thread that found none
         #                                             waits for this to change)
@@ -53,6 +56,7 @@ class Dispatcher:
         self._cancel: set[str] = set()
         self._committed: set[str] = set()          # running jobs whose output is complete: too late to cancel
         self._running: dict[int, str] = {}          # handle index -> the job it renders
+        metrics.engine_states = lambda: [h.state().as_json() for h in self.handles]
         self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"ditto-fast-dispatch-{i}", daemon=True)
                          for i in range(len(self.handles))]
 
@@ -137,7 +141,7 @@ class Dispatcher:
     def _release(self, job_id: str) -> None:
         """Queue a job again whose outcome could not be recorded (if even that fails, the next start does it)."""
         try:
-            self.queue.finish(job_id, "queued", progress=None)
+            self.queue.requeue(job_id)
         except Exception as e:  # noqa: BLE001
             self.log({"job": job_id, "error": one_line(f"could not queue it again ({e}); the next start will", 300)})
 
@@ -163,7 +167,7 @@ class Dispatcher:
         last = [0.0]
 
         def tick(stage: str, done: int, total: int) -> None:
-            if job_id in self._cancel or self._stop.is_set():
+            if job_id in self._cancel or self._stop.is_set() or self.queue.cancel_requested(job_id):
                 raise JobCancelled()
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S or done == total:
@@ -175,7 +179,7 @@ class Dispatcher:
         """Called when the job's output is complete: JobCancelled if it was cancelled; from now on, it is done."""
         def commit() -> None:
             with self._queued:
-                if job_id in self._cancel:
+                if job_id in self._cancel or self.queue.cancel_requested(job_id):
                     raise JobCancelled()
                 self._committed.add(job_id)
         return commit
@@ -184,6 +188,8 @@ class Dispatcher:
         """The job checked again as it starts: its files as they are now (the audio decoded at acceptance is used
         only if the file is unchanged since)."""
         request = request_of(job)
+        if self.at_start is not None:
+            self.at_start(job, request)
         audio = self.audio.take(request.audio) if self.audio else None
         return check_clip(request, self.avatars.get(request.avatar), self.setup.config, audio=audio)
 
@@ -203,22 +209,20 @@ class Dispatcher:
                                          seconds=round(time.perf_counter() - t0, 3), timings=result.timings)
                 self.metrics.rendered(result.timings)
         except JobCancelled:
-            if self._stop.is_set() and job["id"] not in self._cancel:      # the server stops: run it next time
-                self.queue.finish(job["id"], "queued", progress=None)
+            if self._stop.is_set() and job["id"] not in self._cancel and not self.queue.cancel_requested(job["id"]):
+                self.queue.requeue(job["id"])            # the server stops: run it next time
                 self.log({"job": job["id"], "state": "queued", "why": "server stopping"})
                 return
-            done = self.queue.finish(job["id"], "cancelled", error="cancelled while rendering; nothing was written",
+            done = self.queue.finish(job["id"], "cancelled", error=CANCELLED_RUNNING,
                                      seconds=round(time.perf_counter() - t0, 3))
         except EngineDied as e:
             self.log({"event": "engine died", "engine": handle.name, "job": job["id"], "error": str(e)})
-            if job["attempts"] < MAX_ATTEMPTS and not self._stop.is_set():      # on the next free engine
-                self.queue.finish(job["id"], "queued", progress=None)
+            done = self.queue.engine_died(job["id"], str(e), self.max_crashes)
+            if done is not None:
+                self.metrics.crashed(done)
+            if done is not None and done["status"] == "queued":     # on the next free engine
                 self.log({"job": job["id"], "state": "queued", "why": str(e)})
                 return
-            done = self.queue.finish(job["id"], "failed", exit_code=EXIT_INTERNAL,
-                                     seconds=round(time.perf_counter() - t0, 3),
-                                     error=one_line(f"{e} ({job['attempts']} attempts); render that request alone "
-                                                    "with `ditto-fast render` to see why"))
         except DittoError as e:
             done = self.queue.finish(job["id"], "failed", error=str(e), exit_code=e.exit_code,
                                      seconds=round(time.perf_counter() - t0, 3))
@@ -226,13 +230,17 @@ class Dispatcher:
             done = self.queue.finish(job["id"], "failed", exit_code=1, seconds=round(time.perf_counter() - t0, 3),
                                      error=one_line(f"internal error: {type(e).__name__}: {e}; render that request "
                                                     "with `ditto-fast render` and DITTO_FAST_DEBUG=1 and report it"))
+        if done is None:                    # no longer this server's (never the case with one server per home)
+            self.log({"job": job["id"], "error": "the job's final state was not written: this server's lease on it "
+                      "is gone"})
+            return
         self.ended(done)
 
     def ended(self, job: dict) -> None:
-        """A job reached its final state: metrics, the log line and its callback."""
+        """A job reached its final state: metrics, the log line and its callback (from the queue's outbox)."""
         self.metrics.ended(job)
         self.log({"job": job["id"], "state": job["status"], "seconds": job["seconds"], "output": job["output"],
                   "error": job["error"], "exit_code": job["exit_code"],
                   **({"skipped": True} if job["skipped"] else {})})
-        if job["callback"]:
-            post_job(job["callback"], json.dumps(job_view(job)).encode(), self.log, job["id"])
+        if job["callback"] and self.callbacks:
+            self.callbacks.wake()

@@ -1,8 +1,10 @@
 """The server's Prometheus metrics (prometheus_client): jobs by state, frames and seconds by stage, the queue's
-depth, each job's turnaround (accepted to final) and attempts, and the crashes under jobs (an engine or the server
-that died while rendering one) by what became of the job."""
+depth, each job's turnaround (accepted to final) and attempts, the crashes under jobs (an engine or the server that
+died while rendering one) by what became of the job, and each engine's restarts and whether it can render."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -32,6 +34,11 @@ class Metrics:
                                   buckets=ATTEMPT_BUCKETS, registry=r)
         self.crashes = Counter("ditto_fast_job_crashes", "Engines (or servers) that died under a job since start, by "
                                "what became of the job: queued again, failed or cancelled", ["outcome"], registry=r)
+        self.restarts = Counter("ditto_fast_engine_restarts", "Engines started again since start (after one died)",
+                                ["engine"], registry=r)
+        self.engines_up = Gauge("ditto_fast_engine_up", "1 when the engine can render (idle or busy), else 0",
+                                ["engine"], registry=r)
+        self.engine_states: Callable[[], list[dict]] | None = None     # the dispatcher's, read at each scrape
 
     def rendered(self, timings: dict) -> None:
         self.frames.inc(timings["frames"])
@@ -49,8 +56,13 @@ class Metrics:
         """An engine (or server) died under `job`, which is now queued again, failed or cancelled."""
         self.crashes.labels(job["status"]).inc()
 
+    def engine_restarted(self, name: str) -> None:
+        self.restarts.labels(name).inc()
+
     def exposition(self) -> bytes:
-        """The text format, with the queue's counts read now."""
+        """The text format, with the queue's counts and the engines' states read now."""
+        for state in self.engine_states() if self.engine_states else ():
+            self.engines_up.labels(state["name"]).set(1 if state["state"] in ("idle", "busy") else 0)
         counts = self.queue.counts()
         for state in STATES:
             self.jobs.labels(state).set(counts[state])

@@ -75,8 +75,9 @@ _ADDED_COLUMNS = {                  # columns of jobs a queue written by an olde
     "crashes": "INTEGER NOT NULL DEFAULT 0",    # how often its engine (or server) died under it
     "crash_causes": "TEXT",         # their causes (JSON list)
     "cancel_requested": "INTEGER NOT NULL DEFAULT 0",
+    "watch_files": "TEXT",          # the signatures of the watch folder's audio and sidecar the job took (JSON)
 }
-_JSON_COLUMNS = ("request", "timings", "progress", "crash_causes")
+_JSON_COLUMNS = ("request", "timings", "progress", "crash_causes", "watch_files")
 
 
 class JobQueue:
@@ -146,14 +147,16 @@ class JobQueue:
 
     # ------------------------------------------------------------------------- jobs
     def submit(self, request: dict, *, priority: int = 0, source: str = "api", callback: str | None = None,
-               watch_path: str | None = None, output: str | None = None) -> dict:
-        """Queue a checked request (a job line, paths absolute); returns the job."""
+               watch_path: str | None = None, output: str | None = None, watch_files: dict | None = None) -> dict:
+        """Queue a checked request (a job line, paths absolute); returns the job. A watch folder's job carries its
+        file (`watch_path`) and the signatures of the files it took (`watch_files`)."""
         job_id = uuid.uuid4().hex[:16]
         with self._db() as db:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             db.execute("INSERT INTO jobs (id, seq, priority, status, request, source, watch_path, callback, created, "
-                       "output) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
-                       (job_id, seq, priority, json.dumps(request), source, watch_path, callback, time.time(), output))
+                       "output, watch_files) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                       (job_id, seq, priority, json.dumps(request), source, watch_path, callback, time.time(), output,
+                        None if watch_files is None else json.dumps(watch_files)))
         return self.get(job_id)
 
     def take(self) -> dict | None:
@@ -241,6 +244,13 @@ class JobQueue:
         cond = "status IN ('done','failed','cancelled') AND moved=0" if unmoved_final else \
             "status IN ('queued','running')"
         return [_job(r) for r in self._rows(f"SELECT * FROM jobs WHERE source='watch' AND {cond} ORDER BY seq")]
+
+    def watched_output(self, output: str) -> list[dict]:
+        """Watch-folder jobs that write `output`, newest first."""
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM jobs WHERE source='watch' AND output=? ORDER BY seq DESC LIMIT 100",
+                              (output,)).fetchall()
+        return [_job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
         """The number of jobs in each state."""

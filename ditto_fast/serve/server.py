@@ -1,6 +1,7 @@
-"""`ditto-fast serve`: one process, one engine loaded once, jobs from a durable queue rendered one at a time; the
-jobs come from the HTTP API (uvicorn, localhost by default) and from watch folders. Stopped by SIGINT or SIGTERM:
-the running job stops at its next frame batch and is queued again for the next start."""
+"""`ditto-fast serve`: jobs from a durable queue, rendered by engines loaded once, each in a process of its own (one
+per GPU, or one on a CPU host) or a Ray actor, so that a render that dies takes only its engine; the jobs come from
+the HTTP API (uvicorn, localhost by default) and from watch folders. One server per home (a lock). Stopped by SIGINT
+or SIGTERM: each running job stops at its next frame batch and is queued again for the next start."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from ditto_fast.core.errors import Terminated, UsageError
+from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
 from ditto_fast.core.files import read_bounded
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
@@ -25,6 +26,7 @@ from ditto_fast.serve.queue import MAX_CRASHES
 
 if TYPE_CHECKING:
     from ditto_fast.engine.render_setup import RenderSetup
+    from ditto_fast.handles.base import EngineHandle
 
 DEFAULT_PORT = 8750
 TOKEN_MAX_BYTES = 4096
@@ -69,6 +71,17 @@ class ServeOptions:
     callback_allow: list[str] = _option(flags=("--callback-allow",), multiple=True,
                                         help="An address or CIDR a job's callback may go to although it is private, "
                                              "loopback or link-local (repeatable; e.g. 10.20.0.0/16).")
+    job_timeout: float | None = _option(flags=("--job-timeout",), range=(1, 7 * 86400),
+                                        help="Seconds a job may render before its engine is killed and the job "
+                                             "counted as one that killed it [default: no limit].")
+    stall_timeout: float = _option(900.0, flags=("--stall-timeout",), range=(5, 86400),
+                                   help="Seconds an engine may render without progress (or answer no heartbeat for "
+                                        "a minute) before it is taken for hung and killed.")
+    engine_memory: float | None = _option(flags=("--engine-memory",), range=(0.5, 4096),
+                                          help="GiB of address space each engine process may use: past it, the job "
+                                               "fails as out of memory and a fresh engine starts, instead of the "
+                                               "host's OOM killer choosing a process [default: no cap; not with "
+                                               "--ray, nor on a GPU].")
     defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
     quiet: bool = False
 
@@ -111,6 +124,9 @@ def check_options(opts: ServeOptions) -> str | None:
         raise UsageError("--watch IN and --out OUT go together")
     if opts.watch is not None and not opts.watch.is_dir():
         raise UsageError(f"{opts.watch}: --watch must be an existing folder")
+    if opts.watch is not None and not isinstance(opts.defaults.get("avatar"), str):
+        raise UsageError("--watch needs --avatar NAME: the anchor of the files dropped there (a sidecar <stem>.json "
+                         "may name another for its file)")
     for root in opts.roots:
         if not root.is_dir():
             raise UsageError(f"{root}: --root must be an existing folder")
@@ -157,47 +173,99 @@ def serve(options: EngineOptions, opts: ServeOptions, stream: TextIO = sys.stder
 
         stack.enter_context(lock_home(store_root() / "serve"))       # before the queue opens or an engine loads
         try:
-            engines, setup, engine_info = _engines(options, opts, roots, stack)
-            _serve(engines, setup, engine_info, opts, roots, token, log)
+            handles, setup, engine_info = _engines(options, opts, roots, stack, log)
+            _serve(handles, setup, engine_info, opts, roots, token, log)
         except (KeyboardInterrupt, Terminated):     # uvicorn passes the signal on once it has stopped: a clean stop
             pass
 
 
-def _engines(options: EngineOptions, opts: ServeOptions, roots: list[Path], stack: contextlib.ExitStack
-             ) -> tuple[list, RenderSetup, dict[str, Any]]:
-    """The warm engines (the in-process Renderer, or one per Ray actor, let go when `stack` closes), the setup jobs
-    are checked with, and what the log and /healthz say of the engines."""
-    from ditto_fast.engine.render_setup import RenderSetup
-
+def _engines(options: EngineOptions, opts: ServeOptions, roots: list[Path], stack: contextlib.ExitStack,
+             log: Callable[[dict], None]) -> tuple[list[EngineHandle], RenderSetup, dict[str, Any]]:
+    """The engine handles, each engine started and loaded (engine processes here: one per GPU, or one on a CPU host;
+    or one Ray actor per GPU or node), let go when `stack` closes; the setup jobs are checked with; and what the log
+    and /healthz say of the engines."""
     t0 = time.perf_counter()
     if opts.ray is None:
-        from ditto_fast.engine.renderer import Renderer
+        from ditto_fast.engine.render_setup import RenderSetup
+        from ditto_fast.handles.process import EngineLimits, ProcessEngine
 
-        engine = Renderer(setup=RenderSetup.resolve(options))
-        return [engine], engine.setup, {"seconds": round(time.perf_counter() - t0, 2), "device": str(engine.device)}
-    from ditto_fast.batch.ray_actors import ray_session
-    from ditto_fast.serve.ray_pool import RayPool
+        setup = RenderSetup.resolve(options)
+        limits = EngineLimits(stall_s=opts.stall_timeout, job_s=opts.job_timeout,
+                              memory_bytes=int(opts.engine_memory * (1 << 30)) if opts.engine_memory else None)
+        gpus = _gpu_count() if setup.device.type == "cuda" else 0
+        handles = [ProcessEngine(setup, name=f"engine-{i}", limits=limits,
+                                 env={"CUDA_VISIBLE_DEVICES": _visible_gpu(i)} if gpus > 1 else None,
+                                 output=lambda line: log({"engine_said": line}))
+                   for i in range(max(1, gpus))]
+        for handle in handles:
+            stack.callback(handle.close)
+        _start_all(handles, log, every=True)
+        return handles, setup, {"seconds": round(time.perf_counter() - t0, 2), "device": str(setup.device)}
+    from ditto_fast.handles.ray_cluster import ray_session
+    from ditto_fast.handles.ray_engine import RayFleet
 
     ray = stack.enter_context(ray_session(opts.ray))
-    pool = RayPool(opts.ray, options, opts.workers)
-    stack.callback(pool.close)
-    engines = pool.start(ray, roots)
-    return engines, pool.check_setup, {"seconds": round(time.perf_counter() - t0, 2), "ray": opts.ray,
-                                       "actors": pool.describe()}
+    fleet = RayFleet(ray, options, opts.workers, name="ditto-fast-serve")
+    stack.callback(fleet.close)
+    store = store_root() / "avatars"
+    store.mkdir(parents=True, exist_ok=True)        # a server may start before the first avatar is registered
+    handles = _start_all(fleet.plan([store], load=True, writable=roots), log, every=False)
+    return handles, fleet.check_setup, {"seconds": round(time.perf_counter() - t0, 2), "ray": opts.ray}
 
 
-def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts: ServeOptions, roots: list[Path],
-           token: str | None, log: Callable[[dict], None]) -> None:
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _visible_gpu(i: int) -> str:
+    """The i-th GPU this process may use, as CUDA_VISIBLE_DEVICES names it for one engine."""
+    import os
+
+    given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return given[i] if i < len(given) else str(i)
+
+
+def _start_all(handles: list[EngineHandle], log: Callable[[dict], None], every: bool) -> list[EngineHandle]:
+    """Start the engines side by side; those that started. `every`: the first refusal stops the server (its line
+    and exit code); else only when none starts (InputError naming why each could not)."""
+    errors: dict[int, DittoError] = {}
+
+    def start(i: int) -> None:
+        try:
+            handles[i].start()
+        except DittoError as e:
+            errors[i] = e
+    threads = [threading.Thread(target=start, args=(i,), name=f"ditto-fast-start-{i}") for i in range(len(handles))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors and every:
+        raise errors[min(errors)]
+    for i, e in sorted(errors.items()):
+        log({"event": "engine down", "engine": handles[i].name, "where": handles[i].state().where, "error": str(e)})
+    started = [h for i, h in enumerate(handles) if i not in errors]
+    if not started:
+        why = "; ".join(f"{handles[i].state().where or handles[i].name}: {e}" for i, e in sorted(errors.items()))
+        raise InputError(f"no engine can render: {why[:1500]}")
+    return started
+
+
+def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[str, Any], opts: ServeOptions,
+           roots: list[Path], token: str | None, log: Callable[[dict], None]) -> None:
     import uvicorn
 
+    from ditto_fast.engine.open_avatars import OpenAvatars
     from ditto_fast.serve.accept import Acceptor
     from ditto_fast.serve.api import make_app
     from ditto_fast.serve.callbacks import CallbackPolicy, CallbackSender
+    from ditto_fast.serve.dispatch import Dispatcher
     from ditto_fast.serve.lease import Heartbeat
     from ditto_fast.serve.metrics import Metrics
     from ditto_fast.serve.queue import JobQueue
     from ditto_fast.serve.watch import WatchFolder
-    from ditto_fast.serve.worker import Worker
 
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
     metrics = Metrics(queue)
@@ -207,21 +275,23 @@ def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts:
             metrics.ended(job)
         log({"job": job["id"], "state": job["status"], "why": "its server died while rendering it",
              "crashes": job["crashes"], **({"error": job["error"]} if job["status"] != "queued" else {})})
-    log({"event": "engine loaded", **engine_info, "queued": queue.counts()["queued"]})
+    log({"event": "engine loaded", **engine_info, "engines": [h.state().as_json() for h in handles],
+         "queued": queue.counts()["queued"]})
     policy = CallbackPolicy(parse_networks(opts.callback_allow))
-    acceptor = Acceptor(queue, setup, roots, avatars=engines[0].avatar, callbacks=policy)    # the engines' avatars
+    avatars = OpenAvatars(setup.checkpoints)            # opened once for the checks of every job
+    acceptor = Acceptor(queue, setup, roots, avatars=avatars.get, callbacks=policy)
     callbacks = CallbackSender(queue, policy, log)
     heartbeat = Heartbeat(queue.heartbeat, log)
-    worker = Worker(engines, queue, metrics, log, audio=acceptor.decoded, callbacks=callbacks,
-                    max_crashes=opts.max_crashes)
-    watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, worker.notify, log, opts.settle_s,
+    dispatcher = Dispatcher(handles, queue, metrics, log, avatars, setup, audio=acceptor.decoded, callbacks=callbacks,
+                            max_crashes=opts.max_crashes, at_start=acceptor.at_start)
+    watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, dispatcher.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
-    app = make_app(queue, acceptor, worker, metrics, token, engine_info)
+    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch)
     server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     heartbeat.start()
     callbacks.start()
-    worker.start()
+    dispatcher.start()
     if watch:
         watch.start()
     log({"event": "listening", "url": f"http://{opts.host}:{opts.port}", "roots": [str(r) for r in roots],
@@ -231,7 +301,7 @@ def _serve(engines: list, setup: RenderSetup, engine_info: dict[str, Any], opts:
     finally:
         if watch:
             watch.stop()
-        worker.stop()
+        dispatcher.stop()
         callbacks.stop(timeout=15)  # what is not sent yet is sent after the next start
         heartbeat.stop()
         log({"event": "stopped", "queued": queue.counts()["queued"]})
