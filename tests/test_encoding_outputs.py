@@ -17,9 +17,8 @@ import soundfile as sf
 
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.core.errors import UsageError
-from ditto_fast.media.rates import (
-    frames_for, from_stream, motion_timeline, parse_rate, rate_text, source_indices,
-)
+from ditto_fast.media.rates import frames_for, from_stream, parse_rate, rate_text
+from ditto_fast.media.timeline import motion_timeline, source_indices
 from ditto_fast.encoding.formats import output_format
 from ditto_fast.encoding.writer import VideoWriter
 from synthetic import Motion
