@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 import click
@@ -18,8 +17,9 @@ from ditto_fast.console.process import end_process, on_sigterm
 from ditto_fast.console.process import exit_now as _exit_now       # tests replace it: an interrupt ends no test run
 from ditto_fast.core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SOME_FAILED, EXIT_TERMINATED, DittoError,
                                     Terminated, one_line)
-from ditto_fast.engine.request import FIELDS, JOB_KEYS
-from ditto_fast.serve.server import SERVE_FIELDS, ServeOptions
+from ditto_fast.core.version import __version__
+from ditto_fast.engine.request import FIELDS, JOB_KEYS, RenderRequest
+from ditto_fast.serve.options import SERVE_FIELDS, ServeOptions
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # noqa: BLE001 - a bug: one line, traceback on request
         if os.environ.get("DITTO_FAST_DEBUG"):
             raise
+        import traceback
+
         where = traceback.extract_tb(e.__traceback__)[-1]
         click.echo(f"ditto-fast: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
                    f"(at {Path(where.filename).name}:{where.lineno}); rerun with DITTO_FAST_DEBUG=1 for the "
@@ -60,7 +62,7 @@ def entry() -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ditto-fast")
+@click.version_option(__version__)      # the package's own attribute: no look-up of installed distributions
 def cli() -> None:
     """ditto-fast: lip-synced talking-anchor videos from a registered avatar and a speech file."""
 
@@ -120,14 +122,13 @@ def register(source, name, max_size, max_frames, force, checkpoints, device, bat
 @CONFIG
 def render(timings, preview, quiet, config_path, **values):
     """Render AUDIO spoken by AVATAR into a video file (written to a temporary name, renamed when complete)."""
+    request = RenderRequest(**{f.name: values.pop(f.name) for f in FIELDS})     # checked before torch loads
+    options = take_engine_options(values, config_path)
     from ditto_fast.engine.renderer import stage_table
-    from ditto_fast.engine.request import RenderRequest
     from ditto_fast.engine.single import render_one
 
-    request = RenderRequest(**{f.name: values.pop(f.name) for f in FIELDS})
     with progress_bar("render", quiet) as bar:
-        result = render_one(request, take_engine_options(values, config_path), timings=timings, preview=preview,
-                            reads=[config_path], progress=bar,
+        result = render_one(request, options, timings=timings, preview=preview, reads=[config_path], progress=bar,
                             note=lambda text: click.echo(f"ditto-fast: note: {text}", err=True))
     for warning in result.warnings:
         click.echo(f"ditto-fast: warning: {warning}", err=True)
@@ -234,10 +235,11 @@ def qc_cmd(file, delivery, loudness, timecode, as_json):
     render and batch --delivery run on their file before it is renamed into place."""
     from ditto_fast.core.errors import QCError
     from ditto_fast.engine.request import check_field
+
+    loudness, timecode = check_field("loudness", loudness), check_field("timecode", timecode)
     from ditto_fast.delivery import qc
     from ditto_fast.delivery.profiles import load_profile
 
-    loudness, timecode = check_field("loudness", loudness), check_field("timecode", timecode)
     if delivery:
         profile = load_profile(delivery)
         requirements = qc.check_file(file, profile, timecode=timecode,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ditto_fast.avatar.plate import PlateReader, seek_time, write_plate_image
-from ditto_fast.media.rates import mirror_index
+from ditto_fast.media.timeline import mirror_index
 from ditto_fast.core.errors import AvatarError
 from ditto_fast.encoding.writer import VideoWriter
 from synthetic import write_plate

@@ -96,6 +96,31 @@ def test_every_profile_number_is_checked_against_its_range(tmp_path, base, chang
     assert str(e.value).startswith(f"{path}: {key} ") and words in str(e.value) and "\n" not in str(e.value), e.value
 
 
+@pytest.mark.parametrize("base, section, key", [
+    ("xdcam-hd422-1080i50", "video", "gop"), ("xdcam-hd422-1080i50", "video", "b_frames"),
+    ("xdcam-hd422-1080i50", "video", "rate"), ("xdcam-hd422-1080i50", "video", "bitrate"),
+    ("xdcam-hd422-1080i50", "video", "size"), ("xdcam-hd422-1080i50", "audio", "tracks"),
+    ("xdcam-hd422-1080i50", "audio", "channels"), ("xdcam-hd422-1080i50", "audio", "rate"),
+    ("xdcam-hd422-1080i50", "loudness", "target"), ("xdcam-hd422-1080i50", "loudness", "true_peak"),
+    ("web-h264", "video", "crf"),
+])
+def test_a_boolean_is_no_number_in_a_profile(tmp_path, base, section, key):
+    """`gop: true` is YAML's True, an int in Python: refused as every setting refuses it."""
+    path = _user(tmp_path, lambda d: d[section].update({key: True}), base)
+    with pytest.raises(UsageError, match=f"^{path}: {section}.{key} must be .*, got True$"):
+        load_profile(path)
+
+
+def test_a_profile_number_is_refused_in_the_settings_own_words(tmp_path, run_cli):
+    """One check for values: a profile's crf out of range reads as `--crf` and render.crf do."""
+    path = _user(tmp_path, lambda d: d["video"].update(crf=60), "web-h264")
+    with pytest.raises(UsageError) as e:
+        load_profile(path)
+    r = run_cli(["render", "--avatar", "a", "--audio", "a.wav", "--crf", "60"], {"DITTO_FAST_HOME": str(tmp_path)})
+    assert str(e.value) == f"{path}: video.crf must be in 0..51, got 60" and r.stderr.strip().endswith(
+        "'--crf': must be in 0..51, got 60"), r.stderr
+
+
 def test_a_good_user_profile_reads(tmp_path):
     path = _user(tmp_path, lambda d: d["loudness"].update(target=-24, true_peak=-2))
     assert load_profile(path).loudness == (-24.0, -2.0)

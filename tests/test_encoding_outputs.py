@@ -17,9 +17,8 @@ import soundfile as sf
 
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.core.errors import UsageError
-from ditto_fast.media.rates import (
-    frames_for, from_stream, motion_timeline, parse_rate, rate_text, source_indices,
-)
+from ditto_fast.media.rates import frames_for, from_stream, parse_rate, rate_text
+from ditto_fast.media.timeline import motion_timeline, source_indices
 from ditto_fast.encoding.formats import output_format
 from ditto_fast.encoding.writer import VideoWriter
 from synthetic import Motion
@@ -309,8 +308,8 @@ def test_encoders_software_by_default_on_cpu_and_nvenc_refused_where_it_does_not
         assert why                                            # ffmpeg's reason, e.g. no libcuda
         with pytest.raises(UsageError, match="NVENC does not work on this machine"):
             resolve(encoder="nvenc")
-    with pytest.raises(UsageError, match="unknown encoder"):
-        resolve(encoder="x264")
+    with pytest.raises(UsageError, match="encoder must be one of auto, software, nvenc, got 'x264'"):
+        resolve(encoder="x264")                               # refused when the options are made
 
 
 def test_nvenc_options_crf_zero_and_a_codec_whose_nvenc_fails(tiny_checkpoints):

@@ -4,12 +4,15 @@ the object goes whole to the engine and, pickled, to a Ray actor."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+from pathlib import Path
 
 import click
 import pytest
 
 from ditto_fast.core.config import DEVICES, ENCODERS, PRECISIONS, declaration, load_config
+from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.options import ENGINE_FIELDS, EngineOptions
 
 
@@ -61,3 +64,36 @@ def test_the_options_pickle_whole():
                             config=load_config())
     assert pickle.loads(pickle.dumps(options)) == options
     assert EngineOptions().settings() == load_config()
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"device": "gpu"}, "device must be one of auto, cpu, cuda (or cuda:N), got 'gpu'"),
+    ({"device": "cuda:x"}, "device must be one of auto, cpu, cuda (or cuda:N), got 'cuda:x'"),
+    ({"precision": "fp8"}, "precision must be one of auto, fp16, bf16, fp32, got 'fp8'"),
+    ({"batch_size": 0}, "batch_size must be in 1..64 or auto, got 0"),
+    ({"batch_size": True}, "batch_size must be an integer in 1..64 or auto, got True"),
+    ({"batch_size": "8"}, "batch_size must be an integer in 1..64 or auto, got '8'"),
+    ({"crf": 52}, "crf must be in 0..51, got 52"),
+    ({"crf": 2.5}, "crf must be an integer in 0..51, got 2.5"),
+    ({"preset": "warp"}, "preset must be one of ultrafast, superfast, veryfast, faster, fast, medium, slow, got"),
+    ({"encoder": "x264"}, "encoder must be one of auto, software, nvenc, got 'x264'"),
+    ({"checkpoints": 3}, "checkpoints must be a checkpoint directory, got 3"),
+    ({"config": {"render": {}}}, "config must be the settings (a Config, from load_config)"),
+])
+def test_options_made_in_python_are_refused_when_made(given, said):
+    """`EngineOptions(device="gpu")` used to surface as torch's RuntimeError when the engine started: a bad option is
+    a UsageError naming it and what it allows, when the object is made (and again when it is replaced)."""
+    with pytest.raises(UsageError) as e:
+        EngineOptions(**given)
+    assert str(e.value).startswith(said), e.value
+    with pytest.raises(UsageError):
+        dataclasses.replace(EngineOptions(), **given)
+
+
+def test_good_options_made_in_python_are_kept_as_given():
+    options = EngineOptions(device="cuda:1", precision="bf16", batch_size="auto", crf=0, preset="Fast",
+                            encoder="software", checkpoints=Path("/ckpt"))
+    assert (options.device, options.batch_size, options.crf, options.preset, options.checkpoints) == \
+        ("cuda:1", "auto", 0, "fast", Path("/ckpt"))
+    assert EngineOptions(batch_size=8.0).batch_size == 8 and EngineOptions(checkpoints="ck").checkpoints == "ck"
+    assert pickle.loads(pickle.dumps(options)) == options

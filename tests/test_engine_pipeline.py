@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, store_env
 from ditto_fast.avatar import load_avatar
-from ditto_fast.media.rates import mirror_indices
+from ditto_fast.media.timeline import mirror_indices
 from ditto_fast.render.putback import crop_bbox
 from synthetic import Motion, astronaut_canvas
 

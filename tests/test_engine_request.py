@@ -95,3 +95,16 @@ def test_one_render_decodes_its_audio_once_and_opens_its_avatar_once(video_avata
     r = run_cli(["batch", jobs, "--quiet"], env)
     assert r.returncode == 0, r.stderr
     assert counts == {"decode": 2, "sha": 2, "avatar": 1}
+
+
+@pytest.mark.parametrize("key", ["seed", "steps", "fps", "loudness", "codec", "blend", "emotion", "timecode",
+                                 "delivery", "audio", "controls"])
+def test_a_boolean_is_no_number_nor_a_word(key):
+    """True is an int in Python (and `true` in a job line's JSON): no field takes it for 1."""
+    with pytest.raises(UsageError, match=f"^{key} must be"):
+        RenderRequest(**{"avatar": "ruby", "audio": "a.wav", key: True})
+
+
+def test_a_huge_number_is_refused_by_its_range():
+    with pytest.raises(UsageError, match=r"^seed must be in 0\.\.9223372036854775807, got 1000000"):
+        RenderRequest("ruby", "a.wav", seed=10**400)            # was an OverflowError: float(10**400)

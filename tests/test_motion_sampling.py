@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ditto_fast.media.rates import mirror_indices
+from ditto_fast.media.timeline import mirror_indices
 from ditto_fast.motion.conditions import build_conditions, condition_parts, emotion_schedule, emotion_vector
 from ditto_fast.motion.sampling import MotionSampler, window_starts
 from ditto_fast.core.smoothing import centred_mean, smooth_range

@@ -11,7 +11,7 @@ PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
     {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery"},
-    {"preview"}, {"engine"}, {"batch"}, {"serve"}, {"doctor"}, {"console"}, {"cli"},
+    {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"serve"}, {"doctor"}, {"console"}, {"cli"},
 )
 
 
@@ -71,3 +71,73 @@ def test_nothing_below_the_root_imports_from_it():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "ditto_fast" and not node.level:
                 assert {a.name for a in node.names} <= modules, (path, [a.name for a in node.names])
+
+
+# What the commands import before they parse their arguments: the declarations (options, request, settings) and the
+# command line. None of it may import these at module level (a network, numpy's and OpenCV's start-up cost, YAML
+# read only when a file is); tests/test_project_startup.py checks the real processes.
+HEAVY = ("torch", "numpy", "cv2", "transformers", "mediapipe", "scipy", "soxr", "imageio_ffmpeg", "PIL", "yaml",
+         "fastapi", "uvicorn", "ray")
+START_UP = ("ditto_fast.cli", "ditto_fast.serve.options", "ditto_fast.engine.options", "ditto_fast.engine.request")
+
+
+def _module_file(module: str) -> Path | None:
+    """The file of a ditto_fast module or package (None for an attribute such as a function)."""
+    base = REPO / Path(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.exists()), None)
+
+
+def _loaded_at_import(path: Path) -> set[str]:
+    """The modules `path` imports when it is imported: module and class level, `if TYPE_CHECKING:` and function
+    bodies left out; for `from P import x` both P and P.x (x may be a submodule)."""
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
+                source = ".".join(p for p in (base, node.module or "") if p)
+                found.add(source)
+                found.update(f"{source}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.Try, ast.With, ast.ClassDef)):
+                visit(node.body)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def test_the_commands_start_without_heavy_imports():
+    """`ditto-fast --help`, a usage error and the request's checks import no network, no numpy and no YAML: the
+    declarations and the command line import only light modules (a heavy one is imported where it is used)."""
+    chain: dict[str, str | None] = {m: None for m in START_UP}      # module -> the module that imported it
+    todo = list(START_UP)
+    while todo:
+        module = todo.pop()
+        parts = module.split(".")
+        for i in range(2, len(parts) + 1):                      # a module's packages run their __init__ first
+            package = ".".join(parts[:i - 1])
+            if package not in chain and _module_file(package):
+                chain[package] = module
+                todo.append(package)
+        path = _module_file(module)
+        for name in sorted(_loaded_at_import(path)) if path else ():
+            if name.split(".")[0] in HEAVY and name.split(".")[0] not in chain:
+                chain[name.split(".")[0]] = module
+            elif name.startswith("ditto_fast.") and name not in chain and _module_file(name):
+                chain[name] = module
+                todo.append(name)
+
+    def route(module: str) -> str:
+        return module if chain[module] is None else f"{route(chain[module])} -> {module}"
+    heavy = [route(m) for m in HEAVY if m in chain]
+    assert not heavy, heavy

@@ -219,7 +219,7 @@ def test_a_real_render_keeps_every_plate_pixel_outside_the_face_mask(tmp_path, v
                           "rawvideo", "-pix_fmt", "yuv420p", "pipe:1"], capture_output=True, check=True).stdout
     frames = np.frombuffer(raw, np.uint8).reshape(-1, h * 3 // 2, w)
     assert len(frames) == len(seen) > 0
-    from ditto_fast.media.rates import mirror_index
+    from ditto_fast.media.timeline import mirror_index
 
     with PlateReader(avatar.plate_path, avatar.n_frames, pix_fmt="planes") as plate:
         for i, (frame, grid) in enumerate(zip(frames, seen)):

@@ -1,6 +1,2 @@
-"""Audio stage: decoding/resampling to 16 kHz mono, HuBERT features with Ditto's windowing."""
-
-from ditto_fast.audio.decode import frame_count, load_audio
-from ditto_fast.audio.hubert import HubertFeatures
-
-__all__ = ["frame_count", "load_audio", "HubertFeatures"]
+"""Audio stage: decoding/resampling to 16 kHz mono (decode.py), HuBERT features with Ditto's windowing (hubert.py);
+the package itself imports nothing, so decoding needs no torch."""

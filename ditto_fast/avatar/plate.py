@@ -35,7 +35,8 @@ import numpy as np
 
 from ditto_fast.core.errors import AvatarError, InputError
 from ditto_fast.media.ffpipe import RawVideoPipe, colorspace_tag, pixel_format, video_stream_line
-from ditto_fast.media.rates import from_stream, mirror_index
+from ditto_fast.media.rates import from_stream
+from ditto_fast.media.timeline import mirror_index
 from ditto_fast.media.yuv import COLORSPACE_TAG, I420, Layout, layout_for, matrix_for_tag, rgb_to_i420
 
 PLATE_KEYINT = 25          # keyframe interval of written plates == default read block

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ditto_fast.audio.files import AUDIO_SUFFIXES
 from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.store import NAME_RE, avatars_dir
 from ditto_fast.core.errors import DittoError, InputError, UsageError, one_line
@@ -16,12 +17,10 @@ from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.render_setup import RenderSetup
-from ditto_fast.media.ffpipe import container_comment
 from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.motion.conditions import schedule_file
 from ditto_fast.encoding.formats import default_suffix
 
-AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".m4a", ".aac", ".ogg", ".opus")
 JOBS_MAX_BYTES = 64 * MIB       # a night of jobs is kilobytes to a few megabytes
 
 
@@ -217,8 +216,3 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
         except DittoError as e:
             job.fail(e)
     return clips
-
-
-def clip_is_finished(clip: Clip, setup: RenderSetup) -> bool:
-    """Whether the clip's output exists and was made from the same inputs and settings (its digest tag)."""
-    return clip.output.exists() and container_comment(clip.output) == setup.digest(clip)

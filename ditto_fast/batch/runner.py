@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from ditto_fast.batch.jobs import Job, check_jobs, clip_is_finished, record_result, write_report
+from ditto_fast.batch.jobs import Job, check_jobs, record_result, write_report
+from ditto_fast.engine.digest import clip_is_finished
 from ditto_fast.core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SOME_FAILED, EXIT_TERMINATED, DittoError,
                                     Terminated)
 from ditto_fast.engine.clip import Clip

@@ -47,32 +47,66 @@ def default_help(section: str, key: str) -> str:
     return f" [default: {default(section, key)}; config {section}.{key}]"
 
 
-def setting_option(*decls: str, setting: tuple[str, str], help: str, **kwargs):
-    """An option checked by the config declaration `setting` (section, key), its default named in its help."""
-    return click.option(*decls, type=DeclaredSetting(*setting), default=None, help=help + default_help(*setting),
+class SettingOption(click.Option):
+    """An option checked by a config declaration whose help names the setting's packaged default; the default is
+    read when the help is shown, so a command that shows none (a usage error, --version) reads no YAML."""
+
+    def __init__(self, *args, setting: tuple[str, str], help_tail: str = "", **kwargs):
+        self.setting, self.help_tail = setting, help_tail
+        super().__init__(*args, type=DeclaredSetting(*setting), **kwargs)
+
+    @property
+    def help(self) -> str:
+        return f"{self._help or ''}{default_help(*self.setting)}{self.help_tail}"
+
+    @help.setter
+    def help(self, text: str | None) -> None:
+        self._help = text
+
+
+def setting_option(*decls: str, setting: tuple[str, str], help: str, help_tail: str = "", **kwargs):
+    """An option checked by the config declaration `setting` (section, key), its default named in its help (then
+    `help_tail`)."""
+    return click.option(*decls, cls=SettingOption, setting=setting, default=None, help=help, help_tail=help_tail,
                         **kwargs)
 
 
-def field_option(f: dataclasses.Field):
-    """A dataclass field as a click option, its flags, type, default and help from its metadata (EngineOptions',
-    ServeOptions'): a config declaration, choices, a path, or a number in a range."""
+METAVARS = {"rate": "RATE", "profile": "NAME|FILE", "loudness": "off|LUFS", "timecode": "HH:MM:SS:FF"}
+
+
+def _param_type(meta) -> click.ParamType | None:
+    """The click type of a declared field without a setting: choices, a path, or a number in a range."""
+    if meta["choices"]:
+        return click.Choice(meta["choices"])
+    if meta["kind"] == "path":
+        return click.Path(path_type=Path)
+    if meta["kind"] in ("int", "float"):
+        return (click.IntRange if meta["kind"] == "int" else click.FloatRange)(*meta["range"])
+    return None
+
+
+def field_option(f: dataclasses.Field, job_default: bool = False):
+    """A declared field (core/declare.py: EngineOptions', RenderRequest's, ServeOptions') as a click option, its
+    flags, type, default and help from its declaration; with `job_default` it is the default of a batch's jobs
+    (never required, and a job's own value wins)."""
     meta = f.metadata
-    if meta.get("setting"):
-        return setting_option(*meta["flags"], f.name, setting=meta["setting"], help=meta["help"])
-    span = meta.get("range")
-    kind = click.Choice(meta["choices"]) if meta.get("choices") else \
-        click.Path(path_type=Path) if meta["kind"] == "path" else \
-        (click.IntRange if isinstance(span[0], int) else click.FloatRange)(*span) if span else None
+    tail = f' A job\'s own "{f.name}" wins.' if job_default else ""
+    kwargs = dict(required=meta["required"] and not job_default, metavar=METAVARS.get(meta["kind"]))
+    if meta["setting"]:
+        return setting_option(*meta["flags"], f.name, setting=meta["setting"], help=meta["help"], help_tail=tail,
+                              **kwargs)
     default = None if f.default is dataclasses.MISSING else f.default
-    return click.option(*meta["flags"], f.name, type=kind, default=default, show_default=default is not None,
-                        multiple=meta.get("multiple", False), help=meta["help"] or None)
+    return click.option(*meta["flags"], f.name, type=_param_type(meta), default=default,
+                        show_default=default is not None, multiple=meta["multiple"],
+                        help=meta["help"] + tail or None, **kwargs)
 
 
-def field_options(fields: tuple[dataclasses.Field, ...]):
-    """A decorator giving a command the options of `fields` (those with flags), in their order."""
+def field_options(fields: tuple[dataclasses.Field, ...], skip: tuple[str, ...] = (), job_default: bool = False):
+    """A decorator giving a command the options of `fields` (those with flags, less `skip`), in their order."""
     def decorate(command):
         for f in reversed(fields):
-            command = field_option(f)(command) if f.metadata.get("flags") else command
+            if f.metadata.get("flags") and f.name not in skip:
+                command = field_option(f, job_default)(command)
         return command
     return decorate
 
@@ -96,24 +130,9 @@ def take_engine_options(values: dict, config_path: Path | None) -> EngineOptions
 
 
 def request_options(skip: tuple[str, ...] = (), job_default: bool = False):
-    """The render request's fields as click options (their names, types, ranges and help from the request and the
-    config's declarations), leaving out `skip`; with `job_default` each one is the default of a batch's jobs."""
-    def decorate(command):
-        for f in reversed(FIELDS):
-            if f.name in skip:
-                continue
-            meta = f.metadata
-            kind = DeclaredSetting(*meta["setting"]) if meta["setting"] else \
-                click.Path(path_type=Path) if meta["kind"] == "path" else None
-            help_text = meta["help"] + (default_help(*meta["setting"]) if meta["setting"] else "")
-            if job_default:
-                help_text += f' A job\'s own "{f.name}" wins.'
-            command = click.option(*meta["flags"], f.name, type=kind, default=None,
-                                   required=meta["required"] and not job_default, help=help_text,
-                                   metavar={"rate": "RATE", "profile": "NAME|FILE", "loudness": "off|LUFS",
-                                            "timecode": "HH:MM:SS:FF"}.get(meta["kind"]))(command)
-        return command
-    return decorate
+    """The render request's fields as click options, leaving out `skip`; with `job_default` each one is the default
+    of a batch's jobs."""
+    return field_options(FIELDS, skip, job_default)
 
 
 @contextmanager

@@ -13,11 +13,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ditto_fast.core.checks import check_choice, check_flag, check_number, check_text
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import read_bounded, shown
-
 
 
 def _config_dir() -> Path:
@@ -101,29 +99,14 @@ _SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "clip": 
 
 def _check(value: Any, meta: dict, where: str) -> Any:
     """`value` converted to the setting's type, or UsageError naming `where` and what is allowed."""
-    kind, low, high, choices, words = meta["kind"], meta["low"], meta["high"], meta["choices"], meta["words"]
-    if value in words:
-        return value
+    kind, choices = meta["kind"], meta["choices"]
     if kind is bool:
-        if not isinstance(value, bool):
-            raise UsageError(f"{where} must be true or false, got {shown(value)}")
-        return value
-    if kind is str and choices is None:
-        if not isinstance(value, str) or not value.strip():
-            raise UsageError(f"{where} must be a non-empty string, got {shown(value)}")
-        return value
+        return check_flag(value, where)
     if choices is not None:
-        if value not in choices:
-            raise UsageError(f"{where} must be one of {', '.join(choices)}, got {shown(value)}")
-        return value
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not numeric or (kind is int and not float(value).is_integer()) or value != value:
-        raise UsageError(f"{where} must be {'an integer' if kind is int else 'a number'} in {low}..{high}"
-                         f"{''.join(f' or {w}' for w in words)}, got {shown(value)}")
-    value = kind(value)
-    if not low <= value <= high:
-        raise UsageError(f"{where} must be in {low}..{high}{''.join(f' or {w}' for w in words)}, got {shown(value)}")
-    return value
+        return check_choice(value, choices, where)
+    if kind is str:
+        return check_text(value, where)
+    return check_number(value, meta["low"], meta["high"], where, integer=kind is int, words=meta["words"])
 
 
 def check_setting(section: str, key: str, value: Any, where: str) -> Any:
@@ -145,23 +128,31 @@ class _AliasFound(Exception):
     """An alias (*name) in a settings file, at `args[0]` (a yaml Mark)."""
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """yaml's safe loader less aliases: a few hundred bytes of nested aliases expand past any memory."""
+@lru_cache(maxsize=1)
+def _no_alias_loader() -> type:
+    """yaml's safe loader less aliases: a few hundred bytes of nested aliases expand past any memory. Made when the
+    first file is read: a command that reads none (--help, a usage error) does not import yaml."""
+    import yaml
 
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            raise _AliasFound(self.peek_event().start_mark)
-        return super().compose_node(parent, index)
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise _AliasFound(self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
 def read_yaml_file(path: Path, what: str, shown_as: str | None = None) -> Any:
     """The parsed YAML of a settings file or delivery profile (`what`, for messages); UsageError naming the file
     (as `shown_as`) for bad YAML or an alias (*name), InputError for a FIFO, a device or a file over 1 MiB.
     FileNotFoundError passes through."""
+    import yaml
+
     name = shown_as or str(path)
     try:
         text = read_bounded(path, YAML_MAX_BYTES, what).decode("utf-8")
-        return yaml.load(text, Loader=_NoAliasLoader)      # noqa: S506 - a SafeLoader, less aliases
+        return yaml.load(text, Loader=_no_alias_loader())      # noqa: S506 - a SafeLoader, less aliases
     except _AliasFound as e:
         raise UsageError(f"{name}: line {e.args[0].line + 1}: YAML aliases (*name) are not allowed in {what}; write "
                          "the value out") from None

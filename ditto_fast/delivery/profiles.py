@@ -8,7 +8,6 @@ MPEG2_LIMITS, DNXHD_BITRATES: each declared once here), all before anything load
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ditto_fast.core.checks import check_choice, check_flag, check_number, refuse
 from ditto_fast.core.config import CONFIG_DIR, declaration, read_yaml_file
 from ditto_fast.core.errors import UsageError
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
@@ -54,8 +54,8 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "audio.channels": (1, 2, "channels a track"),
     "audio.rate": (48000, 48000, "Hz"),
     "audio.bitrate": (32_000, 512_000, "bits/s"),           # AAC
-    "loudness.target": (-40.0, -5.0, "LUFS"),
-    "loudness.true_peak": (-10.0, 0.0, "dBTP"),
+    "loudness.target": (-40, -5, "LUFS"),
+    "loudness.true_peak": (-10, 0, "dBTP"),
 }
 # video bits/s by codec (ProRes takes none: its profile sets the rate); MPEG-2's upper bound is its level's
 BITRATES = {"mpeg2video": (10_000_000, 300_000_000), "h264": (100_000, 800_000_000)}
@@ -243,7 +243,7 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
     if acodec == "aac":
         if not isinstance(abitrate, str) or not re.fullmatch(r"\d{2,3}k", abitrate):
             err.fail("audio.bitrate", f"AAC needs a bitrate such as 160k, got {abitrate!r}")
-        err.within(int(abitrate[:-1]) * 1000, "audio.bitrate")
+        err.integer(int(abitrate[:-1]) * 1000, "audio.bitrate")
     elif abitrate is not None:
         err.fail("audio.bitrate", "PCM has no bitrate to choose; leave it out")
     audio = AudioSpec(acodec, abitrate, rate, tracks, channels, tuple(speech))
@@ -255,13 +255,13 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
     timecode, drop = None, False
     if top.get("timecode") is not None:
         tc = err.mapping(top["timecode"], "timecode", required=("start",))
-        drop = tc.get("drop_frame", False)
-        if not isinstance(drop, bool):
-            err.fail("timecode.drop_frame", f"must be true or false, got {drop!r}")
+        drop = err.flag(tc.get("drop_frame", False), "timecode.drop_frame")
         try:
             timecode = check_timecode(tc["start"], video.rate, drop)
         except ValueError as e:
             err.fail("timecode.start", str(e))
+    import hashlib                      # here: the commands' options import this module, and hashlib is not light
+
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
     return DeliveryProfile(name, where, digest, container, video, audio, loudness, timecode, drop)
 
@@ -322,13 +322,17 @@ def check_timecode(text: Any, rate: Fraction | None, drop_frame: bool | None = N
 
 
 class _Checker:
-    """Checks one profile's values; every failure is a UsageError naming the file and the key."""
+    """Checks one profile's values (with core/checks.py, as every setting is); every failure is a UsageError naming
+    the file and the key."""
 
     def __init__(self, where: str):
         self.where = where
 
+    def at(self, key: str) -> str:
+        return f"{self.where}: {key or 'profile'}"
+
     def fail(self, key: str, what: str) -> None:
-        raise UsageError(f"{self.where}: {key or 'profile'} {what}")
+        refuse(self.at(key), what)
 
     def mapping(self, value: Any, key: str, required: tuple[str, ...]) -> dict:
         if not isinstance(value, dict):
@@ -343,28 +347,19 @@ class _Checker:
         return value
 
     def choice(self, value: Any, key: str, choices: tuple[str, ...]) -> str:
-        if value not in choices:
-            self.fail(key, f"must be one of {', '.join(choices)}, got {value!r}")
-        return value
+        return check_choice(value, choices, self.at(key))
+
+    def flag(self, value: Any, key: str) -> bool:
+        return check_flag(value, self.at(key))
 
     def integer(self, value: Any, key: str) -> int:
+        """A whole number in its RANGES range."""
         low, high, unit = RANGES[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.fail(key, f"must be a whole number in {low}..{high}{' ' + unit if unit else ''}, got {value!r}")
-        return value
+        return check_number(value, low, high, self.at(key), integer=True, unit=unit)
 
     def number(self, value: Any, key: str) -> float:
         low, high, unit = RANGES[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            self.fail(key, f"must be a number in {low:g}..{high:g} {unit}, got {value!r}")
-        return float(value)
-
-    def within(self, value: int, key: str) -> int:
-        """A value already read (a bitrate's bits/s) in its RANGES range."""
-        low, high, unit = RANGES[key]
-        if not low <= value <= high:
-            self.fail(key, f"must be {low:g}..{high:g} {unit}, got {value:g}")
-        return value
+        return check_number(value, low, high, self.at(key), integer=False, unit=unit)
 
     def bitrate(self, value: Any, key: str) -> int | None:
         if value is None:

@@ -11,6 +11,7 @@ import pickle
 from ditto_fast.avatar import Avatar
 from ditto_fast.core.version import __version__
 from ditto_fast.engine.clip import Clip
+from ditto_fast.media.ffpipe import container_comment
 from ditto_fast.media.rates import rate_text
 from ditto_fast.delivery.format import programme_chain
 
@@ -39,3 +40,9 @@ def clip_digest(clip: Clip, settings: dict) -> str:
     if track is not None and (track.mix is not None or track.channels > 2 or track.gain_db):   # else as before
         parts["soundtrack"] = [track.channels, track.filters()]
     return f"ditto-fast {__version__} " + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def clip_is_finished(clip: Clip, setup) -> bool:
+    """Whether the clip's output exists and was made from the same inputs and settings (its digest tag, as
+    `setup`, a RenderSetup, makes it)."""
+    return clip.output.exists() and container_comment(clip.output) == setup.digest(clip)

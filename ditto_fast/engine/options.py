@@ -7,11 +7,16 @@ the engine (RenderSetup.resolve, in render_setup.py) and to each Ray actor. Ligh
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ditto_fast.core.checks import refuse
 from ditto_fast.core.config import DEVICES, ENCODERS, PRECISIONS, Config, declaration, load_config
+from ditto_fast.core.declare import check_fields, declared
+from ditto_fast.core.files import shown
 
 if TYPE_CHECKING:
     from ditto_fast.checkpoints import CheckpointSet
@@ -19,34 +24,51 @@ if TYPE_CHECKING:
 _BATCH = declaration("render", "batch_size")
 
 
-def _option(default: Any = None, *, flags: tuple[str, ...] = (), setting: tuple[str, str] | None = None,
-            choices: tuple[str, ...] | None = None, kind: str = "text", help: str = "") -> Any:
-    """An engine option: `flags` its command-line spelling (none: not an option of its own); `setting` names its
-    config declaration (type, range, default), `choices` its allowed words; `kind` text or path."""
-    return field(default=default, metadata={"flags": flags, "setting": setting, "choices": choices, "kind": kind,
-                                            "help": help})
+def _device(value: Any, where: str) -> str:
+    """One of DEVICES, or one GPU named as cuda:N (from Python)."""
+    if isinstance(value, str) and (value in DEVICES or re.fullmatch(r"cuda:\d+", value)):
+        return value
+    refuse(where, f"must be one of {', '.join(DEVICES)} (or cuda:N), got {shown(value)}")
+
+
+def _checkpoints(value: Any, where: str) -> str | Path | CheckpointSet:
+    """A checkpoint directory as given (str or Path), or a CheckpointSet already found."""
+    found = sys.modules.get("ditto_fast.checkpoints")      # a CheckpointSet exists only once that is imported
+    if isinstance(value, (str, Path)) and str(value) or found and isinstance(value, found.CheckpointSet):
+        return value
+    refuse(where, f"must be a checkpoint directory, got {shown(value)}")
+
+
+def _config(value: Any, where: str) -> Config:
+    if not isinstance(value, Config):
+        refuse(where, f"must be the settings (a Config, from load_config), got {shown(value)}")
+    return value
 
 
 @dataclass(frozen=True)
 class EngineOptions:
     """How to run the engine, as given: None (or auto) means the config's default, or what the engine chooses when
-    the setup is resolved. Picklable: a Ray actor gets it whole."""
+    the setup is resolved. Checked when made (UsageError naming the option and what it allows); picklable: a Ray
+    actor gets it whole."""
 
-    device: str = _option("auto", flags=("--device",), choices=DEVICES)
-    precision: str = _option("auto", flags=("--precision",), choices=PRECISIONS)
-    batch_size: int | str | None = _option(
+    device: str = declared("auto", flags=("--device",), choices=DEVICES, check=_device)
+    precision: str = declared("auto", flags=("--precision",), choices=PRECISIONS)
+    batch_size: int | str | None = declared(
         flags=("--batch-size",), setting=("render", "batch_size"),
         help=f"Frames per warp+decode micro-batch: {_BATCH['low']}..{_BATCH['high']}, or auto (1 on a CPU; on a GPU "
              "the fastest per frame, measured once and kept in the store).")
-    crf: int | None = _option(flags=("--crf",), setting=("render", "crf"), help="H.264 quality.")
-    preset: str | None = _option(flags=("--preset",), setting=("render", "preset"), help="x264 preset.")
-    encoder: str = _option("auto", flags=("--encoder",), choices=ENCODERS,
-                           help="H.264/HEVC encoder: software (x264/x265), nvenc (the GPU's), or auto (NVENC when "
-                                "rendering on CUDA and it works).")
-    checkpoints: str | Path | CheckpointSet | None = _option(
-        flags=("--checkpoints",), kind="path",
+    crf: int | None = declared(flags=("--crf",), setting=("render", "crf"), help="H.264 quality.")
+    preset: str | None = declared(flags=("--preset",), setting=("render", "preset"), help="x264 preset.")
+    encoder: str = declared("auto", flags=("--encoder",), choices=ENCODERS,
+                            help="H.264/HEVC encoder: software (x264/x265), nvenc (the GPU's), or auto (NVENC when "
+                                 "rendering on CUDA and it works).")
+    checkpoints: str | Path | CheckpointSet | None = declared(
+        flags=("--checkpoints",), kind="path", check=_checkpoints,
         help="Checkpoint directory (default $DITTO_FAST_CHECKPOINTS or ./checkpoints).")
-    config: Config | None = _option()      # the settings (None: the packaged defaults), read from `--config FILE`
+    config: Config | None = declared(kind="any", check=_config)   # the settings (None: the packaged defaults)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def settings(self) -> Config:
         """The settings in effect: `config`, or the packaged defaults."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ditto_fast.checkpoints import CheckpointSet, find_checkpoints
-from ditto_fast.core.config import ENCODERS, Config, check_setting
+from ditto_fast.core.config import Config
 from ditto_fast.core.devices import resolve_device
 from ditto_fast.core.errors import UsageError
 from ditto_fast.encoding.formats import OutputFormat, nvenc_works
@@ -47,13 +47,13 @@ class RenderSetup:
         dev = resolve_device(o.device)
         r = config.render
         dtype, why = choose_precision(o.precision, dev, cs)
-        batch = check_setting("render", "batch_size", o.batch_size or r.batch_size, "batch size")
+        batch = o.batch_size or r.batch_size    # the options and the settings were checked when made
         if batch == "auto":                     # 1 on a CPU; on CUDA the probe's verdict (measured once per GPU)
             batch, batch_why = auto_batch_size(cs, dev, dtype)
         else:
             batch_why = f"{batch}: set by --batch-size or render.batch_size"
-        crf = r.crf if o.crf is None else check_setting("render", "crf", o.crf, "crf")
-        preset = r.preset if o.preset is None else check_setting("render", "preset", o.preset, "preset")
+        crf = r.crf if o.crf is None else o.crf
+        preset = r.preset if o.preset is None else o.preset
         return cls(config, cs, dev, dtype, batch, crf, preset, _use_nvenc(o.encoder, dev), why, batch_why)
 
     def output_format(self, clip: Clip) -> OutputFormat:
@@ -73,8 +73,6 @@ class RenderSetup:
 
 def _use_nvenc(encoder: str, device: torch.device) -> bool:
     """Whether to encode with NVENC: asked for (and working), or `auto` on a CUDA device where it works."""
-    if encoder not in ENCODERS:
-        raise UsageError(f"unknown encoder {encoder!r}; use {', '.join(ENCODERS[:-1])} or {ENCODERS[-1]}")
     if encoder == "software" or (encoder == "auto" and device.type != "cuda"):
         return False
     works, why = nvenc_works("h264")

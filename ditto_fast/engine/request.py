@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from ditto_fast.avatar.store import validate_name
-from ditto_fast.core.config import check_setting, declaration
+from ditto_fast.core.checks import refuse
+from ditto_fast.core.declare import check_fields, check_value, declared
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import check_path_text, shown
 from ditto_fast.delivery.profiles import LOUDNESS_RANGE, TIMECODE, is_profile_file, load_profile, shipped_profiles
 from ditto_fast.media.rates import MOTION_FPS, NAMED_RATES, RENDER_RATES, parse_rate, rate_text
-from ditto_fast.motion.conditions import EMOTIONS
+from ditto_fast.motion.emotions import EMOTIONS
 
 _WHOLE_RATES = [rate_text(r) for r in RENDER_RATES if r.denominator == 1]
 _NTSC_RATES = {name: rate for name, rate in NAMED_RATES.items() if rate in RENDER_RATES}
@@ -42,12 +43,48 @@ BLEND_HELP = ("Putback: seamless (only the face the motion changes, its colour m
               "Ditto does).")
 
 
-def _field(*, setting: tuple[str, str] | None = None, kind: str = "text", flags: tuple[str, ...] = (),
-           help: str = "", required: bool = False) -> Any:
-    """A request field: `setting` names its config declaration (type, range, default); `kind` is text, path or
-    rate; `flags` its command-line spelling (the first long one names it); `required` in every request."""
-    return field(default=None, metadata={"setting": setting, "kind": kind, "flags": flags, "help": help,
-                                         "required": required})
+def _avatar(value: Any, where: str) -> str:
+    return validate_name(value)
+
+
+def _rate(value: Any, where: str) -> str:
+    """A frame rate RENDER_RATES holds, kept as given text ("25", "29.97", "30000/1001")."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, Fraction)):
+        refuse(where, f'must be a rate such as "25" or "30000/1001", got {shown(value)}')
+    try:
+        parse_rate(value)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return str(value)
+
+
+def _profile(value: Any, where: str) -> str:
+    """A delivery profile's name or FILE.yaml, read and checked now: a bad profile fails before anything loads."""
+    if not isinstance(value, (str, Path)) or not str(value):
+        refuse(where, f"must be a profile name ({', '.join(shipped_profiles())}) or a FILE.yaml, got {shown(value)}")
+    check_path_text(value, where)
+    load_profile(value)
+    return str(value)
+
+
+def _loudness(value: Any, where: str) -> str | float:
+    """'off' or a target in LUFS within the profiles' range."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return "off"
+    try:
+        target = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        target = None
+    low, high = LOUDNESS_RANGE
+    if target is None or not low <= target <= high:
+        refuse(where, f"must be off or a target in {low:g}..{high:g} LUFS, got {shown(value)}")
+    return target
+
+
+def _timecode(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not TIMECODE.match(value):
+        refuse(where, f"must be HH:MM:SS:FF (HH:MM:SS;FF for drop-frame), got {shown(value)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -55,26 +92,26 @@ class RenderRequest:
     """One clip to render. None means the default: the config's for declared settings, the avatar's own rate
     for `fps`, `<avatar>_<audio stem>` in the current directory for `output`."""
 
-    avatar: str = _field(flags=("--avatar",), required=True,
+    avatar: str = declared(flags=("--avatar",), required=True, check=_avatar,
                          help="Registered avatar name (see `ditto-fast avatars`).")
-    audio: Path = _field(kind="path", flags=("--audio",), required=True, help="Speech file.")
-    output: Path | None = _field(kind="path", flags=("-o", "--output"),
+    audio: Path = declared(kind="path", flags=("--audio",), required=True, help="Speech file.")
+    output: Path | None = declared(kind="path", flags=("-o", "--output"),
                                  help="Output file; .mp4, .mov or .mkv picks the container (default <avatar>_<audio "
                                       "stem>.mp4 in the current directory, .mov for ProRes).")
-    steps: int | None = _field(setting=("motion", "steps"), flags=("--steps",), help="DDIM steps.")
-    seed: int | None = _field(setting=("clip", "seed"), flags=("--seed",), help="Seed of the motion's noise.")
-    emotion: str | None = _field(setting=("clip", "emotion"), flags=("--emotion",), help=EMOTION_HELP)
-    controls: Path | None = _field(kind="path", flags=("--controls",), help="Per-frame control file (JSON).")
-    fps: str | None = _field(kind="rate", flags=("--fps",), help=FPS_HELP)
-    codec: str | None = _field(setting=("clip", "codec"), flags=("--codec",), help=CODEC_HELP)
-    blend: str | None = _field(setting=("render", "blend"), flags=("--blend",), help=BLEND_HELP)
-    delivery: str | None = _field(kind="profile", flags=("--delivery",), help=DELIVERY_HELP)
-    loudness: str | float | None = _field(kind="loudness", flags=("--loudness",), help=LOUDNESS_HELP)
-    timecode: str | None = _field(kind="timecode", flags=("--timecode",), help=TIMECODE_HELP)
+    steps: int | None = declared(setting=("motion", "steps"), flags=("--steps",), help="DDIM steps.")
+    seed: int | None = declared(setting=("clip", "seed"), flags=("--seed",), help="Seed of the motion's noise.")
+    emotion: str | None = declared(setting=("clip", "emotion"), flags=("--emotion",), help=EMOTION_HELP)
+    controls: Path | None = declared(kind="path", flags=("--controls",), help="Per-frame control file (JSON).")
+    fps: str | None = declared(kind="rate", flags=("--fps",), check=_rate, help=FPS_HELP)
+    codec: str | None = declared(setting=("clip", "codec"), flags=("--codec",), help=CODEC_HELP)
+    blend: str | None = declared(setting=("render", "blend"), flags=("--blend",), help=BLEND_HELP)
+    delivery: str | None = declared(kind="profile", flags=("--delivery",), check=_profile, help=DELIVERY_HELP)
+    loudness: str | float | None = declared(kind="loudness", flags=("--loudness",), check=_loudness,
+                                            help=LOUDNESS_HELP)
+    timecode: str | None = declared(kind="timecode", flags=("--timecode",), check=_timecode, help=TIMECODE_HELP)
 
     def __post_init__(self) -> None:
-        for f in FIELDS:
-            object.__setattr__(self, f.name, _checked(f, getattr(self, f.name)))
+        check_fields(self)
 
     @classmethod
     def from_json(cls, data: Any, base: Path, where: str, defaults: dict[str, Any] | None = None) -> "RenderRequest":
@@ -113,66 +150,10 @@ class RenderRequest:
                 for f in FIELDS if f.metadata["setting"]}
 
 
-def _checked(f: dataclasses.Field, value: Any) -> Any:
-    """One field's value checked and normalised (paths as Path, rates as text); UsageError naming the field."""
-    meta = f.metadata
-    if value is None:
-        if meta["required"]:
-            raise UsageError(f"{f.name} is missing")
-        return None
-    if meta["setting"]:
-        if declaration(*meta["setting"])["choices"] and isinstance(value, str):
-            value = value.lower()               # H264 and h264 alike, as ffmpeg's names are
-        return check_setting(*meta["setting"], value, f.name)
-    if meta["kind"] == "path":
-        if not isinstance(value, (str, Path)) or not str(value):
-            raise UsageError(f"{f.name} must be a file path, got {shown(value)}")
-        check_path_text(value, f.name)
-        return Path(value)
-    if meta["kind"] == "rate":
-        if isinstance(value, bool) or not isinstance(value, (str, int, float, Fraction)):
-            raise UsageError(f'{f.name} must be a rate such as "25" or "30000/1001", got {shown(value)}')
-        try:
-            parse_rate(value)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        return str(value)
-    if meta["kind"] == "profile":
-        if not isinstance(value, (str, Path)) or not str(value):
-            raise UsageError(f"delivery must be a profile name ({', '.join(shipped_profiles())}) or a FILE.yaml, "
-                             f"got {shown(value)}")
-        check_path_text(value, f.name)
-        load_profile(value)                     # read and checked now: a bad profile fails before anything loads
-        return str(value)
-    if meta["kind"] == "loudness":
-        return _loudness(value)
-    if meta["kind"] == "timecode":
-        if not isinstance(value, str) or not TIMECODE.match(value):
-            raise UsageError(f"timecode must be HH:MM:SS:FF (HH:MM:SS;FF for drop-frame), got {shown(value)}")
-        return value
-    if f.name == "avatar":
-        return validate_name(value)
-    return value
-
-
-def _loudness(value: Any) -> str | float:
-    """'off' or a target in LUFS within the profiles' range; UsageError otherwise."""
-    if isinstance(value, str) and value.strip().lower() == "off":
-        return "off"
-    try:
-        target = float(value) if not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        target = None
-    low, high = LOUDNESS_RANGE
-    if target is None or not low <= target <= high:
-        raise UsageError(f"loudness must be off or a target in {low:g}..{high:g} LUFS, got {shown(value)}")
-    return target
-
-
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(RenderRequest)
 JOB_KEYS = tuple(f.name for f in FIELDS)
 
 
 def check_field(name: str, value: Any) -> Any:
     """One field's value checked as a request checks it (`qc --loudness` as `render --loudness`)."""
-    return _checked(next(f for f in FIELDS if f.name == name), value)
+    return check_value(next(f for f in FIELDS if f.name == name), value)

@@ -18,7 +18,8 @@ from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.core.config import MotionConfig
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.engine.clip import Clip
-from ditto_fast.media.rates import MOTION_FPS, mirror_positions, motion_timeline, source_indices
+from ditto_fast.media.rates import MOTION_FPS
+from ditto_fast.media.timeline import mirror_positions, motion_timeline, source_indices
 from ditto_fast.motion.conditions import build_conditions, condition_parts
 from ditto_fast.motion.ddim import DDIMSampler
 from ditto_fast.motion.keypoints import info_to_motion, motion_to_info

@@ -1,5 +1,2 @@
-"""Face stage: mediapipe landmarks, crop geometry, eye features."""
-
-from ditto_fast.face.eyes import eye_features
-
-__all__ = ["eye_features"]
+"""Face stage: mediapipe landmarks, crop geometry, eye features (import the modules: the package itself imports
+nothing)."""

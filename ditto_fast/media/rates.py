@@ -1,17 +1,10 @@
-"""Frame rates as exact fractions: the broadcast rates, parsing `--fps`, the 25 fps motion timeline, and the
-mirror loop that maps an endless timeline onto a source's frames.
-
-The LMDM makes motion at 25 fps (one frame per 640 samples of 16 kHz audio). A clip at another rate
-takes its frame i at time i / rate; `motion_timeline` says which two 25 fps motion frames surround
-that time and how far between them it lies. All of it is integer arithmetic on fractions, so nothing
-drifts however long the clip.
-"""
+"""Frame rates as exact fractions: the broadcast rates, parsing `--fps`, the 25 fps motion rate, frame counts.
+Light to import (no numpy): the request's checks use it; the per-frame arrays are in timeline.py."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-import numpy as np
 
 MOTION_FPS = 25
 STANDARD_RATES = (Fraction(24000, 1001), Fraction(24), Fraction(25), Fraction(30000, 1001), Fraction(30),
@@ -66,45 +59,3 @@ def frames_for(samples_16k: int, rate: Fraction) -> int:
     num = samples_16k * rate.numerator
     den = 16000 * rate.denominator
     return max(0, -(-num // den))
-
-
-def source_indices(n_out: int, out_rate: Fraction, src_rate: Fraction) -> np.ndarray:
-    """[n_out] int64: the source frame shown at each output frame's time, before mirror-looping
-    (floor(i * src_rate / out_rate); i itself when the rates are equal)."""
-    ratio = Fraction(src_rate) / Fraction(out_rate)
-    i = np.arange(n_out, dtype=np.int64)
-    return i * ratio.numerator // ratio.denominator
-
-
-def motion_timeline(n_out: int, out_rate: Fraction, n_motion: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each output frame: the 25 fps motion frames (j0 [n_out], j1 [n_out]) around its time and the
-    weight w [n_out] of j1 (0 at j0, exact 0 when the frame falls on a motion frame)."""
-    ratio = Fraction(MOTION_FPS) / Fraction(out_rate)
-    pos = np.arange(n_out, dtype=np.int64) * ratio.numerator            # motion time * ratio.denominator
-    j0 = pos // ratio.denominator
-    w = (pos % ratio.denominator) / ratio.denominator
-    last = max(0, n_motion - 1)
-    j0 = np.minimum(j0, last)
-    j1 = np.minimum(j0 + 1, last)
-    w = np.where(j1 == j0, 0.0, w)
-    return j0, j1, w.astype(np.float64)
-
-
-def mirror_index(i: int, n: int) -> int:
-    """Plate frame for output frame i when looping n frames forward then backward: 0..n-1, n-1..0, 0.."""
-    if n <= 0:
-        raise ValueError(f"plate frame count must be positive, got {n}")
-    r = i % (2 * n)
-    return r if r < n else 2 * n - 1 - r
-
-
-def mirror_indices(n_out: int, n_src: int) -> np.ndarray:
-    """Source frame [n_out] int64 for each of n_out output frames, by mirror_index over n_src frames (at least 1)."""
-    return mirror_positions(np.arange(n_out, dtype=np.int64), n_src)
-
-
-def mirror_positions(positions: np.ndarray, n_src: int) -> np.ndarray:
-    """mirror_index of each position [K] (frame numbers on an endless forward timeline) -> int64 [K]."""
-    n = max(1, int(n_src))
-    r = np.asarray(positions, dtype=np.int64) % (2 * n)
-    return np.where(r < n, r, 2 * n - 1 - r)

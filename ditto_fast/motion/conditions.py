@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_fast.media.rates import mirror_indices
+from ditto_fast.media.timeline import mirror_indices
 from ditto_fast.core.errors import CheckpointError, InputError, UsageError
 from ditto_fast.core.files import MIB, read_bounded, shown
+from ditto_fast.motion.emotions import EMOTIONS
 
-EMOTIONS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise", "contempt")
 PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
 PART_ORDER = ("emotion", "eye_open", "eye_ball", "sc")
 SCHEDULE_MAX_BYTES = 16 * MIB       # a schedule with a label per frame of a long programme stays far under this

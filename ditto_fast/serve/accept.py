@@ -12,21 +12,22 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 from ditto_fast.audio.decode import DecodedAudio
 from ditto_fast.avatar import Avatar
-from ditto_fast.batch.jobs import clip_is_finished
+from ditto_fast.engine.digest import clip_is_finished
 from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.core.files import check_path_text, file_signature, printable, shown
 from ditto_fast.delivery.profiles import is_profile_file, profile_path
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
-from ditto_fast.engine.open_avatars import OpenAvatars
-from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.serve.callbacks import CallbackPolicy, redact
 from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
+
+if TYPE_CHECKING:               # checking a job needs no torch: the engine's modules are imported where they run
+    from ditto_fast.engine.render_setup import RenderSetup
 
 EXTRA_KEYS = ("priority", "callback", "overwrite")   # what a job may carry beside the request's fields
 MEMO_BYTES = 256 << 20                    # decoded audio kept between a job's check and its render
@@ -158,7 +159,11 @@ class Acceptor:
         self.queue, self.setup, self.config = queue, setup, setup.config
         self.callbacks = callbacks or CallbackPolicy()
         self.roots = [r.resolve() for r in roots]
-        self.avatars = avatars or OpenAvatars(setup.checkpoints).get
+        if avatars is None:
+            from ditto_fast.engine.open_avatars import OpenAvatars
+
+            avatars = OpenAvatars(setup.checkpoints).get
+        self.avatars = avatars
         self.decoded = DecodedMemo()
 
     def check(self, data: Any, where: str) -> tuple[RenderRequest, int, str | None]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ditto_fast.batch.jobs import clip_is_finished
+from ditto_fast.engine.digest import clip_is_finished
 from ditto_fast.core.errors import DittoError, one_line
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.open_avatars import OpenAvatars

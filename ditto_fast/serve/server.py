@@ -12,8 +12,6 @@ import socket
 import sys
 import threading
 import time
-import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
@@ -22,74 +20,13 @@ from ditto_fast.core.files import read_bounded
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.serve.callbacks import parse_networks
-from ditto_fast.serve.queue import MAX_CRASHES
+from ditto_fast.serve.options import ServeOptions
 
 if TYPE_CHECKING:
     from ditto_fast.engine.render_setup import RenderSetup
     from ditto_fast.handles.base import EngineHandle
 
-DEFAULT_PORT = 8750
 TOKEN_MAX_BYTES = 4096
-
-
-def _option(default: Any = None, *, flags: tuple[str, ...] = (), kind: str = "text",
-            range: tuple[float, float] | None = None, multiple: bool = False, help: str = "") -> Any:
-    """A serve option: `flags` its command-line spelling; `kind` text or path; a number within `range`; `multiple`:
-    repeatable (a list)."""
-    meta = {"flags": flags, "kind": kind, "range": range, "multiple": multiple, "help": help}
-    return field(default_factory=list, metadata=meta) if multiple else field(default=default, metadata=meta)
-
-
-@dataclass
-class ServeOptions:
-    """What `serve` was started with (engine options aside); the command's options are made from these fields."""
-
-    host: str = _option("127.0.0.1", flags=("--host",),
-                        help="Address to listen on; anything beyond this machine needs --token-file.")
-    port: int = _option(DEFAULT_PORT, flags=("--port",), range=(1, 65535))
-    token_file: Path | None = _option(flags=("--token-file",), kind="path",
-                                      help="A file holding the bearer token every API request must carry.")
-    roots: list[Path] = _option(flags=("--root",), kind="path", multiple=True,
-                                help="A folder the jobs' files may lie in (repeatable; the watch folders count) "
-                                     "[default: the current folder].")
-    watch: Path | None = _option(flags=("--watch",), kind="path",
-                                 help="A watch folder: each speech file dropped in it becomes a job once it stops "
-                                      "growing.")
-    out: Path | None = _option(flags=("--out",), kind="path", help="With --watch: where the outputs go.")
-    settle_s: float = _option(5.0, flags=("--settle",), range=(0.5, 600),
-                              help="Seconds a dropped file's size and time must stay the same before it is taken.")
-    poll_s: float = _option(2.0, flags=("--poll",), range=(0.1, 60), help="Seconds between looks at the watch folder.")
-    ray: str | None = _option(flags=("--ray",),
-                              help="Render on Ray actors, one engine each (one per GPU, or per node without GPUs): "
-                                   "'local' starts Ray here, ADDRESS joins a cluster (pip extra [ray]); the queue and "
-                                   "the API stay in this process.")
-    workers: int | None = _option(flags=("--workers",), range=(1, 1024),
-                                  help="With --ray: at most N actors [default: one per GPU, or per node without GPUs].")
-    max_crashes: int = _option(MAX_CRASHES, flags=("--max-crashes",), range=(1, 100),
-                               help="A job whose engine (or the server) dies under it this many times is failed, "
-                                    "not run again.")
-    callback_allow: list[str] = _option(flags=("--callback-allow",), multiple=True,
-                                        help="An address or CIDR a job's callback may go to although it is private, "
-                                             "loopback or link-local (repeatable; e.g. 10.20.0.0/16).")
-    job_timeout: float | None = _option(flags=("--job-timeout",), range=(1, 7 * 86400),
-                                        help="Seconds a job may render before its engine is killed and the job "
-                                             "counted as one that killed it [default: no limit].")
-    stall_timeout: float = _option(900.0, flags=("--stall-timeout",), range=(5, 86400),
-                                   help="Seconds an engine may render without progress (or answer no heartbeat for "
-                                        "a minute) before it is taken for hung and killed.")
-    engine_memory: float | None = _option(flags=("--engine-memory",), range=(0.5, 4096),
-                                          help="GiB of address space each engine process may use: past it, the job "
-                                               "fails as out of memory and a fresh engine starts, instead of the "
-                                               "host's OOM killer choosing a process [default: no cap; not with "
-                                               "--ray, nor on a GPU].")
-    defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
-    quiet: bool = False
-
-    def __post_init__(self) -> None:
-        """The roots as a list; the defaults as a job line would give them: unset ones left out, paths absolute."""
-        self.roots = list(self.roots)
-        self.defaults = {k: (str(v.absolute()) if isinstance(v, Path) else v) for k, v in self.defaults.items()
-                         if v is not None}
 
 
 def is_loopback(host: str) -> bool:
@@ -140,9 +77,6 @@ def check_options(opts: ServeOptions) -> str | None:
             raise UsageError(f"cannot listen on {opts.host}:{opts.port} ({e.strerror or e}); choose another --port "
                              "or --host") from None
     return token
-
-
-SERVE_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(ServeOptions)
 
 
 def json_log(stream: TextIO, quiet: bool) -> Callable[[dict], None]:

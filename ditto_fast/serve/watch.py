@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ditto_fast.batch.jobs import AUDIO_SUFFIXES
+from ditto_fast.audio.files import AUDIO_SUFFIXES
 from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, InputError, UsageError, one_line
 from ditto_fast.core.files import KIB, file_signature, printable, read_bounded
 from ditto_fast.encoding.formats import default_suffix

@@ -16,7 +16,8 @@ def run(out_json: str | None, quick: bool = False) -> dict:
     from ditto_fast.audio.decode import load_audio
     from ditto_fast.audio.hubert import HubertFeatures
     from ditto_fast.checkpoints import find_checkpoints
-    from ditto_fast.motion import MotionStitch, motion_to_info
+    from ditto_fast.motion.keypoints import motion_to_info
+    from ditto_fast.motion.stitch import MotionStitch
     from ditto_fast.motion.conditions import build_conditions, condition_parts, emotion_schedule
     from ditto_fast.motion.ddim import DDIMSampler
     from ditto_fast.motion.sampling import MotionSampler
@@ -32,7 +33,7 @@ def run(out_json: str | None, quick: bool = False) -> dict:
            "roll": rng.normal(size=(1, 66)).astype(np.float32), "t": np.zeros((1, 3), np.float32),
            "exp": 0.02 * rng.normal(size=(1, 63)).astype(np.float32), "scale": np.ones((1, 1), np.float32),
            "kp": 0.2 * rng.normal(size=(1, 63)).astype(np.float32)}
-    from ditto_fast.motion import info_to_motion
+    from ditto_fast.motion.keypoints import info_to_motion
 
     t0 = time.perf_counter()
     hubert = HubertFeatures(cs.hubert_dir, device=device)

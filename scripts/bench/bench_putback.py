@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 
 from ditto_fast.avatar.plate import PlateReader
-from ditto_fast.media.rates import mirror_index
+from ditto_fast.media.timeline import mirror_index
 from ditto_fast.render import putback as pb_mod
 from ditto_fast.render.putback import YuvPutback, feathered_mask
 from ditto_fast.encoding.writer import VideoWriter

@@ -1,0 +1,72 @@
+"""What `serve` is started with (the engine's options aside), declared once: the command's options are made from
+these fields, and a ServeOptions made in Python is checked as the command line is. Light to import."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ditto_fast.core.declare import check_fields, declared
+from ditto_fast.serve.queue import MAX_CRASHES
+
+DEFAULT_PORT = 8750
+
+
+@dataclass
+class ServeOptions:
+    """What `serve` was started with (engine options aside); the command's options are made from these fields."""
+
+    host: str = declared("127.0.0.1", flags=("--host",),
+                         help="Address to listen on; anything beyond this machine needs --token-file.")
+    port: int = declared(DEFAULT_PORT, flags=("--port",), kind="int", range=(1, 65535))
+    token_file: Path | None = declared(flags=("--token-file",), kind="path",
+                                       help="A file holding the bearer token every API request must carry.")
+    roots: list[Path] = declared(flags=("--root",), kind="path", multiple=True,
+                                 help="A folder the jobs' files may lie in (repeatable; the watch folders count) "
+                                      "[default: the current folder].")
+    watch: Path | None = declared(flags=("--watch",), kind="path",
+                                  help="A watch folder: each speech file dropped in it becomes a job once it stops "
+                                       "growing.")
+    out: Path | None = declared(flags=("--out",), kind="path", help="With --watch: where the outputs go.")
+    settle_s: float = declared(5.0, flags=("--settle",), kind="float", range=(0.5, 600),
+                               help="Seconds a dropped file's size and time must stay the same before it is taken.")
+    poll_s: float = declared(2.0, flags=("--poll",), kind="float", range=(0.1, 60),
+                             help="Seconds between looks at the watch folder.")
+    ray: str | None = declared(flags=("--ray",),
+                               help="Render on Ray actors, one engine each (one per GPU, or per node without GPUs): "
+                                    "'local' starts Ray here, ADDRESS joins a cluster (pip extra [ray]); the queue "
+                                    "and the API stay in this process.")
+    workers: int | None = declared(flags=("--workers",), kind="int", range=(1, 1024),
+                                   help="With --ray: at most N actors [default: one per GPU, or per node without "
+                                        "GPUs].")
+    max_crashes: int = declared(MAX_CRASHES, flags=("--max-crashes",), kind="int", range=(1, 100),
+                                help="A job whose engine (or the server) dies under it this many times is failed, "
+                                     "not run again.")
+    callback_allow: list[str] = declared(flags=("--callback-allow",), multiple=True,
+                                         help="An address or CIDR a job's callback may go to although it is "
+                                              "private, loopback or link-local (repeatable; e.g. 10.20.0.0/16).")
+    job_timeout: float | None = declared(flags=("--job-timeout",), kind="float", range=(1, 7 * 86400),
+                                         help="Seconds a job may render before its engine is killed and the job "
+                                              "counted as one that killed it [default: no limit].")
+    stall_timeout: float = declared(900.0, flags=("--stall-timeout",), kind="float", range=(5, 86400),
+                                    help="Seconds an engine may render without progress (or a minute without a "
+                                         "heartbeat) before it is taken for hung and killed.")
+    engine_memory: float | None = declared(flags=("--engine-memory",), kind="float", range=(0.5, 4096),
+                                           help="GiB of address space each engine process may use: past it, the job "
+                                                "fails as out of memory and a fresh engine starts, instead of the "
+                                                "host's OOM killer choosing a process [default: no cap; not with "
+                                                "--ray].")
+    defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        """Every option checked (UsageError naming it); the defaults as a job line would give them: unset ones left
+        out, paths absolute."""
+        check_fields(self)
+        self.defaults = {k: (str(v.absolute()) if isinstance(v, Path) else v) for k, v in self.defaults.items()
+                         if v is not None}
+
+
+SERVE_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(ServeOptions)
