@@ -11,7 +11,7 @@ from typing import Any
 from ditto_fast.avatar import Avatar, load_avatar
 from ditto_fast.avatar.store import NAME_RE, avatars_dir
 from ditto_fast.core.errors import DittoError, InputError, UsageError, one_line
-from ditto_fast.core.files import MIB, read_bounded
+from ditto_fast.core.files import MIB, read_input
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.render_setup import RenderSetup
@@ -104,11 +104,9 @@ def read_jobs(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
     request fields a line leaves out (a line's own values win)."""
     path = Path(path)
     try:
-        lines = read_bounded(path, JOBS_MAX_BYTES, "a JSON-lines jobs file").decode("utf-8").splitlines()
-    except FileNotFoundError:
-        raise UsageError(f"{path}: jobs file not found; give a JSON-lines file or --audio-dir") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read the jobs file ({getattr(e, 'strerror', None) or e})") from None
+        lines = read_input(path, JOBS_MAX_BYTES, "a JSON-lines jobs file (or --audio-dir)").decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: cannot read the jobs file ({e})") from None
     base = path.resolve().parent
     jobs: list[Job] = []
     for no, line in enumerate(lines, 1):

@@ -16,6 +16,9 @@ from ditto_fast.engine.options import ENGINE_FIELDS, EngineOptions
 from ditto_fast.engine.request import FIELDS
 
 
+PATH = click.Path(path_type=Path, readable=False)   # a file named: the command checks it (exit 3 in one line)
+
+
 class DeclaredSetting(click.ParamType):
     """An option checked by its config declaration (`section.key`): the same values refused with the same message
     as in a job line, a config file or a RenderRequest made in Python."""
@@ -61,7 +64,7 @@ def field_option(f: dataclasses.Field):
         return setting_option(*meta["flags"], f.name, setting=meta["setting"], help=meta["help"])
     span = meta.get("range")
     kind = click.Choice(meta["choices"]) if meta.get("choices") else \
-        click.Path(path_type=Path) if meta["kind"] == "path" else \
+        PATH if meta["kind"] == "path" else \
         (click.IntRange if isinstance(span[0], int) else click.FloatRange)(*span) if span else None
     default = None if f.default is dataclasses.MISSING else f.default
     return click.option(*meta["flags"], f.name, type=kind, default=default, show_default=default is not None,
@@ -83,7 +86,7 @@ def take(values: dict, fields: tuple[dataclasses.Field, ...]) -> dict:
 
 
 ENGINE = {f.name: field_option(f) for f in ENGINE_FIELDS if f.metadata["flags"]}    # --checkpoints, --device...
-CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+CONFIG = click.option("--config", "config_path", type=PATH, default=None,
                       help="YAML overriding some settings (`ditto-fast config` prints them all).")
 QUIET = click.option("--quiet", is_flag=True, help="No progress bar or tables on stderr (serve: log errors only).")
 engine_options = field_options(ENGINE_FIELDS)          # render's, batch's and serve's
@@ -104,7 +107,7 @@ def request_options(skip: tuple[str, ...] = (), job_default: bool = False):
                 continue
             meta = f.metadata
             kind = DeclaredSetting(*meta["setting"]) if meta["setting"] else \
-                click.Path(path_type=Path) if meta["kind"] == "path" else None
+                PATH if meta["kind"] == "path" else None
             help_text = meta["help"] + (default_help(*meta["setting"]) if meta["setting"] else "")
             if job_default:
                 help_text += f' A job\'s own "{f.name}" wins.'

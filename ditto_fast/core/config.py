@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ditto_fast.core.errors import UsageError
-from ditto_fast.core.files import read_bounded, shown
+from ditto_fast.core.files import read_bounded, shown, unreadable
 
 
 
@@ -156,8 +156,8 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 def read_yaml_file(path: Path, what: str, shown_as: str | None = None) -> Any:
     """The parsed YAML of a settings file or delivery profile (`what`, for messages); UsageError naming the file
-    (as `shown_as`) for bad YAML or an alias (*name), InputError for a FIFO, a device or a file over 1 MiB.
-    FileNotFoundError passes through."""
+    (as `shown_as`) for bad YAML or an alias (*name), InputError for a missing or unreadable file, a FIFO, a device
+    or a file over 1 MiB."""
     name = shown_as or str(path)
     try:
         text = read_bounded(path, YAML_MAX_BYTES, what).decode("utf-8")
@@ -171,19 +171,12 @@ def read_yaml_file(path: Path, what: str, shown_as: str | None = None) -> Any:
         raise UsageError(f"{name}: not valid YAML (nested too deep)") from None
     except UnicodeDecodeError:
         raise UsageError(f"{name}: not valid YAML (not UTF-8 text)") from None
-    except IsADirectoryError:
-        raise UsageError(f"{name}: is a directory; give {what}") from None
-    except FileNotFoundError:
-        raise
     except OSError as e:
-        raise UsageError(f"{name}: cannot read {what} ({e.strerror})") from None
+        raise unreadable(name, e, what) from None
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        data = read_yaml_file(path, "a config file") or {}
-    except FileNotFoundError:
-        raise UsageError(f"{path}: config file not found") from None
+    data = read_yaml_file(path, "a config file") or {}
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of sections ({', '.join(_SECTION_CLASSES)})")
     return data

@@ -61,6 +61,25 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
+def unreadable(path: str | os.PathLike, exc: OSError, what: str) -> InputError:
+    """The InputError (exit 3) for a file a user named that is missing or cannot be read (`exc`, from opening or
+    stat-ing it); `what` names the expected file in the fix, e.g. "a config file"."""
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return InputError(f"{path}: file not found; give {what}")
+    if isinstance(exc, PermissionError):
+        return InputError(f"{path}: cannot read the file (permission denied); check its permissions")
+    return InputError(f"{path}: cannot read the file ({exc.strerror or exc}); give {what}")
+
+
+def read_input(path: str | os.PathLike, limit: int, what: str) -> bytes:
+    """read_bounded for a file a user named (a config, a jobs file, a token file ...): InputError (exit 3) naming
+    it when it is missing or unreadable too."""
+    try:
+        return read_bounded(path, limit, what)
+    except OSError as e:
+        raise unreadable(path, e, what) from None
+
+
 def file_signature(path: str | os.PathLike) -> tuple[int, int, int] | None:
     """A file's inode, size and modification time (None if it is gone): what changes when it is replaced or grows."""
     try:

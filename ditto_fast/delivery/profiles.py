@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ditto_fast.core.config import CONFIG_DIR, declaration, read_yaml_file
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
 
 PROFILE_DIR = CONFIG_DIR / "delivery"
@@ -137,8 +137,8 @@ def profile_path(name_or_file: str | Path) -> Path:
         return PROFILE_DIR / f"{text}.yaml"
     path = Path(text)
     if path.suffix.lower() in (".yaml", ".yml"):
-        if not path.exists() or path.is_dir():     # a FIFO or device is refused by name when read
-            raise UsageError(f"{path}: delivery profile not found; give a YAML file or one of "
+        if not path.exists():       # a folder, a FIFO or a device is refused by name when read
+            raise InputError(f"{path}: delivery profile not found; give a YAML file or one of "
                              f"{', '.join(shipped_profiles())}")
         return path
     raise UsageError(f"unknown delivery profile {text!r}; use one of {', '.join(shipped_profiles())} or a "
@@ -154,10 +154,7 @@ def load_profile(name_or_file: str | Path) -> DeliveryProfile:
 @lru_cache(maxsize=64)
 def _load(resolved: str, mtime_ns: int, shown: str) -> DeliveryProfile:
     path = Path(resolved)
-    try:
-        data = read_yaml_file(path, "a delivery profile", shown)
-    except FileNotFoundError:
-        raise UsageError(f"{shown}: delivery profile not found") from None
+    data = read_yaml_file(path, "a delivery profile", shown)
     return check_profile(data, shown, path.stem)
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 
@@ -19,6 +19,28 @@ def overwrites(output: str | os.PathLike, source: str | os.PathLike) -> bool:
         return False
     out, src = Path(output).resolve(), Path(source).resolve()
     return out == src or src in out.parents
+
+
+def check_path_length(path: str | os.PathLike) -> None:
+    """InputError (exit 3) when no file system here holds `path`: a name (any part) longer than the disk allows
+    (NAME_MAX, 255 bytes on most) or a whole path longer than the system's PATH_MAX (4096)."""
+    path = Path(path)
+    ancestor = next((p for p in Path(os.path.abspath(path)).parents if os.path.isdir(p)), Path("/"))
+    name_max, path_max = _limit(ancestor, "PC_NAME_MAX", 255), _limit(ancestor, "PC_PATH_MAX", 4096)
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise InputError(f"{path}: a name in the path is {len(os.fsencode(part))} bytes, more than the "
+                             f"{name_max} the disk allows; choose a shorter name")
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        raise InputError(f"{path}: the path is {len(os.fsencode(os.path.abspath(path)))} bytes, more than the "
+                         f"{path_max - 1} the system allows; choose a shorter path")
+
+
+def _limit(folder: Path, name: str, usual: int) -> int:
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return usual
 
 
 def check_writes(writes: Iterable[tuple[str, str | os.PathLike | None]],
