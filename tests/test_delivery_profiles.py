@@ -14,7 +14,7 @@ import yaml
 
 from conftest import REPO
 from ditto_fast.core.config import CONFIG_DIR, DEFAULT_YAML
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.delivery.profiles import check_timecode, load_profile, shipped_profiles
 
 SHIPPED = ("xdcam-hd422-1080i50", "xdcam-hd422-1080i5994", "dnxhd-1080i50", "prores-hq-1080p", "web-h264")
@@ -104,7 +104,7 @@ def test_a_good_user_profile_reads(tmp_path):
 def test_unknown_names_and_missing_files_are_refused(tmp_path):
     with pytest.raises(UsageError, match="unknown delivery profile 'xdcam'"):
         load_profile("xdcam")
-    with pytest.raises(UsageError, match="not found"):
+    with pytest.raises(InputError, match="not found"):                # a named input missing: exit 3
         load_profile(tmp_path / "none.yaml")
 
 

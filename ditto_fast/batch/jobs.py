@@ -123,7 +123,7 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
     the other request fields from `defaults`; `out_dir` is created if missing."""
     audio_dir, out_dir = Path(audio_dir), Path(out_dir)
     if not audio_dir.is_dir():
-        raise UsageError(f"{audio_dir}: --audio-dir is not a directory")
+        raise InputError(f"{audio_dir}: --audio-dir is not a directory; give the folder of audio files")
     files = sorted(p for p in audio_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
     if not files:
         raise UsageError(f"{audio_dir}: no audio files ({', '.join(AUDIO_SUFFIXES)}) in the directory")
