@@ -242,7 +242,8 @@ def serve(quiet, config_path, **values):
 @click.argument("file", type=PATH)
 @click.option("--delivery", metavar="NAME|FILE",
               help="The delivery profile to check against: a name from configs/delivery or a FILE.yaml. "
-                   "Default: the shipped profile for the file's container and codec it comes closest to.")
+                   "Default: of the shipped profiles for the file's container and codec, and what render writes "
+                   "in them without --delivery, the one it comes closest to.")
 @click.option("--loudness", metavar="off|LUFS",
               help="As render's: the loudness target the file was leveled to instead of the profile's, or off "
                    "(levels as spoken: loudness and true peak are measured and noted, not failed).")

@@ -19,10 +19,11 @@ from typing import Any
 
 from ditto_fast.core.config import CONFIG_DIR, declaration, read_yaml_file
 from ditto_fast.core.errors import InputError, UsageError
+from ditto_fast.encoding.formats import CONTAINERS
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
 
 PROFILE_DIR = CONFIG_DIR / "delivery"
-EXTENSIONS = {"mxf": ".mxf", "mov": ".mov", "mp4": ".mp4"}
+EXTENSIONS = {"mxf": ".mxf", **{container: suffix for suffix, container in CONTAINERS.items()}}   # and render's
 # what each container carries (the pairs ffmpeg's muxers write and playout servers read)
 CONTAINER_VIDEO = {"mxf": ("mpeg2video", "dnxhd"), "mov": ("prores", "dnxhd", "h264", "mpeg2video"),
                    "mp4": ("h264",)}
@@ -102,7 +103,7 @@ class AudioSpec:
     bitrate: str | None             # aac only
     rate: int
     tracks: int
-    channels: int                   # per track
+    channels: int | None            # per track (None: any layout, as a plain render keeps the speech's)
     speech: tuple[int, ...]         # 1-based tracks that carry the speech
 
 

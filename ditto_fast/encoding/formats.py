@@ -29,6 +29,7 @@ CONTAINERS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
 AUDIO_RATE = 48000
 AAC_MAX_CHANNELS = 8
 PCM_MAX_CHANNELS = 24
+ENCODER_KEYINT = 250        # the key-frame interval x264, x265 and NVENC keep when not told one (render tells none)
 COLOUR_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
 # the frames' own tags as the writer hands them over: BT.709, limited range
 FRAME_TAGS = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
