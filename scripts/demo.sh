@@ -30,10 +30,10 @@ echo "[demo] avatar preview"
 
 echo "[demo] rendering $REPO/tests/data/speech_en_16k.wav"
 "$PY" -m ditto_fast.cli render --avatar demo_anchor --audio "$REPO/tests/data/speech_en_16k.wav" \
-    -o "$OUT/demo.mp4" --checkpoints "$CKPT" --device "$DEVICE" --profile "$OUT/demo_profile.json" \
+    -o "$OUT/demo.mp4" --checkpoints "$CKPT" --device "$DEVICE" --timings "$OUT/demo_timings.json" \
     --preview "$OUT/demo_preview.png"
 
-echo "[demo] output: $OUT/demo.mp4 (profile: $OUT/demo_profile.json)"
+echo "[demo] output: $OUT/demo.mp4 (stage timings: $OUT/demo_timings.json)"
 echo "[demo] previews: $OUT/avatar_preview.png (the avatar), $OUT/demo_preview.png (the render)"
 if [ "$SIZE" = tiny ]; then
     echo "[demo] note: tiny RANDOM weights — the face region is noise; everything around it is the real pipeline"
