@@ -21,10 +21,11 @@ from ditto_fast.core.files import read_bounded, shown, unreadable
 
 
 def _config_dir() -> Path:
-    """`configs/`: inside the installed package (a wheel), else the checkout's top level (source tree, pip -e)."""
+    """`configs/`: inside the package (a wheel's copy, or in a checkout the link to the top-level configs/), else
+    the checkout's top level (a checkout made without links)."""
     package = Path(__file__).resolve().parents[1]
     installed = package / "configs"
-    return installed if (installed / "default.yaml").is_file() else package.parent / "configs"
+    return installed.resolve() if (installed / "default.yaml").is_file() else package.parent / "configs"
 
 
 CONFIG_DIR = _config_dir()
