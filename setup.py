@@ -1,5 +1,6 @@
-"""Builds the Cython putback kernel and installs the top-level `configs/` (settings, delivery profiles) as
-`ditto_fast/configs/`; everything else is declared in pyproject.toml."""
+"""Builds the Cython putback kernel and declares the packages: `ditto_fast` and its subpackages, found from the
+checkout's top level, and the top-level `configs/` (settings, delivery profiles), reached as `ditto_fast/configs/`
+through the link of that name, installed as package data; everything else is declared in pyproject.toml."""
 
 from pathlib import Path
 
@@ -19,12 +20,15 @@ if pyx.exists():
     )
 
 # configs/ and configs/delivery/ hold only YAML, yet Python can import any directory: each is declared a package of
-# its own (setuptools warns about a data directory that is importable but not declared)
-CONFIG_PACKAGES = {"ditto_fast.configs": "configs", "ditto_fast.configs.delivery": "configs/delivery"}
+# its own (setuptools warns about a data directory that is importable but not declared). They sit where their names
+# say (ditto_fast/configs is a link to ../configs) and every package is found from the top level ("" = "."): an
+# editable install is then a plain path entry, without setuptools' "Editable installation" warning box, which any
+# package_dir mapping of its own brings
+CONFIG_PACKAGES = ("ditto_fast.configs", "ditto_fast.configs.delivery")
 
 setup(
     ext_modules=ext_modules,
     packages=[*find_packages(include=["ditto_fast*"]), *CONFIG_PACKAGES],
-    package_dir=CONFIG_PACKAGES,
+    package_dir={"": "."},
     package_data={"ditto_fast": ["render/*.pyx"], **{name: ["*.yaml"] for name in CONFIG_PACKAGES}},
 )

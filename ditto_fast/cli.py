@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ditto_fast.console.options import (CONFIG, ENGINE, QUIET, engine_options, field_options, progress_bar,
+from ditto_fast.console.options import (CONFIG, ENGINE, PATH, QUIET, engine_options, field_options, progress_bar,
                                        request_options, setting_option, take, take_engine_options)
 from ditto_fast.console.process import end_process, on_sigterm
 from ditto_fast.console.process import exit_now as _exit_now       # tests replace it: an interrupt ends no test run
@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("ditto-fast: interrupted", err=True)
         _exit_now(EXIT_INTERRUPTED)
-    except click.ClickException as e:
+    except click.exceptions.NoArgsIsHelpError as e:      # a bare group (`ditto-fast`): its help, as asked
         e.show()
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        click.echo(f"ditto-fast: error: {click_error_line(e)}", err=True)
         sys.exit(e.exit_code)
     except DittoError as e:
         click.echo(f"ditto-fast: error: {e}", err=True)
@@ -56,6 +59,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_INTERNAL)
 
 
+def click_error_line(e: click.ClickException) -> str:
+    """A usage error click found (a bad option value, a missing option, an unknown command) as the one line every
+    other error is, naming the command whose --help says more: "--seed: must be in ...; see `ditto-fast render
+    --help`"."""
+    ctx, param = getattr(e, "ctx", None), getattr(e, "param", None)
+    message = e.format_message()
+    if type(e) is click.BadParameter and param is not None:          # "Invalid value for '--seed': ..."
+        name = "/".join(param.opts) if isinstance(param, click.Option) else param.human_readable_name
+        message = f"{name}: {e.message}"
+    message = one_line(message.strip().rstrip("."))
+    return f"{message}; see `{ctx.command_path} --help`" if ctx is not None else message
+
+
 def entry() -> None:
     """The `ditto-fast` command: main(), then exit without the interpreter's teardown (see console/process.py)."""
     end_process(main)
@@ -69,7 +85,7 @@ def cli() -> None:
 
 # ----------------------------------------------------------------------------- register
 @cli.command()
-@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("source", type=PATH)
 @click.option("--name", help="Avatar name [A-Za-z0-9_-]{1,64}; default: the file stem.")
 @setting_option("--max-size", setting=("register", "max_size"),
                 help="Long side of the frames kept; larger sources are resized.")
@@ -114,9 +130,9 @@ def register(source, name, max_size, max_frames, force, checkpoints, device, bat
 @cli.command()
 @request_options()
 @engine_options
-@click.option("--timings", "timings", type=click.Path(path_type=Path), default=None,
+@click.option("--timings", "timings", type=PATH, default=None,
               help="Write the stage timings as JSON.")
-@click.option("--preview", type=click.Path(path_type=Path), default=None,
+@click.option("--preview", type=PATH, default=None,
               help="Also write a PNG: thumbnails of the output, the waveform and the generated lip opening.")
 @QUIET
 @CONFIG
@@ -141,17 +157,17 @@ def render(timings, preview, quiet, config_path, **values):
 @cli.command(help=f"Render many clips with one engine: JOBS_FILE (JSON lines: avatar, audio, output, and optional "
                   f"{', '.join(k for k in JOB_KEYS if k not in ('avatar', 'audio', 'output'))}) or --avatar NAME "
                   f"--audio-dir IN --out-dir OUT. Exit {EXIT_SOME_FAILED} if any job failed.")
-@click.argument("jobs_file", required=False, type=click.Path(path_type=Path))
+@click.argument("jobs_file", required=False, type=PATH)
 @click.option("--avatar", help="With --audio-dir: the avatar for every job.")
-@click.option("--audio-dir", type=click.Path(path_type=Path), help="One job per audio file in this folder.")
-@click.option("--out-dir", type=click.Path(path_type=Path),
+@click.option("--audio-dir", type=PATH, help="One job per audio file in this folder.")
+@click.option("--out-dir", type=PATH,
               help="With --audio-dir: where <stem>.mp4 go (<stem>.mov with --codec prores, the profile's extension "
                    "with --delivery).")
-@click.option("--report", type=click.Path(path_type=Path), default=None,
+@click.option("--report", type=PATH, default=None,
               help="Write every job's outcome here as JSON (rewritten after each job).")
 @click.option("--force", is_flag=True, help="Render again jobs whose output was made from the same inputs.")
 @click.option("--fail-fast", is_flag=True, help="Stop rendering after the first failed job.")
-@click.option("--previews", "previews_dir", type=click.Path(path_type=Path), default=None,
+@click.option("--previews", "previews_dir", type=PATH, default=None,
               help="Write a preview PNG of each rendered job into this folder (<output stem>.png); "
                    "the report gives each job's \"preview\".")
 @request_options(skip=("avatar", "audio", "output"), job_default=True)
@@ -192,7 +208,12 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
                        f"{one_line(str(j.error if j.status == 'failed' else j.output))}", err=True)
     counts = summary(jobs)
     click.echo(", ".join(f"{k} {v}" for k, v in counts.items()))
-    if counts["failed"]:
+    failed = [j for j in jobs if j.status == "failed"]
+    if failed and quiet:           # no table: the first failure in one line (the report has them all)
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        click.echo(f"ditto-fast: error: job {failed[0].index} failed{more}: {one_line(str(failed[0].error))} "
+                   f"(exit {failed[0].exit_code})", err=True)
+    if failed:
         sys.exit(EXIT_SOME_FAILED)
 
 
@@ -220,10 +241,11 @@ def serve(quiet, config_path, **values):
 
 # ----------------------------------------------------------------------------- qc
 @cli.command("qc")
-@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("file", type=PATH)
 @click.option("--delivery", metavar="NAME|FILE",
               help="The delivery profile to check against: a name from configs/delivery or a FILE.yaml. "
-                   "Default: the shipped profile for the file's container and codec it comes closest to.")
+                   "Default: of the shipped profiles for the file's container and codec, and what render writes "
+                   "in them without --delivery, the one it comes closest to.")
 @click.option("--loudness", metavar="off|LUFS",
               help="As render's: the loudness target the file was leveled to instead of the profile's, or off "
                    "(levels as spoken: loudness and true peak are measured and noted, not failed).")
@@ -308,7 +330,7 @@ def avatars(ctx, as_json):
 @avatars.command("show")
 @click.argument("name")
 @click.option("--verify", is_flag=True, help="Check the full checksums of the cached files.")
-@click.option("--preview", type=click.Path(path_type=Path), default=None,
+@click.option("--preview", type=PATH, default=None,
               help="Also write a PNG: source frames with crop box and landmarks, the crops, pose/eye/mouth plots.")
 def avatars_show(name, verify, preview):
     """Show one avatar's details."""
@@ -347,7 +369,7 @@ def checkpoints():
 
 
 @checkpoints.command("init-random")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=PATH)
 @click.option("--tiny", is_flag=True, help="Tiny widths of the same architectures (fast CPU tests).")
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 def checkpoints_init_random(directory, tiny, seed):

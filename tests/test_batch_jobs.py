@@ -44,7 +44,7 @@ def test_jobs_file_paths_are_relative_to_it_and_bad_lines_fail_alone(tmp_path):
 
 
 def test_jobs_file_errors(tmp_path):
-    with pytest.raises(UsageError, match="not found"):
+    with pytest.raises(InputError, match="not found"):                # a named input missing: exit 3
         read_jobs(tmp_path / "none.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n# nothing\n")
     with pytest.raises(UsageError, match="no jobs"):
@@ -62,7 +62,7 @@ def test_audio_dir_gives_one_job_per_audio_file(tmp_path):
     (tmp_path / "silent").mkdir()
     with pytest.raises(UsageError, match="no audio files"):
         jobs_from_dir("ruby", tmp_path / "silent", tmp_path)
-    with pytest.raises(UsageError, match="not a directory"):
+    with pytest.raises(InputError, match="not a directory"):
         jobs_from_dir("ruby", tmp_path / "missing", tmp_path)
 
 

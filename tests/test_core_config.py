@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from ditto_fast.core.config import DEFAULT_YAML, Config, default, load_config
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 
 
 def test_every_setting_has_one_packaged_default():
@@ -31,7 +31,7 @@ def test_override_and_errors(tmp_path):
     f.write_text("motion: [1, 2\n")
     with pytest.raises(UsageError, match="not valid YAML"):
         load_config(f)
-    with pytest.raises(UsageError, match="not found"):
+    with pytest.raises(InputError, match="missing.yaml: file not found; give a config file"):    # exit 3
         load_config(tmp_path / "missing.yaml")
 
 

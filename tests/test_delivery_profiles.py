@@ -14,7 +14,7 @@ import yaml
 
 from conftest import REPO
 from ditto_fast.core.config import CONFIG_DIR, DEFAULT_YAML
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.delivery.profiles import check_timecode, load_profile, shipped_profiles
 
 SHIPPED = ("xdcam-hd422-1080i50", "xdcam-hd422-1080i5994", "dnxhd-1080i50", "prores-hq-1080p", "web-h264")
@@ -22,7 +22,8 @@ SHIPPED = ("xdcam-hd422-1080i50", "xdcam-hd422-1080i5994", "dnxhd-1080i50", "pro
 
 def test_configs_live_at_the_top_level_only():
     assert CONFIG_DIR == REPO / "configs" and DEFAULT_YAML == REPO / "configs" / "default.yaml"
-    assert not (REPO / "ditto_fast" / "configs").exists()       # no second copy in the tree
+    link = REPO / "ditto_fast" / "configs"          # what packaging reaches them by: a link, no second copy
+    assert link.is_symlink() and link.resolve() == REPO / "configs"
     assert set(SHIPPED) <= set(shipped_profiles())
 
 
@@ -118,7 +119,7 @@ def test_a_profile_number_is_refused_in_the_settings_own_words(tmp_path, run_cli
         load_profile(path)
     r = run_cli(["render", "--avatar", "a", "--audio", "a.wav", "--crf", "60"], {"DITTO_FAST_HOME": str(tmp_path)})
     assert str(e.value) == f"{path}: video.crf must be in 0..51, got 60" and r.stderr.strip().endswith(
-        "'--crf': must be in 0..51, got 60"), r.stderr
+        "--crf: must be in 0..51, got 60; see `ditto-fast render --help`"), r.stderr
 
 
 def test_a_good_user_profile_reads(tmp_path):
@@ -129,7 +130,7 @@ def test_a_good_user_profile_reads(tmp_path):
 def test_unknown_names_and_missing_files_are_refused(tmp_path):
     with pytest.raises(UsageError, match="unknown delivery profile 'xdcam'"):
         load_profile("xdcam")
-    with pytest.raises(UsageError, match="not found"):
+    with pytest.raises(InputError, match="not found"):                # a named input missing: exit 3
         load_profile(tmp_path / "none.yaml")
 
 

@@ -193,3 +193,37 @@ def test_qc_messages_say_what_they_mean(tmp_path, run_cli):
            "-pix_fmt", "yuv422p", "-b:v", "50M", "-flags", "+ildct+ilme", "-field_order", "tb", swapped)
     for r in check_file(swapped, load_profile("xdcam-hd422-1080i50")):
         assert r.measured.count("(") == r.measured.count(")") and "?" not in r.measured, r.line()
+
+
+@pytest.mark.slow
+def test_qc_checks_a_plain_render_against_what_render_writes(video_avatar, session_home, tiny_checkpoints, clips,
+                                                             tmp_path, run_cli):
+    """A .mov H.264 and a .mkv HEVC that render wrote without --delivery (no shipped profile is for either) pass
+    `qc FILE` against render's own expectations; a tag they lack fails it; a pair render never writes is one line
+    (exit 2) saying what qc takes."""
+    from conftest import store_env
+
+    env = store_env(session_home, tiny_checkpoints)
+    for name, codec in (("a.mov", "h264"), ("b.mkv", "hevc")):
+        out = tmp_path / name
+        r = run_cli(["render", "--avatar", "anchor", "--audio", clips[0], "-o", out, "--codec", codec, "--device",
+                     "cpu", "--quiet"], env)
+        assert r.returncode == 0, r.stderr
+        r = run_cli(["qc", out], env)
+        own = f"render's own {out.suffix} {codec}"
+        assert r.returncode == 0 and f"checked against {own}, the closest of {own}" in r.stderr, r.stdout + r.stderr
+        said = {ln.split()[1]: ln for ln in r.stdout.splitlines()}
+        assert said["container"].split()[2] == {"a.mov": "mov", "b.mkv": "matroska"}[name]
+        assert "bt709" in r.stdout and "48000 Hz" in r.stdout and "loudness" not in said, r.stdout
+    untagged = tmp_path / "untagged.mov"                 # the same pictures with no colour tags: a FAIL, exit 8
+    ffmpeg("-i", tmp_path / "a.mov", "-map", "0", "-c", "copy", "-bsf:v", "h264_metadata=colour_primaries=2:"
+           "transfer_characteristics=2:matrix_coefficients=2", "-color_primaries", "unknown", "-color_trc", "unknown",
+           "-colorspace", "unknown", untagged)
+    r = run_cli(["qc", untagged], env)
+    assert r.returncode == 8 and "FAIL colour" in r.stdout, r.stdout
+    other = tmp_path / "c.mkv"
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=s=320x180:r=25:d=0.4", "-c:v", "mpeg4", other)
+    r = run_cli(["qc", other], env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "no profile is for matroska files of mpeg4: without --delivery qc checks what render writes (.mp4 h264, " \
+           ".mp4 hevc, .mov h264, .mov hevc, .mov prores, .mkv h264, .mkv hevc)" in r.stderr, r.stderr

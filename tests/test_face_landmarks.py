@@ -143,6 +143,19 @@ def test_one_face_with_a_face_choice_is_that_face():
         tracker(one, 0)
 
 
+def test_a_badge_too_small_to_be_a_face_is_not_a_second_face():
+    """A portrait whose suit carries a small face-like badge (below min_face_px): one face, no note, no warning."""
+    portrait = astronaut_canvas(0, Motion(center=(960, 420), scale=1.3),
+                                extra=(Motion.for_face(52.0, center=(1180, 900)),))
+    with warnings.catch_warnings(), FaceTracker(min_face_px=64) as tracker:
+        warnings.simplefilter("error")
+        lmk = tracker(portrait, 0)
+        boxes = tracker._detect_boxes(portrait)
+    assert len(boxes) == 2, boxes                # the detector does see the badge ...
+    assert tracker.face_choices == [] and tracker.multiple_faces_frames == []       # ... but it is no face
+    assert abs(lmk[:, 0].mean() - 960) < 80 and face_size(lmk) > 100
+
+
 def test_rejects_non_rgb_uint8():
     with FaceTracker() as tracker, pytest.raises(ValueError):
         tracker(np.zeros((64, 64), np.float32), 0)

@@ -106,3 +106,25 @@ def test_transform_hand_cases():
     np.testing.assert_allclose(out[0, 0], [2 * 1 + 0.1, 2 * 0.5 + 0.2, 0.0], atol=1e-6)   # t's z dropped
     np.testing.assert_allclose(out[0, 1], [0.1, 0.2, 0.0], atol=1e-6)
     np.testing.assert_allclose(out[1, 0], [0.0, 0.5, -1.0], atol=1e-6)                   # yaw 90 then + exp
+
+
+def test_the_keypoint_parts_are_named_in_one_module():
+    """x_s_info's part names are listed once (core/keypoint_info.py); the motion vector's layout is made from them,
+    in the LMDM's order, and no other module lists four or more of them."""
+    import ast
+
+    from conftest import REPO
+    from ditto_fast.core.keypoint_info import X_S_INFO_KEYS
+    from ditto_fast.motion.keypoints import MOTION_DIM, MOTION_LAYOUT
+
+    assert [k for k, _ in MOTION_LAYOUT] == ["scale", "pitch", "yaw", "roll", "t", "exp"]    # Ditto's order
+    assert sum(w for _, w in MOTION_LAYOUT) == MOTION_DIM
+    listed = []
+    for path in (REPO / "ditto_fast").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+                items = node.keys if isinstance(node, ast.Dict) else node.elts
+                names = {n.value for n in items if isinstance(n, ast.Constant) and n.value in X_S_INFO_KEYS}
+                if len(names) >= 4:
+                    listed.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert [where.split(":")[0] for where in listed] == ["ditto_fast/core/keypoint_info.py"], listed

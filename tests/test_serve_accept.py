@@ -144,15 +144,15 @@ def test_paths_no_file_can_have_are_refused_by_the_api_and_render_alike(api, cli
     client, queue, _ = api
     audio = Path(shutil.copy(clips[0], tmp_path / "a.wav"))
     base = {"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "a.mp4")}
-    for bad, said in ((str(tmp_path / f"a\0b{suffix}"), "NUL"),
-                      (str(tmp_path / ("x" * 300 + suffix)), "at most 255 bytes"),
-                      (str(tmp_path) + "/d" * 2750 + suffix, "at most 4095 bytes")):
+    for bad, said, code in ((str(tmp_path / f"a\0b{suffix}"), "NUL", 2),
+                            (str(tmp_path / ("x" * 300 + suffix)), "more than the 255 the disk allows", 3),
+                            (str(tmp_path) + "/d" * 2750 + suffix, "more than the 4095 the system allows", 3)):
         r = client.post("/v1/jobs", json={**base, key: bad})
-        assert r.status_code == 400 and r.json()["exit_code"] == 2 and said in r.json()["error"], r.text
+        assert r.status_code == 400 and r.json()["exit_code"] == code and said in r.json()["error"], r.text
         if key == "output" and "\0" not in bad:          # a command line cannot carry a NUL
             cli = run_cli(["render", "--avatar", "anchor", "--audio", audio, "-o", bad, "--device", "cpu"],
                           store_env(session_home, tiny_checkpoints))
-            assert cli.returncode == 2 and said in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
+            assert cli.returncode == code and said in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
     assert queue.counts()["queued"] == 0
 
 

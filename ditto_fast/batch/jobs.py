@@ -12,7 +12,7 @@ from ditto_fast.audio.files import AUDIO_SUFFIXES
 from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.store import NAME_RE, avatars_dir
 from ditto_fast.core.errors import DittoError, InputError, UsageError, one_line
-from ditto_fast.core.files import MIB, read_bounded
+from ditto_fast.core.files import MIB, read_input
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.request import RenderRequest
@@ -104,11 +104,9 @@ def read_jobs(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
     request fields a line leaves out (a line's own values win)."""
     path = Path(path)
     try:
-        lines = read_bounded(path, JOBS_MAX_BYTES, "a JSON-lines jobs file").decode("utf-8").splitlines()
-    except FileNotFoundError:
-        raise UsageError(f"{path}: jobs file not found; give a JSON-lines file or --audio-dir") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read the jobs file ({getattr(e, 'strerror', None) or e})") from None
+        lines = read_input(path, JOBS_MAX_BYTES, "a JSON-lines jobs file (or --audio-dir)").decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: cannot read the jobs file ({e})") from None
     base = path.resolve().parent
     jobs: list[Job] = []
     for no, line in enumerate(lines, 1):
@@ -125,7 +123,7 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
     the other request fields from `defaults`; `out_dir` is created if missing."""
     audio_dir, out_dir = Path(audio_dir), Path(out_dir)
     if not audio_dir.is_dir():
-        raise UsageError(f"{audio_dir}: --audio-dir is not a directory")
+        raise InputError(f"{audio_dir}: --audio-dir is not a directory; give the folder of audio files")
     files = sorted(p for p in audio_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
     if not files:
         raise UsageError(f"{audio_dir}: no audio files ({', '.join(AUDIO_SUFFIXES)}) in the directory")

@@ -40,7 +40,7 @@ def launch(jobs: list[Job], options: EngineOptions, *, ray: str | None = None, w
     that the report and the previews (a PNG per rendered job in the folder `previews`) overwrite no input (`reads`:
     the jobs file, the config file; and the checkpoints, every job's files and avatars) and no job's output."""
     if report is not None:
-        check_output_path(report)
+        check_output_path(report, example="report.json")
     targets = preview_paths(previews, {j.index: j.output for j in jobs if j.output}) if previews else {}
     check_side_files(jobs, report, targets, [*reads, resolve_root(options.checkpoints)],
                      options.settings().clip.emotion)

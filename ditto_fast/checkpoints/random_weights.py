@@ -10,6 +10,7 @@ import torch
 
 from ditto_fast.checkpoints import HUBERT_DIRNAMES, MODELS_SUBDIR, RANDOM_MARKER
 from ditto_fast.checkpoints.random_hubert import write_random_hubert
+from ditto_fast.core.errors import InputError
 from ditto_fast.models import NETWORK_NAMES, SPECS, build
 from ditto_fast.models.loading import META_KEY
 
@@ -65,9 +66,18 @@ def write_random(out_dir: str | os.PathLike, tiny: bool = False, seed: int = 0,
                  networks: tuple[str, ...] = NETWORK_NAMES, hubert: bool = True) -> Path:
     """Write the six .pth files in the published layout and wrappings plus a HuBERT dir, random weights.
 
-    `networks` / `hubert` select a subset (benchmarks); returns the checkpoint root.
+    `networks` / `hubert` select a subset (benchmarks); returns the checkpoint root. InputError (exit 3) naming the
+    folder when it cannot be written (under a file, a read-only disk, a full one).
     """
     root = Path(out_dir)
+    try:
+        _write_random(root, tiny, seed, networks, hubert)
+    except OSError as e:
+        raise _unwritable(root, e) from None
+    return root
+
+
+def _write_random(root: Path, tiny: bool, seed: int, networks: tuple[str, ...], hubert: bool) -> None:
     models_dir = root / MODELS_SUBDIR
     models_dir.mkdir(parents=True, exist_ok=True)
     meta = {"random_weights": True, "tiny": tiny, "seed": seed, "writer": "ditto-fast checkpoints init-random"}
@@ -82,9 +92,21 @@ def write_random(out_dir: str | os.PathLike, tiny: bool = False, seed: int = 0,
             obj = OrderedDict(sd)
             obj._metadata = OrderedDict({"": {META_KEY: meta}})  # survives torch.load(weights_only=True)
         tmp = models_dir / (s.filename + ".tmp")
-        torch.save(obj, tmp)
-        os.replace(tmp, models_dir / s.filename)
+        try:
+            torch.save(obj, tmp)
+            os.replace(tmp, models_dir / s.filename)
+        finally:
+            tmp.unlink(missing_ok=True)
     if hubert:
         write_random_hubert(root / HUBERT_DIRNAMES[0], tiny=tiny, seed=seed)
     (models_dir / RANDOM_MARKER).write_text(json.dumps(meta, indent=2) + "\n")
-    return root
+
+
+def _unwritable(root: Path, e: OSError) -> InputError:
+    """The one line for a checkpoint folder that cannot be written: a file in the way, or the disk's reason."""
+    blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "" if blocker == root else f" {blocker}"
+        return InputError(f"{root}:{where} is a file, not a folder; give a folder for the checkpoints")
+    return InputError(f"{root}: cannot write the checkpoints there ({e.strerror or e}); give a folder on a writable "
+                      "disk with space")

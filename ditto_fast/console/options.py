@@ -16,6 +16,9 @@ from ditto_fast.engine.options import ENGINE_FIELDS, EngineOptions
 from ditto_fast.engine.request import FIELDS
 
 
+PATH = click.Path(path_type=Path, readable=False)   # a file named: the command checks it (exit 3 in one line)
+
+
 class DeclaredSetting(click.ParamType):
     """An option checked by its config declaration (`section.key`): the same values refused with the same message
     as in a job line, a config file or a RenderRequest made in Python."""
@@ -79,7 +82,7 @@ def _param_type(meta) -> click.ParamType | None:
     if meta["choices"]:
         return click.Choice(meta["choices"])
     if meta["kind"] == "path":
-        return click.Path(path_type=Path)
+        return PATH
     if meta["kind"] in ("int", "float"):
         return (click.IntRange if meta["kind"] == "int" else click.FloatRange)(*meta["range"])
     return None
@@ -117,7 +120,7 @@ def take(values: dict, fields: tuple[dataclasses.Field, ...]) -> dict:
 
 
 ENGINE = {f.name: field_option(f) for f in ENGINE_FIELDS if f.metadata["flags"]}    # --checkpoints, --device...
-CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+CONFIG = click.option("--config", "config_path", type=PATH, default=None,
                       help="YAML overriding some settings (`ditto-fast config` prints them all).")
 QUIET = click.option("--quiet", is_flag=True, help="No progress bar or tables on stderr (serve: log errors only).")
 engine_options = field_options(ENGINE_FIELDS)          # render's, batch's and serve's

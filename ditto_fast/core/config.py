@@ -15,14 +15,15 @@ from typing import Any
 
 from ditto_fast.core.checks import check_choice, check_flag, check_number, check_text
 from ditto_fast.core.errors import UsageError
-from ditto_fast.core.files import read_bounded, shown
+from ditto_fast.core.files import read_bounded, shown, unreadable
 
 
 def _config_dir() -> Path:
-    """`configs/`: inside the installed package (a wheel), else the checkout's top level (source tree, pip -e)."""
+    """`configs/`: inside the package (a wheel's copy, or in a checkout the link to the top-level configs/), else
+    the checkout's top level (a checkout made without links)."""
     package = Path(__file__).resolve().parents[1]
     installed = package / "configs"
-    return installed if (installed / "default.yaml").is_file() else package.parent / "configs"
+    return installed.resolve() if (installed / "default.yaml").is_file() else package.parent / "configs"
 
 
 CONFIG_DIR = _config_dir()
@@ -145,8 +146,8 @@ def _no_alias_loader() -> type:
 
 def read_yaml_file(path: Path, what: str, shown_as: str | None = None) -> Any:
     """The parsed YAML of a settings file or delivery profile (`what`, for messages); UsageError naming the file
-    (as `shown_as`) for bad YAML or an alias (*name), InputError for a FIFO, a device or a file over 1 MiB.
-    FileNotFoundError passes through."""
+    (as `shown_as`) for bad YAML or an alias (*name), InputError for a missing or unreadable file, a FIFO, a device
+    or a file over 1 MiB."""
     import yaml
 
     name = shown_as or str(path)
@@ -162,19 +163,12 @@ def read_yaml_file(path: Path, what: str, shown_as: str | None = None) -> Any:
         raise UsageError(f"{name}: not valid YAML (nested too deep)") from None
     except UnicodeDecodeError:
         raise UsageError(f"{name}: not valid YAML (not UTF-8 text)") from None
-    except IsADirectoryError:
-        raise UsageError(f"{name}: is a directory; give {what}") from None
-    except FileNotFoundError:
-        raise
     except OSError as e:
-        raise UsageError(f"{name}: cannot read {what} ({e.strerror})") from None
+        raise unreadable(name, e, what) from None
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        data = read_yaml_file(path, "a config file") or {}
-    except FileNotFoundError:
-        raise UsageError(f"{path}: config file not found") from None
+    data = read_yaml_file(path, "a config file") or {}
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of sections ({', '.join(_SECTION_CLASSES)})")
     return data

@@ -33,22 +33,44 @@ def printable(text: str) -> str:
 
 
 def check_path_text(path: str | os.PathLike, what: str) -> None:
-    """UsageError naming `what` for a path no file can have: a NUL byte, a name over NAME_MAX bytes or a path over
-    PATH_MAX bytes (refused here, not met as an OS error half-way through)."""
+    """A path some file could have, before any OS call meets it half-way: UsageError (exit 2) naming `what` for a NUL
+    byte; InputError (exit 3, check_path_length) for a name or a path longer than the disk allows."""
     text = os.fspath(path)
     if "\0" in text:
         raise UsageError(f"{what} {shown(printable(text))}: a file path cannot hold a NUL byte; give a real path")
+    check_path_length(text, what)
+
+
+def check_path_length(path: str | os.PathLike, what: str = "") -> None:
+    """InputError (exit 3) when no file system here holds `path`: a name (any part) longer than the disk allows
+    (NAME_MAX, 255 bytes on most) or a whole path longer than the system's PATH_MAX (4096)."""
+    text = os.fspath(path)
     try:
         encoded = os.fsencode(text)
     except UnicodeEncodeError:          # a lone surrogate no byte of a file name makes (JSON's "\\ud800")
         encoded = text.encode("utf-8", "surrogatepass")
-    if len(encoded) > PATH_MAX:
-        raise UsageError(f"{what} {shown(printable(text))}: a path is at most {PATH_MAX} bytes, this one has "
-                         f"{len(encoded)}; give a shorter path")
+    if len(encoded) <= NAME_MAX:
+        return                          # the common case: nothing to look up
+    full = os.path.abspath(text) if "\0" not in text else text
+    ancestor = next((p for p in Path(full).parents if os.path.isdir(p)), Path("/"))
+    name_max, path_max = _limit(ancestor, "PC_NAME_MAX", NAME_MAX), _limit(ancestor, "PC_PATH_MAX", PATH_MAX + 1)
+    named = f"{what} {shown(printable(text))}" if what else shown(printable(text))
     longest = max(encoded.split(b"/"), key=len)
-    if len(longest) > NAME_MAX:
-        raise UsageError(f"{what} {shown(printable(text))}: a file name is at most {NAME_MAX} bytes, one here has "
-                         f"{len(longest)}; give a shorter name")
+    if len(longest) > name_max:
+        raise InputError(f"{named}: a name in the path is {len(longest)} bytes, more than the {name_max} the disk "
+                         "allows; choose a shorter name")
+    whole = len(os.fsencode(full)) if full is not text else len(encoded)
+    if whole >= path_max:
+        raise InputError(f"{named}: the path is {whole} bytes, more than the {path_max - 1} the system allows; "
+                         "choose a shorter path")
+
+
+def _limit(folder: Path, name: str, usual: int) -> int:
+    """The file system's limit `name` (os.pathconf) at `folder`, or `usual` where it cannot say."""
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return usual
 
 
 def _size(n: int) -> str:
@@ -89,6 +111,25 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
+
+def unreadable(path: str | os.PathLike, exc: OSError, what: str) -> InputError:
+    """The InputError (exit 3) for a file a user named that is missing or cannot be read (`exc`, from opening or
+    stat-ing it); `what` names the expected file in the fix, e.g. "a config file"."""
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return InputError(f"{path}: file not found; give {what}")
+    if isinstance(exc, PermissionError):
+        return InputError(f"{path}: cannot read the file (permission denied); check its permissions")
+    return InputError(f"{path}: cannot read the file ({exc.strerror or exc}); give {what}")
+
+
+def read_input(path: str | os.PathLike, limit: int, what: str) -> bytes:
+    """read_bounded for a file a user named (a config, a jobs file, a token file ...): InputError (exit 3) naming
+    it when it is missing or unreadable too."""
+    try:
+        return read_bounded(path, limit, what)
+    except OSError as e:
+        raise unreadable(path, e, what) from None
 
 
 def file_signature(path: str | os.PathLike) -> tuple[int, int, int] | None:

@@ -18,12 +18,13 @@ from typing import Any
 
 from ditto_fast.core.checks import check_choice, check_flag, check_number, refuse
 from ditto_fast.core.config import CONFIG_DIR, declaration, read_yaml_file
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
+from ditto_fast.encoding.formats import CONTAINERS
 from ditto_fast.media.rates import RENDER_RATES, parse_rate
 
 PROFILE_DIR = CONFIG_DIR / "delivery"
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")       # a --delivery value ending so names a profile file
-EXTENSIONS = {"mxf": ".mxf", "mov": ".mov", "mp4": ".mp4"}
+EXTENSIONS = {"mxf": ".mxf", **{container: suffix for suffix, container in CONTAINERS.items()}}   # and render's
 # what each container carries (the pairs ffmpeg's muxers write and playout servers read)
 CONTAINER_VIDEO = {"mxf": ("mpeg2video", "dnxhd"), "mov": ("prores", "dnxhd", "h264", "mpeg2video"),
                    "mp4": ("h264",)}
@@ -103,7 +104,7 @@ class AudioSpec:
     bitrate: str | None             # aac only
     rate: int
     tracks: int
-    channels: int                   # per track
+    channels: int | None            # per track (None: any layout, as a plain render keeps the speech's)
     speech: tuple[int, ...]         # 1-based tracks that carry the speech
 
 
@@ -143,8 +144,8 @@ def profile_path(name_or_file: str | Path) -> Path:
         return PROFILE_DIR / f"{text}.yaml"
     path = Path(text)
     if is_profile_file(path):
-        if not path.exists() or path.is_dir():     # a FIFO or device is refused by name when read
-            raise UsageError(f"{path}: delivery profile not found; give a YAML file or one of "
+        if not path.exists():       # a folder, a FIFO or a device is refused by name when read
+            raise InputError(f"{path}: delivery profile not found; give a YAML file or one of "
                              f"{', '.join(shipped_profiles())}")
         return path
     raise UsageError(f"unknown delivery profile {text!r}; use one of {', '.join(shipped_profiles())} or a "
@@ -160,10 +161,7 @@ def load_profile(name_or_file: str | Path) -> DeliveryProfile:
 @lru_cache(maxsize=64)
 def _load(resolved: str, mtime_ns: int, shown: str) -> DeliveryProfile:
     path = Path(resolved)
-    try:
-        data = read_yaml_file(path, "a delivery profile", shown)
-    except FileNotFoundError:
-        raise UsageError(f"{shown}: delivery profile not found") from None
+    data = read_yaml_file(path, "a delivery profile", shown)
     return check_profile(data, shown, path.stem)
 
 

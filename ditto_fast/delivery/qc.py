@@ -16,6 +16,7 @@ from ditto_fast.audio.loudness import GATE_SECONDS, QUIET_LUFS, measure
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.media.rates import from_stream
 from ditto_fast.delivery.fileinfo import MediaFacts, read_facts
+from ditto_fast.delivery.plain import PLAIN_OUTPUTS, plain_profile
 from ditto_fast.delivery.profiles import DeliveryProfile, load_profile, shipped_profiles
 
 BITRATE_TOLERANCE = 0.05        # CBR within 5 % of nominal
@@ -116,15 +117,19 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
 
 
 def closest_profile(path: str | Path) -> tuple[DeliveryProfile, list[Requirement], list[str]]:
-    """The shipped profile a file comes closest to: of those for its container and video codec, the one with the
-    fewest failing requirements; with its requirements and the names it was chosen from. UsageError for none."""
+    """The profile a file comes closest to: of the shipped ones for its container and video codec, and what a render
+    without --delivery writes in them (delivery/plain.py), the one with the fewest failing requirements (a shipped
+    one on a tie); with its requirements and the names it was chosen from. UsageError for none."""
     facts = read_facts(path)
     codec = facts.video.codec if facts.video else "no video"
     candidates = [p for p in map(load_profile, shipped_profiles())
                   if p.container == facts.container and p.video.codec == codec]
+    candidates += [p for p in [plain_profile(facts.container, codec)] if p is not None]
     if not candidates:
-        raise UsageError(f"{path}: no shipped delivery profile is for {facts.container} files of {codec}; "
-                         "name the one to check with --delivery NAME|FILE.yaml")
+        pairs = sorted({f"{p.container} {p.video.codec}" for p in map(load_profile, shipped_profiles())})
+        raise UsageError(f"{path}: no profile is for {facts.container} files of {codec}: without --delivery qc "
+                         f"checks what render writes ({', '.join(PLAIN_OUTPUTS)}) and the shipped profiles' "
+                         f"({', '.join(pairs)}); name the one to check with --delivery NAME|FILE.yaml")
     checked = [(p, check_file(path, p, facts=facts)) for p in candidates]       # the file read once
     best, result = min(checked, key=lambda pr: len(failures(pr[1])))
     return best, result, [p.name for p in candidates]
@@ -291,11 +296,13 @@ def _audio(req, facts: MediaFacts, profile: DeliveryProfile, path, loudness, wai
     saying why not."""
     a = profile.audio
     tracks = facts.audio
-    layout = "stereo" if a.channels == 2 else "mono"
+    layout = "any layout" if a.channels is None else "stereo" if a.channels == 2 else "mono"
     shapes = [f"{s.codec} {_field(s.detail, HZ)} Hz {_channels(s.detail)}" for s in tracks]
     want = f"{a.tracks} x {a.codec} {a.rate} Hz {layout}"
-    req("audio tracks", len(tracks) == a.tracks and all(s == f"{a.codec} {a.rate} Hz {layout}" for s in shapes),
-        want, f"{len(tracks)}: " + (", ".join(sorted(set(shapes), key=shapes.index)) or "none"))
+    fits = [s == f"{a.codec} {a.rate} Hz {layout}" or a.channels is None and s.startswith(f"{a.codec} {a.rate} Hz ")
+            for s in shapes]
+    req("audio tracks", len(tracks) == a.tracks and all(fits), want,
+        f"{len(tracks)}: " + (", ".join(sorted(set(shapes), key=shapes.index)) or "none"))
     quiet = [t for t in range(1, min(a.tracks, len(tracks)) + 1) if t not in a.speech]
     if quiet:
         peaks = [measure(path, f"[0:a:{t - 1}]aformat=sample_fmts=fltp").true_peak for t in quiet]

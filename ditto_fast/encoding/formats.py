@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import imageio_ffmpeg
-
 from ditto_fast.core.config import CODECS
 from ditto_fast.core.errors import UsageError
 
@@ -29,6 +27,7 @@ CONTAINERS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
 AUDIO_RATE = 48000
 AAC_MAX_CHANNELS = 8
 PCM_MAX_CHANNELS = 24
+ENCODER_KEYINT = 250        # the key-frame interval x264, x265 and NVENC keep when not told one (render tells none)
 COLOUR_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
 # the frames' own tags as the writer hands them over: BT.709, limited range
 FRAME_TAGS = "setparams=colorspace=bt709:color_primaries=bt709:color_trc=bt709:range=tv"
@@ -167,6 +166,8 @@ def default_suffix(codec: str | None) -> str:
 def nvenc_works(codec: str = "h264") -> tuple[bool, str]:
     """Whether ffmpeg's NVENC encoder for `codec` encodes here with the options a render gives it (probed once
     per process), and why not."""
+    import imageio_ffmpeg
+
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-f", "lavfi",
            "-i", "color=black:s=256x256:r=25", "-frames:v", "2",
            *Format("mp4", codec, nvenc=True).video_args(18, "veryfast"), "-f", "null", "-"]

@@ -18,6 +18,7 @@ from ditto_fast.audio.decode import audio_layout
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.media.ffpipe import last_stderr_line, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.core.files import check_path_length
 from ditto_fast.media.partfiles import create_locked
 from ditto_fast.media.rates import rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
@@ -25,12 +26,13 @@ from ditto_fast.encoding.formats import OutputFormat, output_format
 from ditto_fast.encoding.soundtrack import Soundtrack, plan_soundtrack
 
 
-def check_output_path(path: str | os.PathLike) -> Path:
+def check_output_path(path: str | os.PathLike, example: str = "out.mp4") -> Path:
     """Raise InputError unless a file can be created at `path` (UsageError for a name that starts with a dot);
-    call it before any heavy work."""
+    call it before any heavy work. `example`: the name a folder given instead is told to add (report.json ...)."""
     out = Path(path)
+    check_path_length(out)
     if out.is_dir():
-        raise InputError(f"{out}: is a directory; give a file name such as {out / 'out.mp4'}")
+        raise InputError(f"{out}: is a directory; give a file name such as {out / example}")
     if out.name.startswith("."):        # only an extension (.mp4, ..mp4) or hidden: looks like our temporaries
         rest = out.name.lstrip(".")
         better = out.with_name(rest if "." in rest else f"news.{rest}" if rest else "news.mp4")

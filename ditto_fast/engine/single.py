@@ -36,7 +36,7 @@ def render_one(request: RenderRequest, options: EngineOptions, *, timings: Path 
     if preview is not None:
         check_png_path(preview)
     if timings is not None:
-        check_output_path(timings)
+        check_output_path(timings, example="timings.json")
     check_writes([("output", clip.output), ("timings file (--timings)", timings), ("preview", preview)],
                  [*clip.inputs, *reads, checkpoints.root])
     with claimed(clip.output):      # taken before the networks load: a second writer of this output fails fast

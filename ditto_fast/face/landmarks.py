@@ -169,7 +169,8 @@ class FaceTracker:
     """Landmarks [478, 3] float32 in frame pixels (x, y, and z scaled like x) for consecutive frames.
 
     Call it on frames in order (`tracker(frame, index)`); `reset()` before an unrelated frame.
-    When detection finds several faces it takes the one `face` picks (largest, left, right or N, counted
+    When detection finds several faces (boxes the face mesh finds landmarks on, at least min_face_px across: a
+    badge on a suit is none) it takes the one `face` picks (largest, left, right or N, counted
     from the left from 1), issues a MultipleFacesWarning and records the index in `multiple_faces_frames`
     and (index, boxes left to right, box taken, why) in `face_choices` (detection runs on the first frame and
     whenever tracking loses the face). A missing or too small face raises NoFaceError with `.frame_index`.
@@ -289,32 +290,46 @@ class FaceTracker:
                 boxes.append(b + np.array([x0, y0, x0, y0]))
         return _merge_boxes(boxes)
 
-    def _detect(self, frame: np.ndarray | YuvFrame, index: int) -> np.ndarray:
-        """Landmarks of the detected face `face` picks on which the mesh succeeds; NoFaceError if none."""
-        boxes = self._detect_boxes(frame)
-        if len(boxes) > 1:
-            self.multiple_faces_frames.append(index)
-        candidates = _face_candidates(boxes, self.face)
-        for b in candidates:
+    def _faces(self, frame: np.ndarray | YuvFrame,
+               boxes: list[np.ndarray]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
+        """(box, landmarks [478, 3]) of each detected box (largest first) that is a face as the one taken must be:
+        the face mesh finds landmarks on it and they span at least min_face_px (a badge on a suit is none); and the
+        landmarks of the largest box that fails only the size (None if none), for the message that names it."""
+        faces, small = [], None
+        for b in boxes:
             cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
             lmk = self._mesh_in(frame, cx, cy, CROP_FACTOR * max(b[2] - b[0], b[3] - b[1]))
-            if lmk is not None:
-                if len(boxes) > 1:
-                    by_x = sorted(boxes, key=lambda k: k[0] + k[2])
-                    why = f"as --face {self.face} asked" if isinstance(self.face, int) else \
-                        f"the {self.face}most" if self.face != "largest" else \
-                        "the largest" if b is boxes[0] else "the largest the face mesh finds landmarks on"
-                    self.face_choices.append((index, by_x, b, why))
-                    warnings.warn(f"{self._where()}{choice_text(index, by_x, b, why)}", MultipleFacesWarning,
-                                  stacklevel=3)
-                return lmk
+            if lmk is not None and face_size(lmk) >= self.min_face_px:
+                faces.append((b, lmk))
+            elif lmk is not None and small is None:
+                small = lmk
+        return faces, small
+
+    def _detect(self, frame: np.ndarray | YuvFrame, index: int) -> np.ndarray:
+        """Landmarks of the detected face `face` picks among those that pass the face bar; NoFaceError if none."""
+        boxes = self._detect_boxes(frame)
+        faces, small = self._faces(frame, boxes)
+        if len(faces) > 1:
+            self.multiple_faces_frames.append(index)
+        found = [b for b, _ in faces]
+        for b in _face_candidates(found, self.face):
+            lmk = next(m for k, m in faces if k is b)
+            if len(faces) > 1:
+                by_x = sorted(found, key=lambda k: k[0] + k[2])
+                why = f"as --face {self.face} asked" if isinstance(self.face, int) else \
+                    f"the {self.face}most" if self.face != "largest" else \
+                    "the largest" if b is boxes[0] else "the largest the face mesh finds landmarks on"
+                self.face_choices.append((index, by_x, b, why))
+                warnings.warn(f"{self._where()}{choice_text(index, by_x, b, why)}", MultipleFacesWarning,
+                              stacklevel=3)
+            return lmk
+        if small is not None and not found:
+            return small                # too small: _track refuses it, naming its size
         self._last = None
-        if boxes and self.face != "largest":
-            found = f"{len(boxes)} face{'s' if len(boxes) > 1 else ''} found"
-            why = f"only {found}" if not candidates else \
-                f"{found}, but the face mesh finds no landmarks on that one ({box_text(candidates[0])})"
+        if found and self.face != "largest":
             raise _no_face(f"{self._where()}frame {index}: --face {self.face} asks for {_face_label(self.face)}: "
-                           f"{why}; choose another with --face largest|left|right|N", index)
+                           f"only {len(found)} face{'s' if len(found) > 1 else ''} found; choose another with "
+                           "--face largest|left|right|N", index)
         raise _no_face(
             f"{self._where()}no face found in frame {index}; every frame needs a clearly visible face "
             f"at least {self.min_face_px} px across", index,

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ditto_fast.core.errors import InputError
-from ditto_fast.core.files import check_regular
+from ditto_fast.core.files import check_regular, unreadable
 
 
 def check_input_file(path: Path, what: str) -> None:
@@ -17,14 +17,11 @@ def check_input_file(path: Path, what: str) -> None:
     """
     try:
         st = check_regular(path, what)          # a FIFO or a device is refused before anything opens it
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found; give {what}") from None
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))   # readable by this process
     except OSError as e:
-        raise InputError(f"{path}: cannot read the file ({e.strerror or e}); give {what}") from None
+        raise unreadable(path, e, what) from None
     if st.st_size == 0:
         raise InputError(f"{path}: file is empty (0 bytes); give {what}")
-    if not os.access(path, os.R_OK):
-        raise InputError(f"{path}: file is not readable; check its permissions")
 
 
 def file_sha256(path: Path, chunk: int = 4 << 20) -> str:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 

@@ -10,12 +10,13 @@ import numpy as np
 
 from ditto_fast.media.timeline import mirror_indices
 from ditto_fast.core.errors import CheckpointError, InputError, UsageError
-from ditto_fast.core.files import MIB, read_bounded, shown
+from ditto_fast.core.files import MIB, read_input, shown
 from ditto_fast.motion.emotions import EMOTIONS
 
 PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
 PART_ORDER = ("emotion", "eye_open", "eye_ball", "sc")
 SCHEDULE_MAX_BYTES = 16 * MIB       # a schedule with a label per frame of a long programme stays far under this
+SCHEDULE_FILE = "an emotion schedule (a JSON file)"
 
 
 def condition_parts(cond_dim: int, audio_dim: int) -> tuple[str, ...]:
@@ -35,14 +36,19 @@ def condition_parts(cond_dim: int, audio_dim: int) -> tuple[str, ...]:
 
 def emotion_vector(label: str) -> np.ndarray:
     """softmax over 8 logits: 8 at the chosen classes ('happy' or 'happy+surprise'), 0 elsewhere -> [8]."""
-    names = [p.strip().lower() for p in label.split("+") if p.strip()]
-    bad = [n for n in names if n not in EMOTIONS]
-    if not names or bad:
+    names = _label_names(label)
+    if names is None:
         raise UsageError(f"unknown emotion {label!r}; use one of {', '.join(EMOTIONS)} or a mix like happy+surprise")
     logits = np.zeros(8, np.float64)
     logits[[EMOTIONS.index(n) for n in names]] = 8.0
     e = np.exp(logits - logits.max())
     return (e / e.sum()).astype(np.float32)
+
+
+def _label_names(label: str) -> list[str] | None:
+    """The classes of an emotion label or mix ('happy', 'happy+surprise'); None when it is none."""
+    names = [p.strip().lower() for p in label.split("+") if p.strip()]
+    return names if names and all(n in EMOTIONS for n in names) else None
 
 
 def _parse_range(spec: str, n: int, path: Path) -> range:
@@ -58,29 +64,28 @@ def _parse_range(spec: str, n: int, path: Path) -> range:
 
 
 def schedule_file(emotion: str) -> Path | None:
-    """The schedule file an --emotion value names (it ends in .json or is a file), else None."""
+    """The schedule file an --emotion value names (it ends in .json, names a file, or names a folder and is no
+    emotion label: refused by name when read), else None."""
     if emotion.lstrip().startswith("{"):
         return None
-    return Path(emotion) if emotion.endswith(".json") or _is_file(Path(emotion)) else None
+    p = Path(emotion)
+    if emotion.endswith(".json") or _kind(p) == "file" or _kind(p) == "folder" and _label_names(emotion) is None:
+        return p
+    return None
 
 
-def _is_file(p: Path) -> bool:
-    """Whether `p` names something other than a folder (a FIFO too: read_schedule_file refuses it by name); False,
-    not an error, for a name too long for a file or one holding a NUL byte."""
+def _kind(p: Path) -> str | None:
+    """"folder", "file" (anything else that exists: a FIFO too, refused by name when read) or None; None, not an
+    error, for a name too long for a file or one holding a NUL byte."""
     try:
-        return p.exists() and not p.is_dir()
+        return None if not p.exists() else "folder" if p.is_dir() else "file"
     except (OSError, ValueError):
-        return False
+        return None
 
 
 def read_schedule_file(p: Path) -> bytes:
     """The bytes of an emotion schedule file; InputError naming it when it is missing or unreadable."""
-    try:
-        return read_bounded(p, SCHEDULE_MAX_BYTES, "an emotion schedule (a JSON file)")
-    except FileNotFoundError:
-        raise InputError(f"{p}: emotion schedule file not found") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read the emotion schedule ({e.strerror}); check the file") from None
+    return read_input(p, SCHEDULE_MAX_BYTES, SCHEDULE_FILE)
 
 
 def emotion_schedule(emotion: str, n: int, file_bytes: bytes | None = None) -> np.ndarray:

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ditto_fast.core.errors import InputError
-from ditto_fast.core.files import MIB, read_bounded
+from ditto_fast.core.files import MIB, read_input
 
 FRAME_KEYS = ("pitch", "yaw", "roll", "pose_scale", "exp_scale", "exp_offset")
 # allowed values of each per-frame key (inclusive; exp_offset: each of its 63 numbers): wide enough for any
@@ -186,12 +186,7 @@ def parse_controls(data: object, n_frames: int, path: str | Path = "<controls>")
 def read_control_file(path: Path) -> bytes:
     """The bytes of a control file; InputError naming it when it is missing, unreadable, not a regular file or
     larger than a control file can be."""
-    try:
-        return read_bounded(path, CONTROLS_MAX_BYTES, "a JSON control file")
-    except FileNotFoundError:
-        raise InputError(f"{path}: control file not found; check the path") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read the control file ({e}); check the file") from None
+    return read_input(path, CONTROLS_MAX_BYTES, "a JSON control file")
 
 
 def load_controls(path: str | Path, n_frames: int, file_bytes: bytes | None = None) -> Controls:

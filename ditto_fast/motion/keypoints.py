@@ -6,13 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from ditto_fast.core.keypoint_info import NUM_BINS, NUM_KP, X_S_INFO_WIDTHS
+from ditto_fast.core.keypoint_info import MOTION_KEYS, NUM_BINS, NUM_KP, X_S_INFO_WIDTHS
 
 MOTION_DIM = 265
 # The layout of one motion vector (the LMDM's order): (key, width), x_s_info's parts but kp. `scale` is stored as
 # scale - 1.
-MOTION_LAYOUT: tuple[tuple[str, int], ...] = tuple(
-    (key, X_S_INFO_WIDTHS[key]) for key in ("scale", "pitch", "yaw", "roll", "t", "exp"))
+MOTION_LAYOUT: tuple[tuple[str, int], ...] = tuple((key, X_S_INFO_WIDTHS[key]) for key in MOTION_KEYS)
 # The leading dims of a motion vector that are smoothed over time (scale, pose, translation; not exp).
 SMOOTHED_DIMS = MOTION_DIM - 3 * NUM_KP
 

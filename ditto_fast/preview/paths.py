@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from ditto_fast.core.errors import InputError, UsageError
+from ditto_fast.core.files import check_path_length
 
 
 def check_png_path(path: str | os.PathLike) -> Path:
@@ -14,6 +15,7 @@ def check_png_path(path: str | os.PathLike) -> Path:
     out = Path(path)
     if out.suffix.lower() != ".png":
         raise UsageError(f"{out}: a preview is a PNG; give a name ending in .png")
+    check_path_length(out)
     if out.is_dir():
         raise InputError(f"{out}: is a directory; give a file name such as {out / 'preview.png'}")
     parent = out.parent if str(out.parent) else Path(".")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
-from ditto_fast.core.files import read_bounded
+from ditto_fast.core.files import read_input
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.serve.callbacks import parse_networks
@@ -39,11 +39,8 @@ def is_loopback(host: str) -> bool:
 
 
 def read_token(path: Path) -> str:
-    """The bearer token in `path` (its first line); UsageError if empty."""
-    try:
-        token = read_bounded(path, TOKEN_MAX_BYTES, "a token file").decode("utf-8", "replace").strip()
-    except FileNotFoundError:
-        raise UsageError(f"{path}: token file not found") from None
+    """The bearer token in `path` (its first line); InputError if missing or unreadable, UsageError if short."""
+    token = read_input(path, TOKEN_MAX_BYTES, "a token file").decode("utf-8", "replace").strip()
     if len(token) < 16:
         raise UsageError(f"{path}: the token must be at least 16 characters; write a long random one "
                          "(e.g. `openssl rand -hex 32 > FILE`)")
