@@ -313,3 +313,23 @@ def api(serve_parts):
     client = TestClient(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics, token=SERVE_TOKEN))
     client.headers["Authorization"] = "Bearer " + SERVE_TOKEN
     return client, parts.queue, parts.events
+
+
+# ----------------------------------------------------------------------------- serve, a real server
+@pytest.fixture()
+def serving(video_avatar, session_home, tiny_checkpoints, tmp_path):
+    from support import Server
+
+    servers: list[Server] = []
+
+    def make(*extra: str) -> Server:
+        servers.append(Server(store_env(tmp_path / "home", tiny_checkpoints), tmp_path, *extra).start())
+        return servers[-1]
+
+    avatars = tmp_path / "home" / "avatars"
+    avatars.mkdir(parents=True)
+    shutil.copytree(video_avatar, avatars / "anchor")        # this test's own store: its own queue
+    yield make
+    for s in servers:
+        if s.proc.poll() is None:
+            s.stop(signal.SIGKILL)

@@ -299,3 +299,79 @@ class InProcessEngine:
 
         clip = check_clip(job.request, self.renderer.avatar(job.request.avatar), self.renderer.config, audio=job.audio)
         return self.renderer.render(clip, progress=progress, commit=commit)
+
+
+# ----------------------------------------------------------------------------- a real server
+class Server:
+    """`ditto-fast serve` as a process on a free port, and a small HTTP client for it."""
+
+    def __init__(self, env: dict, root: Path, *extra: str):
+        self.port = free_port()
+        self.log = root / f"serve-{self.port}.log"
+        self.args = [sys.executable, "-m", "ditto_fast.cli", "serve", "--device", "cpu", "--port", str(self.port),
+                     "--root", str(root), *extra]
+        self.env = {**os.environ, **env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Server":
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"),
+                                     start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if self.call("GET", "/healthz")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.3)
+        raise AssertionError("server did not start: " + self.log.read_text())
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def call_text(self, path: str) -> str:
+        """GET `path` (200 expected): its body as text (/metrics)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
+            return r.read().decode()
+
+    def wait(self, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.call("GET", f"/v1/jobs/{job_id}")[1]
+            if job["status"] in states:
+                return job
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} still {job['status']}: " + self.log.read_text()[-2000:])
+
+    def stop(self, sig=signal.SIGTERM) -> int:
+        os.killpg(self.proc.pid, sig)
+        return self.proc.wait(60)
+
+
+def speech_clip(tmp_path: Path, name: str, seconds: float, start: float = 1.0) -> Path:
+    import soundfile as sf
+
+    audio, sr = sf.read(Path(__file__).parent / "data" / "speech_en_16k.wav", dtype="float32")
+    path = tmp_path / name
+    sf.write(path, audio[int(start * sr):int((start + seconds) * sr)], sr)
+    return path
+
+
+def wait_for_frames(server: Server, job_id: str) -> None:
+    deadline = time.monotonic() + 120
+    while (server.call("GET", f"/v1/jobs/{job_id}")[1]["progress"] or {}).get("stage") != "frames":
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.1)

@@ -39,10 +39,10 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
 
     killed = []
 
-    def kill_first(job, actor):
+    def kill_first(job, handle):
         if not killed:                      # the first dispatched job loses its actor
             killed.append(job.index)
-            ray.kill(actor)
+            ray.kill(handle.actor)
 
     from ditto_fast.avatar import store_root
 
@@ -70,7 +70,7 @@ def test_ray_gives_the_same_outputs_and_survives_a_killed_actor(local_ray, video
     # loads its networks only for a job to render; one actor alone on the node has all its cores
     jobs[1].output.unlink()
     again, sent = _jobs(clips, tmp_path), []
-    run_batch_ray(again, options, workers=1, on_dispatch=lambda job, actor: sent.append(job.index))
+    run_batch_ray(again, options, workers=1, on_dispatch=lambda job, handle: sent.append(job.index))
     assert [j.status for j in again] == ["skipped", "done", "skipped"] and sent == [1]
     assert again[1].extra["torch_threads"] == len(os.sched_getaffinity(0))
 
@@ -135,7 +135,7 @@ def test_ray_address_checked_and_a_cluster_that_does_not_answer(video_avatar, cl
 
 
 class NodeBlindToTheStore:
-    """Mixed into BatchWorker by the test below: the first actors to start (as many as the store's `blind-slots`
+    """Mixed into the Ray engine actor by the test below: the first actors to start (as many as the store's `blind-slots`
     file says) read a token other than the driver's, as on a node that mounts another store at that path."""
 
     def __init__(self, options, store, probes, share=None):
@@ -159,9 +159,10 @@ def test_an_actor_whose_node_cannot_see_the_store_says_why(local_ray, video_avat
     run on the other; all nodes blind fail every job with the reason (exit 3 each), not "no Ray actor is left"."""
     from ditto_fast.avatar import store_root
     from ditto_fast.batch import ray_actors
+    from ditto_fast.handles import ray_engine
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])    # the actors get the class itself
-    monkeypatch.setattr(ray_actors, "BatchWorker", type("BlindWorker", (NodeBlindToTheStore, ray_actors.BatchWorker),
+    monkeypatch.setattr(ray_engine, "EngineActor", type("BlindActor", (NodeBlindToTheStore, ray_engine.EngineActor),
                                                         {}))
     options = EngineOptions(device="cpu", checkpoints=str(tiny_checkpoints))
     store = store_root()
@@ -194,24 +195,24 @@ CRASH_ONCE = """
 import os
 import sys
 
-from ditto_fast.batch import ray_actors
+from ditto_fast.handles import ray_engine
 from ditto_fast.cli import entry
 
 
-class CrashOnce(ray_actors.BatchWorker):
+class CrashOnce(ray_engine.EngineActor):
     \"\"\"The worker process of the first job to start dies (as by the OOM killer, or a segfault).\"\"\"
 
     marker = sys.argv.pop(1)            # travels with the class to the actors
 
-    def run(self, job, *args):
+    def render(self, job, *args):
         try:
             os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
-            return super().run(job, *args)
+            return super().render(job, *args)
         os._exit(1)
 
 
-ray_actors.BatchWorker = CrashOnce
+ray_engine.EngineActor = CrashOnce
 entry()
 """
 
@@ -238,7 +239,7 @@ def test_a_worker_that_dies_leaves_stdout_to_the_summary(video_avatar, clips, tm
 
 def test_a_folder_the_token_cannot_be_written_in_is_named(tmp_path):
     """No internal error when the driver cannot write a visibility token: the folder, and nothing left behind."""
-    from ditto_fast.batch.ray_actors import probe_folders
+    from ditto_fast.handles.ray_engine import probe_folders
     from ditto_fast.core.errors import InputError
 
     (tmp_path / "out").mkdir()
@@ -251,7 +252,7 @@ def test_a_folder_the_token_cannot_be_written_in_is_named(tmp_path):
 def test_the_actor_plan_follows_workers_nodes_and_jobs(local_ray):
     """One node of 2 CPUs, no GPU: one actor by default, --workers N many sharing its cores, never more than the
     jobs to render (none: no actor)."""
-    from ditto_fast.batch.ray_actors import plan_actors
+    from ditto_fast.handles.ray_engine import plan_actors
 
     cpu = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
     assert plan_actors(ray, "auto", None) == (1, 1, cpu)

@@ -21,7 +21,7 @@ pytest.importorskip("prometheus_client")
 
 from conftest import REPO, store_env  # noqa: E402
 from ditto_fast.serve.queue import JobQueue  # noqa: E402
-from support import Receiver, free_port, gone_lease  # noqa: E402
+from support import Receiver, Server, free_port, gone_lease, speech_clip, wait_for_frames  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- the queue
@@ -172,88 +172,10 @@ def test_the_watch_folder_takes_settled_files_with_their_sidecars(engine, sessio
 
 
 # ----------------------------------------------------------------------------- a real server
-class Server:
-    """`ditto-fast serve` as a process on a free port, and a small HTTP client for it."""
-
-    def __init__(self, env: dict, root: Path, *extra: str):
-        self.port = free_port()
-        self.log = root / f"serve-{self.port}.log"
-        self.args = [sys.executable, "-m", "ditto_fast.cli", "serve", "--device", "cpu", "--port", str(self.port),
-                     "--root", str(root), *extra]
-        self.env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Server":
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"),
-                                     start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if self.call("GET", "/healthz")[0] == 200:
-                    return self
-            except OSError:
-                pass
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.3)
-        raise AssertionError("server did not start: " + self.log.read_text())
-
-    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        import urllib.error
-        import urllib.request
-
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
-
-    def wait(self, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 180) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            job = self.call("GET", f"/v1/jobs/{job_id}")[1]
-            if job["status"] in states:
-                return job
-            time.sleep(0.2)
-        raise AssertionError(f"job {job_id} still {job['status']}: " + self.log.read_text()[-2000:])
-
-    def stop(self, sig=signal.SIGTERM) -> int:
-        os.killpg(self.proc.pid, sig)
-        return self.proc.wait(60)
-
-
-@pytest.fixture()
-def serving(video_avatar, session_home, tiny_checkpoints, tmp_path):
-    servers: list[Server] = []
-
-    def make(*extra: str) -> Server:
-        servers.append(Server(store_env(tmp_path / "home", tiny_checkpoints), tmp_path, *extra).start())
-        return servers[-1]
-
-    avatars = tmp_path / "home" / "avatars"
-    avatars.mkdir(parents=True)
-    shutil.copytree(video_avatar, avatars / "anchor")        # this test's own store: its own queue
-    yield make
-    for s in servers:
-        if s.proc.poll() is None:
-            s.stop(signal.SIGKILL)
-
-
-def _speech(tmp_path: Path, name: str, seconds: float, start: float = 1.0) -> Path:
-    import soundfile as sf
-
-    audio, sr = sf.read(REPO / "tests" / "data" / "speech_en_16k.wav", dtype="float32")
-    path = tmp_path / name
-    sf.write(path, audio[int(start * sr):int((start + seconds) * sr)], sr)
-    return path
-
-
 @pytest.mark.slow
 def test_a_served_job_is_the_file_render_writes(serving, tmp_path, run_cli, tiny_checkpoints):
     server = serving()
-    audio = _speech(tmp_path, "a.wav", 0.8)
+    audio = speech_clip(tmp_path, "a.wav", 0.8)
     status, body = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
                                                    "output": str(tmp_path / "served.mp4"), "emotion": "happy"})
     assert status == 202, body
@@ -278,7 +200,7 @@ def test_a_killed_server_loses_no_job_and_leaves_nothing_half_written(serving, t
     server = serving()
     out = tmp_path / "out"
     out.mkdir()
-    audio = _speech(tmp_path, "long.wav", 4.0)
+    audio = speech_clip(tmp_path, "long.wav", 4.0)
     ids = [server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "output": str(out / f"{i}.mp4"),
                                             "seed": i})[1]["id"] for i in range(3)]
     server.wait(ids[0], states=("running",))
@@ -297,7 +219,7 @@ def test_a_killed_server_loses_no_job_and_leaves_nothing_half_written(serving, t
 @pytest.mark.slow
 def test_breaking_news_runs_next_and_a_running_job_can_be_cancelled(serving, tmp_path):
     server = serving()
-    audio = _speech(tmp_path, "n.wav", 2.0)
+    audio = speech_clip(tmp_path, "n.wav", 2.0)
     normal = [server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
                                                "output": str(tmp_path / f"n{i}.mp4"), "seed": i})[1]["id"]
               for i in range(4)]
@@ -361,11 +283,11 @@ def test_a_job_its_server_keeps_dying_on_is_failed_and_its_callback_sent_after_t
     hook = Receiver()
     allow = ("--callback-allow", "127.0.0.1")
     server = serving(*allow)
-    audio = _speech(tmp_path, "long.wav", 4.0)
+    audio = speech_clip(tmp_path, "long.wav", 4.0)
     job_id = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "x.mp4"),
                                               "callback": hook.url()})[1]["id"]
     for _ in range(2):                          # as under systemd's Restart=always, a job that kills its server
-        _wait_for_frames(server, job_id)
+        wait_for_frames(server, job_id)
         server.stop(signal.SIGKILL)
         server = serving(*allow)
     job = server.wait(job_id)
@@ -394,9 +316,10 @@ def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(l
     """`serve --ray ADDRESS` joining the tests' cluster: one actor, loaded before the server listens."""
     ray = local_ray
     server = serving("--ray", ray.get_runtime_context().gcs_address, "--workers", "1")
-    health = server.call("GET", "/healthz")[1]
-    assert health["engines"] == 1 and health["actors"][0]["node_id"] == ray.get_runtime_context().get_node_id()
-    audio = _speech(tmp_path, "a.wav", 0.8)
+    (engine,) = server.call("GET", "/healthz")[1]["engines"]
+    assert engine["kind"] == "ray" and engine["state"] == "idle"
+    assert ray.get_runtime_context().get_node_id()[:12] in engine["where"]
+    audio = speech_clip(tmp_path, "a.wav", 0.8)
     job = server.wait(server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio), "seed": 3,
                                                        "output": str(tmp_path / "served.mp4")})[1]["id"])
     assert job["status"] == "done" and job["timings"]["frames"] == 20, job
@@ -405,17 +328,17 @@ def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(l
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "served.mp4").read_bytes() == (tmp_path / "rendered.mp4").read_bytes()
 
-    long = _speech(tmp_path, "long.wav", 4.0)
+    long = speech_clip(tmp_path, "long.wav", 4.0)
     victim = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(long),
                                               "output": str(tmp_path / "victim.mp4")})[1]["id"]
-    _wait_for_frames(server, victim)
+    wait_for_frames(server, victim)
     assert server.call("DELETE", f"/v1/jobs/{victim}")[0] == 202
     assert server.wait(victim)["status"] == "cancelled"
     assert not [p for p in tmp_path.iterdir() if "victim" in p.name]     # nor its part file
 
     lost = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(long),
                                             "output": str(tmp_path / "lost.mp4")})[1]["id"]
-    _wait_for_frames(server, lost)
+    wait_for_frames(server, lost)
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["namespace"] == "ditto-fast" and a["name"].startswith(f"ditto-fast-serve-{server.proc.pid}-")]
     assert len(names) == 1
@@ -428,25 +351,18 @@ def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(l
     fresh = Server(store_env(tmp_path / "fresh", tiny_checkpoints), tmp_path, "--ray",
                    ray.get_runtime_context().gcs_address, "--workers", "1")
     try:
-        assert fresh.start().call("GET", "/healthz")[1]["engines"] == 1
+        assert len(fresh.start().call("GET", "/healthz")[1]["engines"]) == 1
     finally:
         assert fresh.stop() == 0
-
-
-def _wait_for_frames(server: Server, job_id: str) -> None:
-    deadline = time.monotonic() + 120
-    while (server.call("GET", f"/v1/jobs/{job_id}")[1]["progress"] or {}).get("stage") != "frames":
-        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
-        time.sleep(0.1)
 
 
 @pytest.mark.slow
 def test_sigterm_mid_render_stops_cleanly_and_the_job_runs_at_the_next_start(serving, tmp_path):
     server = serving()
-    audio = _speech(tmp_path, "long.wav", 4.0)
+    audio = speech_clip(tmp_path, "long.wav", 4.0)
     job_id = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(audio),
                                               "output": str(tmp_path / "t.mp4")})[1]["id"]
-    _wait_for_frames(server, job_id)
+    wait_for_frames(server, job_id)
     assert server.stop(signal.SIGTERM) == 0                      # stops at the next frame batch
     with sqlite3.connect(tmp_path / "home" / "serve" / "jobs.sqlite") as db:        # read only: no server of its own
         assert db.execute("SELECT status FROM jobs WHERE id=?", (job_id,)).fetchone() == ("queued",)

@@ -6,12 +6,11 @@ whose engine died runs once more on a fresh one, then fails saying why."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ditto_fast.batch.jobs import Job, record_result
-from ditto_fast.batch.runner import Book
+from ditto_fast.batch.jobs import Job
+from ditto_fast.batch.runner import Book, run_job
 from ditto_fast.core.errors import EXIT_INTERNAL, DittoError
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import Progress
@@ -137,14 +136,11 @@ class EngineExecutor:
             self.on_dispatch(job, handle)
         if self.progress and len(self.handles) > 1 and not self._done_frames:
             self.progress("frames of finished jobs", 0, self._total)
-        t0 = time.perf_counter()
         attempts, alive = job.extra.get("attempts", 0) + 1, True
+        engine_job = EngineJob(clip.request, clip.audio, clip.avatar_key, label=f"job {job.index}")
         try:
-            result = handle.render(EngineJob(clip.request, clip.audio, clip.avatar_key, label=f"job {job.index}"),
-                                   progress=self._tick(book))
-            record_result(job, result.timings, result.warnings)
-            if self.then:
-                self.then(job, result, clip)
+            run_job(job, lambda: handle.render(engine_job, progress=self._tick(book)),
+                    then=(lambda result: self.then(job, result, clip)) if self.then else None)
         except JobCancelled:
             return False
         except EngineDied as e:
@@ -157,12 +153,6 @@ class EngineExecutor:
                     book.again(job)
                 return alive
             job.fail(f"{e}, on each of its {attempts} attempts; render it alone to see why", EXIT_INTERNAL)
-        except DittoError as e:
-            job.fail(e)
-        except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs
-            job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1",
-                     EXIT_INTERNAL)
-        job.seconds = time.perf_counter() - t0
         info = getattr(handle, "info", None)
         if info or attempts > 1:
             job.extra["attempts"] = attempts

@@ -19,6 +19,7 @@ from ditto_fast.core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SOME_F
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.renderer import RenderResult
+from ditto_fast.handles.base import EngineDied, JobCancelled
 
 INTERRUPTED = "interrupted before it finished; run the batch again to resume"
 
@@ -135,13 +136,16 @@ def run_jobs(jobs: list[Job], executor: Executor, *, force: bool = False, fail_f
 def run_job(job: Job, render: Callable[[], RenderResult], then: Callable[[RenderResult], None] | None = None
             ) -> None:
     """Render one job (`render`) and record on it what became of it: done with its timings (then `then`, such as
-    its preview), or failed with the error; a bug in one job is that job's internal error, not the batch's."""
+    its preview), or failed with the error; a bug in one job is that job's internal error, not the batch's. An engine
+    that died under it (EngineDied) or a render stopped (JobCancelled) is passed on."""
     t0 = time.perf_counter()
     try:
         result = render()
         record_result(job, result.timings, result.warnings)
         if then:
             then(result)
+    except (EngineDied, JobCancelled):        # the executor's to decide: the job is not over
+        raise
     except DittoError as e:
         job.fail(e)
     except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs

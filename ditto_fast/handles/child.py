@@ -155,8 +155,11 @@ def main(argv: list[str]) -> int:
         channel.send("failed", str(e), e.exit_code)
         return 0
     except Exception as e:  # noqa: BLE001 - the parent says why no engine started
-        why = "out of memory while loading the networks" if _out_of_memory(e) else f"{type(e).__name__}: {e}"
-        channel.send("failed", f"the engine could not start: {why}", 1)
+        if _out_of_memory(e) and memory:
+            channel.send("failed", f"the engine ran out of memory loading its networks within its cap of "
+                                   f"{memory / (1 << 30):.2f} GiB; give --engine-memory more", 2)
+        else:
+            channel.send("failed", f"the engine could not start: {type(e).__name__}: {e}", 1)
         return 0
     channel.send("ready", {"pid": os.getpid(), "load_seconds": round(renderer.load_seconds, 3)})
     inbox: queue.Queue = queue.Queue()

@@ -327,5 +327,5 @@ def job_view(job: dict) -> dict:
             "request": job["request"], "progress": job["progress"], "output": job["output"], "error": job["error"],
             "exit_code": job["exit_code"], "seconds": job["seconds"], "timings": job["timings"],
             "skipped": bool(job["skipped"]), "attempts": job["attempts"], "crashes": job["crashes"],
-            "cancel_requested": bool(job["cancel_requested"]), "created": job["created"], "started": job["started"],
+            "crash_causes": job["crash_causes"] or [], "cancel_requested": bool(job["cancel_requested"]), "created": job["created"], "started": job["started"],
             "finished": job["finished"]}

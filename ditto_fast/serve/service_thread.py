@@ -1,4 +1,4 @@
-"""A server's background thread (the lease's heartbeat, the callbacks' sender): a step, again and again, until the
+"""A server's background thread (the lease's heartbeat, the callbacks' sender, the watch folder): a step, again and again, until the
 server stops; a step that fails is logged and the next one runs (a locked queue passes, a bad item is one item)."""
 
 from __future__ import annotations
@@ -27,6 +27,16 @@ class ServiceThread:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread runs (for /healthz)."""
+        return self._thread.is_alive()
+
+    def failed(self, e: Exception) -> float:
+        """Say that a step failed (one log line); the seconds to pause before the next."""
+        self.log({"event": self.name, "error": f"{self.name}: {type(e).__name__}: {e}"})
+        return RETRY_S
+
     def start(self) -> None:
         self._thread.start()
 
@@ -45,7 +55,6 @@ class ServiceThread:
             try:
                 pause = self.step()
             except Exception as e:  # noqa: BLE001 - one failed step must not end the thread
-                self.log({"event": self.name, "error": f"{self.name}: {type(e).__name__}: {e}"})
-                pause = RETRY_S
+                pause = self.failed(e)
             self._wake.wait(pause)
             self._wake.clear()

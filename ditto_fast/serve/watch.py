@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +22,7 @@ from ditto_fast.core.files import KIB, file_signature, printable, read_bounded
 from ditto_fast.encoding.formats import default_suffix
 from ditto_fast.delivery.profiles import load_profile
 from ditto_fast.serve.accept import Acceptor, check_utf8
+from ditto_fast.serve.service_thread import ServiceThread
 from ditto_fast.serve.queue import JobQueue
 
 SIDECAR_MAX_BYTES = 64 * KIB
@@ -43,41 +43,29 @@ def _same(signature: Any, taken: Any) -> bool:
     return signature is not None and list(signature) == list(taken)
 
 
-class WatchFolder:
+class WatchFolder(ServiceThread):
     """Turns settled speech files in `folder` into jobs whose outputs go to `out`, and files their inputs away.
     `alive` and `last_poll` (time.time() of the last full look) say whether its thread still works."""
 
     def __init__(self, folder: Path, out: Path, defaults: dict[str, Any], acceptor: Acceptor, queue: JobQueue,
-                 wake: Callable[[], None], log: Callable[[dict], None], settle_s: float = 5.0, poll_s: float = 2.0):
+                 notify: Callable[[], None], log: Callable[[dict], None], settle_s: float = 5.0, poll_s: float = 2.0):
+        """`notify()` is called when a job is queued (the dispatcher takes it)."""
+        super().__init__("ditto-fast-watch", log)
         self.folder, self.out, self.defaults = folder, out, defaults
-        self.acceptor, self.queue, self.wake, self.log = acceptor, queue, wake, log
+        self.acceptor, self.queue, self.notify = acceptor, queue, notify
         self.settle_s, self.poll_s = settle_s, poll_s
         self.last_poll: float | None = None
         self._seen: dict[str, tuple[tuple[int, int, int], float]] = {}   # name -> (signature, when first seen so)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="ditto-fast-watch", daemon=True)
 
-    @property
-    def alive(self) -> bool:
-        """Whether the watch thread runs."""
-        return self._thread.is_alive()
+    def step(self) -> float:
+        self.poll()
+        return self.poll_s
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(10)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll()
-            except Exception as e:  # noqa: BLE001 - a share gone, a locked queue, a bug: one line, then again
-                self.log({"watch": printable(str(self.folder)), "error": one_line(
-                    f"cannot look at the watch folder ({type(e).__name__}: {e}); trying again in {self.poll_s:g} s")})
-            self._stop.wait(self.poll_s)
+    def failed(self, e: Exception) -> float:
+        """A share gone, a locked queue, a bug: one line, then again."""
+        self.log({"watch": printable(str(self.folder)), "error": one_line(
+            f"cannot look at the watch folder ({type(e).__name__}: {e}); trying again in {self.poll_s:g} s")})
+        return self.poll_s
 
     def poll(self, now: float | None = None) -> None:
         """One look at the folder: file away the inputs of ended jobs, queue the files that have settled."""
@@ -134,7 +122,7 @@ class WatchFolder:
             self.log({"watch": where, "state": "failed", "error": error, "exit_code": code})
             self._failed(path, error, code)
             return
-        self.wake()
+        self.notify()
         self.log({"job": job["id"], "state": "queued", "watch": where, "output": job["output"]})
 
     def _own_output(self, path: Path, output: Path) -> bool:
