@@ -113,3 +113,19 @@ def signal_words(returncode: int | None) -> str:
     hint = {"SIGKILL": " (out of memory, or killed by an operator)",
             "SIGBUS": " (a file it had mapped was cut short: an avatar copied over in place?)"}.get(name, "")
     return name + hint
+
+
+def at_memory_cap(pid: int) -> float | None:
+    """The address-space cap (GiB) process `pid` holds within 64 MiB of, or None (no cap, or well under it): native
+    code that cannot allocate fails in many words, or hangs."""
+    import resource
+
+    try:
+        cap = resource.prlimit(pid, resource.RLIMIT_AS)[0]
+        with open(f"/proc/{pid}/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    if cap == resource.RLIM_INFINITY or size < cap - (64 << 20):
+        return None
+    return cap / (1 << 30)

@@ -48,11 +48,14 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    """Whether `e` is an allocation that failed (numpy's MemoryError, torch's allocator, a fork refused)."""
+    """Whether `e` is an allocation that failed: numpy's MemoryError, torch's allocator, a fork refused, or any
+    error of native code (oneDNN: "could not create a primitive") while this process is at its memory cap."""
+    from ditto_fast.handles.base import at_memory_cap
+
     text = str(e).lower()
     return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
         "can't allocate memory" in text or "out of memory" in text)) or (
-        isinstance(e, OSError) and e.errno == 12)
+        isinstance(e, OSError) and e.errno == 12) or at_memory_cap(os.getpid()) is not None
 
 
 def _limit_memory(limit: int | None) -> None:

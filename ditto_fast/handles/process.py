@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import queue
-import resource
 import signal
 import socket
 import subprocess
@@ -23,7 +22,8 @@ from typing import Any, Callable
 import ditto_fast
 from ditto_fast.core.errors import DittoError, InputError, one_line
 from ditto_fast.media.claims import remove_dead_writers
-from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineState, JobCancelled, signal_words
+from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineState, JobCancelled, at_memory_cap,
+                                     signal_words)
 
 _EOF = ("eof",)
 
@@ -63,10 +63,20 @@ class ProcessEngine:
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
-        """Start the child and wait until its networks are loaded; DittoError (its line and exit code) if it
-        cannot render."""
+        """Start the child (unless launch() did) and wait until its networks are loaded; DittoError (its line and
+        exit code) if it cannot render."""
         with self._lock:
-            self._spawn()
+            if self._proc is None:
+                self._spawn()
+            self._wait_ready()
+
+    def launch(self) -> None:
+        """Start the child without waiting for it (start() then waits). The child dies with the thread that starts
+        it (Linux's parent-death signal follows the thread): launch from a thread that lives as long as the
+        engine should, then wait for it from any."""
+        with self._lock:
+            if self._proc is None:
+                self._spawn()
 
     def restart(self) -> None:
         """Kill what is left of the engine and start a fresh one (counted in restarts)."""
@@ -75,6 +85,7 @@ class ProcessEngine:
             self._state.state = "restarting"
             self._kill()
             self._spawn()
+            self._wait_ready()
 
     def close(self) -> None:
         self._closing = True
@@ -119,6 +130,9 @@ class ProcessEngine:
         threading.Thread(target=self._relay, args=(proc,), name=f"ditto-fast-{self.name}-output",
                          daemon=True).start()
         conn.send(("start", self.setup, self.limits.memory_bytes))
+
+    def _wait_ready(self) -> None:
+        inbox = self._inbox
         deadline = time.monotonic() + self.limits.start_s
         while True:
             message = self._next(inbox, deadline, None)
@@ -248,7 +262,8 @@ class ProcessEngine:
                     now >= started + self.limits.job_s else f"made no progress for {self.limits.stall_s:g} s" if \
                     now >= last_progress + self.limits.stall_s else \
                     f"stopped answering (no heartbeat for {self.limits.beat_s:g} s)"
-                why += _at_memory_cap(self._proc.pid if self._proc else None)
+                cap = at_memory_cap(self._proc.pid) if self._proc else None
+                why += f", at its memory cap of {cap:.2f} GiB (out of memory)" if cap else ""
                 self._kill(stacks=True)
                 return self._died(job, f"hung: {why}; it was killed")
             kind = message[0]
@@ -300,18 +315,3 @@ class ProcessEngine:
         remove_dead_writers(job.request.output)
         raise EngineDied(f"{self.name} {why}")
 
-
-def _at_memory_cap(pid: int | None) -> str:
-    """' at its memory cap (out of memory)' when process `pid` holds within 64 MiB of its address-space cap (native
-    code that cannot allocate often hangs rather than fails), else ''."""
-    if pid is None:
-        return ""
-    try:
-        cap = resource.prlimit(pid, resource.RLIMIT_AS)[0]
-        with open(f"/proc/{pid}/status") as f:
-            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    except (OSError, StopIteration, ValueError):
-        return ""
-    if cap == resource.RLIM_INFINITY or size < cap - (64 << 20):
-        return ""
-    return f", at its memory cap of {cap / (1 << 30):.2f} GiB (out of memory)"

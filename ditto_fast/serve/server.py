@@ -162,6 +162,9 @@ def _start_all(handles: list[EngineHandle], log: Callable[[dict], None], every: 
     """Start the engines side by side; those that started. `every`: the first refusal stops the server (its line
     and exit code); else only when none starts (InputError naming why each could not)."""
     errors: dict[int, DittoError] = {}
+    for handle in handles:          # engine processes are started from this thread, which outlives them
+        if hasattr(handle, "launch"):
+            handle.launch()
 
     def start(i: int) -> None:
         try:
