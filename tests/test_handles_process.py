@@ -150,3 +150,17 @@ def test_an_idle_engine_that_dies_is_seen_dead_and_restarted_by_the_next_job(chi
     assert handle.state().state == "dead" and "SIGKILL" in handle.state().last_death
     handle.render(_job(engine, clips[0], tmp_path / "after.mp4"))
     assert (tmp_path / "after.mp4").exists() and handle.state().restarts == 1
+
+
+def test_the_engine_runs_this_process_s_code_whatever_folder_it_starts_in(engine, tmp_path, monkeypatch):
+    """`python -m` would put the working folder first: a checkout of another version there (here a trap) must not
+    be what the engine imports."""
+    (tmp_path / "ditto_fast").mkdir()
+    (tmp_path / "ditto_fast" / "__init__.py").write_text("raise SystemExit('the working folder's ditto_fast')\n")
+    monkeypatch.chdir(tmp_path)
+    handle = ProcessEngine(engine.setup)
+    try:
+        handle.start()
+        assert handle.state().state == "idle"
+    finally:
+        handle.close()

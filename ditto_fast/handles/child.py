@@ -21,6 +21,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ditto_fast.handles.base import at_memory_cap      # imported before the memory cap applies
+
 BEAT_S = 1.0                # how often the engine says it is alive
 PROGRESS_EVERY_S = 0.2      # the most often a render's progress is sent
 _PR_SET_PDEATHSIG = 1
@@ -50,8 +52,6 @@ def _die_with_parent(parent: int) -> None:
 def _out_of_memory(e: BaseException) -> bool:
     """Whether `e` is an allocation that failed: numpy's MemoryError, torch's allocator, a fork refused, or any
     error of native code (oneDNN: "could not create a primitive") while this process is at its memory cap."""
-    from ditto_fast.handles.base import at_memory_cap
-
     text = str(e).lower()
     return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
         "can't allocate memory" in text or "out of memory" in text)) or (

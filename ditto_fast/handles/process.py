@@ -26,6 +26,8 @@ from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineS
                                      signal_words)
 
 _EOF = ("eof",)
+_CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.handles.child import main; "
+          "sys.exit(main(sys.argv[1:]))")
 
 
 @dataclass(frozen=True)
@@ -108,13 +110,14 @@ class ProcessEngine:
 
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
-        env = {**os.environ, **self.env,
-               "PYTHONPATH": os.pathsep.join([str(Path(ditto_fast.__file__).parents[1]),
-                                              *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = {**os.environ, **self.env}
+        # this process's ditto_fast first, before the working folder (which `python -m` would put first: a
+        # checkout of another version there must not be what the engine runs)
+        here = str(Path(ditto_fast.__file__).resolve().parents[1])
         self._inbox = queue.Queue()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "ditto_fast.handles.child", str(theirs.fileno()), str(os.getpid())],
+                [sys.executable, "-c", _CHILD, here, str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env=env, start_new_session=True)    # its ffmpegs die with it
         except OSError as e:

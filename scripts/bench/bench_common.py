@@ -42,16 +42,20 @@ def anchor(n_frames: int, size: tuple[int, int] = (1920, 1080), face_px: float =
 
 
 def speech(seconds: float) -> Path:
-    """A cached 16 kHz mono WAV of `seconds`, looping the committed speech sample."""
+    """A cached 16 kHz mono WAV of `seconds`, looping the committed speech sample (16-bit PCM: the standard
+    library's wave reads and writes it, so a bare GPU image without soundfile makes it too)."""
+    import wave
+
     import numpy as np
-    import soundfile as sf
 
     path = CACHE / f"speech_{seconds:g}s.wav"
     if not path.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        x, sr = sf.read(REPO / "tests" / "data" / "speech_en_16k.wav", dtype="float32")
-        n = int(seconds * sr)
-        sf.write(path, np.resize(x, n), sr)
+        with wave.open(str(REPO / "tests" / "data" / "speech_en_16k.wav"), "rb") as src:
+            params, x = src.getparams(), np.frombuffer(src.readframes(src.getnframes()), "<i2")
+        with wave.open(str(path), "wb") as dst:
+            dst.setparams(params)
+            dst.writeframes(np.resize(x, int(seconds * params.framerate * params.nchannels)).tobytes())
     return path
 
 
