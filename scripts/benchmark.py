@@ -10,6 +10,7 @@
     python scripts/benchmark.py picture  [--quick]          per kind of source: plate, times, colour patches
     python scripts/benchmark.py delivery [--quick]          per profile: 10 s render and its QC, encoder cost, loudness
     python scripts/benchmark.py cpu      [--quick]          full-size warp+decode: default render vs plain fp32
+    python scripts/benchmark.py precision [--quick]         fp32 vs bf16 per CPU kind: is --precision auto's rule the faster
     python scripts/benchmark.py all      [--quick]
 
 Figures are measured in one run on whatever machine this is; compare ratios within a run.
@@ -41,6 +42,7 @@ SUITES = {
     "batch": ["bench_batch"],
     "serve": ["bench_serve"],
     "cpu": ["bench_cpu_speed"],
+    "precision": ["bench_precision"],
 }
 
 
