@@ -40,10 +40,10 @@ from ditto_fast.media.yuv import COLORSPACE_TAG, I420, Layout, layout_for, matri
 
 PLATE_KEYINT = 25          # keyframe interval of encoded plates == default read block
 PLATE_PRESET = "ultrafast"
-# x264's quality per layout of an encoded plate. Measured on a grainy moving 720p clip (benchmark.py plate):
-# 8-bit 4:2:0 crf 16 (the plate before) was 1.2-2.1 levels of luma off in moving areas, qp 0 (lossless) 0, at
-# 3.7x crf 16's size; 10-bit 4:2:2 crf 10 was 0.72 off (max 1.0), crf 4 0.36 at half of qp 0's size (qp 0 is
-# twice a ProRes HQ source's)
+# x264's quality per layout of an encoded plate (docs/performance.md, "The plate as shot"). On a grainy moving 720p
+# camera clip, 8-bit 4:2:0 crf 16 (the plate before) was 1.1 levels of luma off in the moving body (3.8 on a held-out
+# clip), qp 0 (lossless) 0 at 3.5 times crf 16's size; 10-bit 4:2:2 crf 10 was 0.72 off (1.0 in its worst frame),
+# crf 4 0.36 at half of qp 0's size (qp 0 is twice a ProRes HQ source's)
 PLATE_QUALITY = ["-qp", "0"]                # 8-bit 4:2:0: lossless
 PLATE_QUALITY_FINE = ["-crf", "4"]          # 4:2:2 or 10 bits
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
