@@ -64,6 +64,7 @@ def luma_error(got: np.ndarray, want: np.ndarray, region=BODY) -> np.ndarray:
     return np.abs(got[region].astype(np.float64) - want[region]).mean(axis=(1, 2))
 
 
+@pytest.mark.slow
 def test_a_grainy_camera_clip_is_copied_and_reads_back_frame_for_frame(camera_clip, tmp_path):
     info, made, frames, note = register_plate(camera_clip, tmp_path)
     assert note is None and made.how == "the source's own h264 stream, copied"
@@ -85,6 +86,7 @@ def test_a_grainy_camera_clip_is_copied_and_reads_back_frame_for_frame(camera_cl
     assert luma_error(plate, src).max() == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec, pix_fmt", [("h264", "yuv420p"), ("hevc", "yuv420p"), ("h264", "yuv422p10le")],
                          ids=["untagged-h264", "untagged-hevc", "untagged-h264-422-10bit"])
 def test_an_untagged_hd_stream_is_copied_and_tagged_bt709(grainy, tmp_path, codec, pix_fmt):
@@ -104,6 +106,7 @@ def test_an_untagged_hd_stream_is_copied_and_tagged_bt709(grainy, tmp_path, code
         assert np.array_equal(reader.frame(5), planes(src, layout)[5])
 
 
+@pytest.mark.slow
 def test_registering_fewer_frames_copies_a_prefix_that_reads_back(camera_clip, tmp_path):
     info, made, frames, note = register_plate(camera_clip, tmp_path, max_frames=11)    # mid-GOP, B-frames around
     assert note is None and len(frames) == 11 and "copied" in made.how
@@ -111,6 +114,7 @@ def test_registering_fewer_frames_copies_a_prefix_that_reads_back(camera_clip, t
     assert len(plate) >= 11 and np.array_equal(plate[:11], np.stack(frames))
 
 
+@pytest.mark.slow
 def test_a_copy_that_does_not_read_back_is_replaced_by_a_lossless_plate(camera_clip, tmp_path):
     info, _ = open_source(camera_clip, 1920)
     made = plan_plate(info, tmp_path / "plate.mp4")
@@ -129,6 +133,7 @@ def test_a_copy_that_does_not_read_back_is_replaced_by_a_lossless_plate(camera_c
     assert [p.name for p in tmp_path.iterdir()] == ["plate.mp4"]
 
 
+@pytest.mark.slow
 def test_long_gops_and_scaled_sources_get_a_lossless_plate_of_the_frames_read(tmp_path):
     small = (320, 180)
     long_gop = write_camera_clip(tmp_path / "long.mp4", moving_body_frames(80, small, grain=GRAIN), keyint=250)
