@@ -8,8 +8,10 @@
     python scripts/benchmark.py batch    [--quick] [--tiny]
     python scripts/benchmark.py serve    [--quick] [--tiny]   cold render vs warm serve (--tiny: 20 jobs vs batch, breaking)
     python scripts/benchmark.py picture  [--quick]          per kind of source: plate, times, colour patches
+    python scripts/benchmark.py plate    [--quick]          a grainy 720p camera clip: plate size, decode cost, error
     python scripts/benchmark.py delivery [--quick]          per profile: 10 s render and its QC, encoder cost, loudness
     python scripts/benchmark.py cpu      [--quick]          full-size warp+decode: default render vs plain fp32
+    python scripts/benchmark.py precision [--quick]         fp32 vs bf16 per CPU kind: is --precision auto's rule the faster
     python scripts/benchmark.py all      [--quick]
 
 Figures are measured in one run on whatever machine this is; compare ratios within a run.
@@ -37,10 +39,12 @@ SUITES = {
     "motion": ["bench_hubert", "bench_lmdm", "bench_motion"],
     "render": ["bench_putback", "bench_seam", "bench_render", "bench_cli_render"],
     "picture": ["bench_picture"],
+    "plate": ["bench_plate"],
     "delivery": ["bench_delivery"],
     "batch": ["bench_batch"],
     "serve": ["bench_serve"],
     "cpu": ["bench_cpu_speed"],
+    "precision": ["bench_precision"],
 }
 
 

@@ -18,8 +18,8 @@ import torch
 from ditto_fast.engine.precision import BF16_FLAGS, cpu_kind
 
 REPO = Path(__file__).resolve().parents[1]
-# one precision for every test render on any CPU (the probe's own tests unset it): no probe per test store,
-# and outputs compared across stores and processes come from the same arithmetic
+# one precision for every test render on any CPU kind (the rule's own tests unset it): outputs compared across
+# machines' recorded digests and processes come from the same arithmetic
 os.environ["DITTO_FAST_CPU_PRECISION"] = "fp32"
 SHARED = Path(os.environ.get("DITTO_FAST_SHARED", REPO.parent / "shared"))
 PARITY = SHARED / "parity"

@@ -41,6 +41,7 @@ class Picture:
     sar: Fraction = Fraction(1)
     pix_fmt: str | None = None      # the stream's pixel format (yuv422p10le, ...)
     fields: str | None = None       # "tff" or "bff" for an interlaced stream (deinterlaced as it is read)
+    full_range: bool = False        # full-range levels ("pc", yuvj): brought to limited range as it is read
 
     @property
     def plate_layout(self) -> Layout:
@@ -133,12 +134,13 @@ def read_picture(line: str, stored: tuple[int, int], source_colour: str = "auto"
     primaries, transfer = _primaries_transfer(line)
     sar, fmt = _sar(line), pixel_format(line)
     fields = "tff" if "top first" in line else "bff" if "bottom first" in line else None
+    full = (fmt or "").startswith("yuvj") or bool(re.search(r"Video: [^,]+(?:\([^)]*\))*, [\w-]+\(pc\b", line))
     if source_colour != "auto":
-        return Picture(source_colour, "asked", transfer, primaries, sar, fmt, fields)
+        return Picture(source_colour, "asked", transfer, primaries, sar, fmt, fields, full)
     if tag is None:
         hd = stored[0] >= HD[0] or stored[1] >= HD[1]
-        return Picture("bt709" if hd else "bt601", "size", transfer, primaries, sar, fmt, fields)
-    return Picture(matrix_for_tag(tag), None, transfer, primaries, sar, fmt, fields)
+        return Picture("bt709" if hd else "bt601", "size", transfer, primaries, sar, fmt, fields, full)
+    return Picture(matrix_for_tag(tag), None, transfer, primaries, sar, fmt, fields, full)
 
 
 def _primaries_transfer(line: str) -> tuple[str | None, str | None]:

@@ -1,8 +1,10 @@
 """Background plate, the one owner of it: how registration encodes it and reading it back.
 
-Registration writes a video avatar's plate with `plate_encoder_args` (or an image avatar's with
-`write_plate_image`); rendering and the condition builder walk the avatar's frames in the order the
-mirror loop (`media/rates.py`) gives, and `PlateReader` streams the plate back in that order.
+A video avatar's plate is the source's own video stream, copied (no generation at all), wherever registration
+reads the source's frames unchanged (see plate_copy.py); otherwise registration encodes it with
+`plate_encoder_args` from the frames it reads. An image avatar's plate is written by `write_plate_image`.
+Rendering and the condition builder walk the avatar's frames in the order the mirror loop (`media/rates.py`)
+gives, and `PlateReader` streams the plate back in that order.
 
 Memory: a video plate is decoded in aligned blocks of `block_frames` frames (default 25, one second),
 each by one ffmpeg process seeking (-ss) to the block's first frame and writing the block into an
@@ -10,12 +12,10 @@ anonymous memory file. At most two blocks are held: the one being served and, wh
 order it will read in, the next block of that order, which ffmpeg decodes while the current one is
 served ([K, H, W, 3] uint8 each, ~155 MB for 1080p at K=25; half that as yuv420p, 207 MB as 10-bit 4:2:2 planes).
 
-Layout: a source in 8-bit 4:2:0 gets today's plate (H.264 yuv420p crf 16). One with 4:2:2 (or 4:4:4/RGB) chroma
-or more than 8 bits keeps them up to 4:2:2 and 10 bits (yuv.layout_for): H.264 High 4:2:2 at crf 10, visually
-lossless (see PLATE_CRF_FINE), so a ProRes or XDCAM HD422 deliverable gets the source's own chroma rows and
-10-bit codes outside the face. Plates encoded with
-`plate_encoder_args` have a keyframe exactly every `PLATE_KEYINT` frames, so each seek lands on a
-keyframe and decodes nothing twice.
+Layout: the plate keeps the source's chroma up to 4:2:2 and its depth up to 10 bits (yuv.layout_for). An encoded
+plate is H.264 ultrafast: 8-bit 4:2:0 lossless (qp 0), 4:2:2 or 10-bit High 4:2:2 at crf 4 (PLATE_QUALITY),
+with a keyframe exactly every `PLATE_KEYINT` frames, so each seek lands on a keyframe and decodes nothing twice.
+A copied plate has the source's own keyframes; a seek decodes from the one before the block.
 """
 
 from __future__ import annotations
@@ -39,25 +39,29 @@ from ditto_fast.media.rates import from_stream
 from ditto_fast.media.timeline import mirror_index
 from ditto_fast.media.yuv import COLORSPACE_TAG, I420, Layout, layout_for, matrix_for_tag, rgb_to_i420
 
-PLATE_KEYINT = 25          # keyframe interval of written plates == default read block
-PLATE_CRF = 16
-# ultrafast crf 16: the same PSNR against the source as veryfast crf 13 (51.9 dB on the benchmark
-# anchor) for under half the encode CPU; the larger file hardly matters beside f_s (4 MiB a frame)
+PLATE_KEYINT = 25          # keyframe interval of encoded plates == default read block
 PLATE_PRESET = "ultrafast"
-# a 4:2:2 / 10-bit plate (ProRes, XDCAM HD422, HDR sources) keeps what the 4:2:2 deliverables carry: crf 10 gave
-# 52.0 dB (Y) against a 10-bit 4:2:2 ProRes HQ 1080p source with camera grain, 9.3 MB a second, 17 ms a frame to
-# decode on one core; lossless (qp 0) was 56 MB a second (more than the ProRes source) and 49 ms a frame
-PLATE_CRF_FINE = 10
+# x264's quality per layout of an encoded plate (docs/performance.md, "The plate as shot"). On a grainy moving 720p
+# camera clip, 8-bit 4:2:0 crf 16 (the plate before) was 1.1 levels of luma off in the moving body (3.8 on a held-out
+# clip), qp 0 (lossless) 0 at 3.5 times crf 16's size; 10-bit 4:2:2 crf 10 was 0.72 off (1.0 in its worst frame),
+# crf 4 0.36 at half of qp 0's size (qp 0 is twice a ProRes HQ source's)
+PLATE_QUALITY = ["-qp", "0"]                # 8-bit 4:2:0: lossless
+PLATE_QUALITY_FINE = ["-crf", "4"]          # 4:2:2 or 10 bits
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
 
 
 def plate_encoder_args(layout: Layout = I420) -> list[str]:
-    """ffmpeg output options of a video plate: H.264 in `layout` (8-bit 4:2:0 at crf 16; 4:2:2 or 10-bit, High
-    4:2:2 at crf 10: visually lossless), ultrafast, a keyframe every PLATE_KEYINT frames."""
+    """ffmpeg output options of an encoded video plate: H.264 in `layout` (8-bit 4:2:0 lossless; 4:2:2 or 10-bit,
+    High 4:2:2 at crf 4), ultrafast, a keyframe every PLATE_KEYINT frames."""
     k = str(PLATE_KEYINT)
-    crf = PLATE_CRF if layout == I420 else PLATE_CRF_FINE
-    return ["-c:v", "libx264", "-preset", PLATE_PRESET, "-crf", str(crf), "-pix_fmt", layout.pix_fmt,
+    quality = PLATE_QUALITY if layout == I420 else PLATE_QUALITY_FINE
+    return ["-c:v", "libx264", "-preset", PLATE_PRESET, *quality, "-pix_fmt", layout.pix_fmt,
             "-g", k, "-keyint_min", k, "-sc_threshold", "0", "-an", "-movflags", "+faststart", "-f", "mp4"]
+
+
+def plate_encoding(layout: Layout = I420) -> str:
+    """What `plate_encoder_args` makes of a plate in `layout`, in words (for the avatar's record)."""
+    return "H.264 lossless" if layout == I420 else f"H.264 High 4:2:2 {' '.join(PLATE_QUALITY_FINE).lstrip('-')}"
 
 
 def write_plate_image(frame_rgb: np.ndarray, path: str | os.PathLike) -> None:

@@ -40,6 +40,7 @@ from ditto_fast.avatar.format import F_S_DTYPE, AvatarRecord
 from ditto_fast.media.inputs import file_sha256
 from ditto_fast.avatar.mouth_check import MouthCheck
 from ditto_fast.avatar.plate import write_plate_image
+from ditto_fast.avatar.plate_copy import PlatePlan, copy_refusal, plan_plate
 from ditto_fast.avatar.source import SourceFrames, SourceInfo, open_source
 from ditto_fast.avatar.store import avatars_dir, validate_name
 from ditto_fast.avatar.writer import AvatarWriter
@@ -163,12 +164,17 @@ def source_statistics(raw: dict[str, np.ndarray], window: int) -> tuple[dict[str
 
 
 def estimate_plate_bytes(info: SourceInfo) -> int:
-    """About how large the plate will be: the source's own size scaled to the kept picture size (video), or
-    an uncompressed RGB frame (image)."""
-    (w, h), (tw, th) = info.src_size, info.size
+    """About how large the plate will be: the source's own size where its stream is copied, half its frames
+    uncompressed where the plate is encoded (lossless H.264 kept a grainy 720p clip in a third), an uncompressed
+    RGB frame for an image."""
+    tw, th = info.size
     if info.is_image:
         return tw * th * 3
-    return int(info.path.stat().st_size * (tw * th) / max(1, w * h))
+    if copy_refusal(info) is None:
+        return info.path.stat().st_size
+    layout = info.picture.plate_layout
+    rows, cols = layout.shape(tw, th)
+    return info.est_frames * rows * cols * np.dtype(layout.dtype).itemsize // 2
 
 
 def check_free_space(where: Path, name: str, frames: int, row_bytes: int, plate_bytes: int) -> None:
@@ -229,8 +235,9 @@ class Registrar:
         line to `warnings`; with `strict` it is refused (NoFaceError) and nothing is written.
 
         `timer` collects seconds for the stages decode, landmarks, crop_eyes, networks, plate_write,
-        cache_write. A video is decoded once, by one ffmpeg process that also encodes the plate;
-        plate_write is the wait for that encoder to finish after the last frame.
+        cache_write. A video is decoded once, by one ffmpeg process that also encodes the plate (or, where the plate
+        is the source's own stream copied, sums each frame to check the copy by); plate_write is the wait for that
+        process to finish after the last frame, and the check of a copy.
         """
         cfg = self.config
         timer = timer or StageTimer()
@@ -272,21 +279,27 @@ class Registrar:
             caught = stack.enter_context(warnings.catch_warnings(record=True))
             warnings.simplefilter("always")
             plate = writer.plate_path(info.is_image)
+            made: PlatePlan | None = None
             if info.is_image:
                 write_plate_image(image, plate)
                 reader = None
             else:
+                made = plan_plate(info, plate, max_frames)      # the source's own stream, copied, where it can be
                 # frames alive at once: the queue (at most half + 1) and the one being read; ffmpeg may
                 # decode the next batch while the networks run on this one
-                reader = stack.enter_context(SourceFrames(info, max_frames, ring=crops.half + 3, plate=plate,
-                                                          ahead=batch_size + 2))
+                reader = stack.enter_context(SourceFrames(info, max_frames, ring=crops.half + 3, plate=made.encode_to,
+                                                          ahead=batch_size + 2, frame_sums=made.sums))
             self._track(source, image, reader, tracker, crops, timer)
+            if made is not None:
+                with timer("plate_write"):                      # a copy read back against the frames read
+                    note = made.finish(info, len(crops.params))
+                self.notes += [note] if note else []
             mouth = self._check_mouth(source, crops.mouth, strict)
             warned = sorted({str(w.message) for w in caught} | ({info.rate_note} if info.rate_note else set())
                             | set(self.warnings))
             record = avatar_record(source, info, cfg, crops, sink.x_s_info(), fingerprints=cs.avatar_fingerprints(),
                                    random_weights=cs.any_random(nets.appearance, nets.motion), mouth=mouth,
-                                   warned=warned)
+                                   warned=warned, plate=made.how if made else "the image, as PNG")
             with timer("cache_write"):
                 writer.finish(record)
         return writer.final_dir
@@ -327,7 +340,7 @@ class Registrar:
 
 def avatar_record(source: Path, info: SourceInfo, cfg: RegisterConfig, crops: _Crops, raw_info: dict[str, np.ndarray],
                   *, fingerprints: dict[str, str], random_weights: bool, mouth: MouthCheck,
-                  warned: list[str]) -> AvatarRecord:
+                  warned: list[str], plate: str) -> AvatarRecord:
     """The record of a registered source: what was measured of each of its frames, and how."""
     n = len(crops.params)
     params = np.stack(crops.smoothed)                      # [N, 4] the crop parameters as used
@@ -336,7 +349,7 @@ def avatar_record(source: Path, info: SourceInfo, cfg: RegisterConfig, crops: _C
     return AvatarRecord(
         is_image=info.is_image, fps=float(info.rate), rate=rate_text(info.rate), size=info.size,
         source={"path": str(source.resolve()), "sha256": file_sha256(source), "fps": info.src_fps,
-                "size": list(info.size), "source_size": list(info.src_size), "frames": n, **picture},
+                "size": list(info.size), "source_size": list(info.src_size), "frames": n, **picture, "plate": plate},
         fingerprints=fingerprints, random_weights=random_weights,
         crop={"dsize": DSIZE, "scale": cfg.crop_scale, "vx": cfg.crop_vx, "vy": cfg.crop_vy,
               "smooth_window": cfg.crop_smooth_window, "params": params},

@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import logging
 import re
+import subprocess
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterator
 
 import cv2
+import imageio_ffmpeg
 import numpy as np
 from PIL import Image
 
@@ -40,6 +42,8 @@ class SourceInfo:
     rate_note: str | None = None  # why the rate is not the source's exact one (variable-rate sources)
     duration: float = 0.0         # seconds the container declares (0 if it declares none)
     picture: Picture = Picture("bt601")   # pixel aspect, colour matrix and transfer of a video (see picture.py)
+    codec: str | None = None      # the video stream's codec as ffmpeg names it (h264, hevc, prores, ...)
+    turned: bool = False          # a rotation tag turns its frames a quarter (stored w x h, shown h x w)
 
 
 def target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
@@ -96,7 +100,6 @@ def open_source(path: str | Path, max_size: int, source_colour: str = "auto") ->
         if (tw, th) != (w, h):
             img = cv2.resize(img, (tw, th), interpolation=cv2.INTER_AREA)
         return SourceInfo(path, True, (w, h), (tw, th), 0.0, 1), np.ascontiguousarray(img)
-    import imageio_ffmpeg
 
     streams = stream_lines(path)
     line = next((ln for ln in streams if ": Video: " in ln and "(attached pic)" not in ln), None)  # not cover art
@@ -121,8 +124,9 @@ def open_source(path: str | Path, max_size: int, source_colour: str = "auto") ->
     picture = read_picture(line, (w, h), source_colour)
     tw, th = target_size(*picture.display_size((w, h)), max_size)
     rate, note = stream_rate(line)
+    turned = tuple(meta.get("source_size") or (w, h)) != (w, h)
     return SourceInfo(path, False, (w, h), (tw, th), float(meta.get("fps") or rate), max(1, int(round(duration * rate))),
-                      colorspace_tag(line), rate, note, duration, picture), None
+                      colorspace_tag(line), rate, note, duration, picture, meta.get("codec"), turned), None
 
 
 def stream_rate(line: str) -> tuple[Fraction, str | None]:
@@ -146,10 +150,37 @@ def stream_rate(line: str) -> tuple[Fraction, str | None]:
     return from_stream(avg), None
 
 
+def _picture_graph(info: SourceInfo, outputs: list[str]) -> str:
+    """ffmpeg's filter graph from the source's video to limited-range YUV in the plate's layout at `info.size` and
+    `info.rate` (see Picture.filter_chain), split into the labels `outputs`; "raw" is brought to yuv420p."""
+    chain = "[0:v:0]" + info.picture.filter_chain(info.size, info.rate)
+    to_raw = "" if info.picture.plate_layout == I420 else "format=yuv420p"
+    labels = ["full" if (o == "raw" and to_raw) else o for o in outputs]
+    graph = chain + (f",split={len(labels)}" if len(labels) > 1 else "") + "".join(f"[{lb}]" for lb in labels)
+    return graph + (f";[full]{to_raw}[raw]" if "full" in labels else "")
+
+
+def encode_plate(info: SourceInfo, plate: str | Path, frames: int) -> None:
+    """Encode the plate from the source in a pass of its own: its first `frames` frames as registration reads them
+    (what a copy of the source's stream is replaced by when it did not decode to those frames). InputError if
+    ffmpeg fails; OSError ENOSPC if the plate's disk filled up."""
+    args = ["-y", "-i", str(info.path), "-filter_complex", _picture_graph(info, ["enc"]), "-map", "[enc]",
+            "-frames:v", str(int(frames)), *plate_encoder_args(info.picture.plate_layout), str(plate)]
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", *args],
+                         capture_output=True, text=True, errors="replace")
+    if "No space left on device" in res.stderr:
+        raise OSError(errno.ENOSPC, "No space left on device (writing the plate)")
+    if res.returncode != 0:
+        last = res.stderr.strip().splitlines()[-1][:160] if res.stderr.strip() else f"ffmpeg exit {res.returncode}"
+        raise InputError(f"{info.path}: cannot encode the background plate ({last}); re-export the video")
+
+
 class SourceFrames:
     """A video source decoded once by one ffmpeg process: frames at `info.rate` (the source's own) and resized, as
     yuv420p (limited range, the source's colour matrix) read into a ring of `ring` preallocated
-    buffers; the same process encodes those very frames as the plate.
+    buffers; the same process encodes those very frames as the plate (`plate`), or, where the plate is the
+    source's own stream copied, writes each frame's MD5 in the plate's layout (`frame_sums`, ffmpeg's framemd5)
+    for the copy to be checked against.
 
     Iterating yields YuvFrame views into the ring: a frame stays valid until `ring` - 1 more have been
     yielded, so a caller keeping frames in a queue must keep fewer than `ring`. ffmpeg may decode up
@@ -159,24 +190,21 @@ class SourceFrames:
     """
 
     def __init__(self, info: SourceInfo, max_frames: int | None = None, ring: int = 2,
-                 plate: str | Path | None = None, ahead: int = 8) -> None:
+                 plate: str | Path | None = None, ahead: int = 8, frame_sums: str | Path | None = None) -> None:
         if info.is_image:
             raise ValueError("SourceFrames reads videos; an image source is a single frame")
         w, h = info.size
         matrix = info.picture.kept_matrix
         # the source's matrix (as tagged, or assumed), stated and tagged so the plate decodes with it too; full
-        # range (yuvj) sources are brought to limited range, as broadcast video is; HDR is tone-mapped to SDR
-        chain = "[0:v:0]" + info.picture.filter_chain((w, h), info.rate)
+        # range (yuvj) sources are brought to limited range, as broadcast video is; HDR is tone-mapped to SDR.
+        # The face is looked at in 8-bit 4:2:0; the plate keeps the source's 4:2:2 and 10 bits (see plate.py)
         limit = ["-frames:v", str(int(max_frames))] if max_frames is not None else []
-        layout = info.picture.plate_layout
-        # the face is looked at in 8-bit 4:2:0; the plate keeps the source's 4:2:2 and 10 bits (see plate.py)
-        to_raw = "" if layout == I420 else ",format=yuv420p"
-        if plate is None:
-            args = ["-i", str(info.path), "-filter_complex", f"{chain}{to_raw}[raw]"]
-        else:
-            split = "split=2[raw][enc]" if not to_raw else f"split=2[full][enc];[full]{to_raw[1:]}[raw]"
-            args = ["-i", str(info.path), "-filter_complex", f"{chain},{split}",
-                    "-map", "[enc]", *limit, *plate_encoder_args(layout), str(plate)]
+        outputs = ["raw", *(["enc"] if plate is not None else []), *(["sums"] if frame_sums is not None else [])]
+        args = ["-i", str(info.path), "-filter_complex", _picture_graph(info, outputs)]
+        if plate is not None:
+            args += ["-map", "[enc]", *limit, *plate_encoder_args(info.picture.plate_layout), str(plate)]
+        if frame_sums is not None:
+            args += ["-map", "[sums]", *limit, "-f", "framemd5", "-y", str(frame_sums)]
         # the raw output's queue lets ffmpeg run `ahead` frames (1.5 bytes a pixel each) in front of the reader
         args += ["-map", "[raw]", *limit, "-thread_queue_size", str(max(1, int(ahead))),
                  "-f", "rawvideo", "pipe:1"]

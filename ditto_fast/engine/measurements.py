@@ -1,4 +1,4 @@
-"""Verdicts of one-off machine probes (CPU precision, CUDA batch size), kept as JSON in the store's probes/."""
+"""Verdicts of one-off machine probes (the CUDA batch size), kept as JSON in the store's probes/."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ class RenderSetup:
     crf: int
     preset: str
     nvenc: bool = False              # H.264/HEVC through the GPU's encoder
-    precision_choice: str = ""       # why `auto` gave this precision
+    precision_choice: str = ""       # why this precision (`auto`: the CPU flags that decided it)
     batch_choice: str = ""           # why `auto` gave this batch size
 
     @classmethod
@@ -46,7 +46,7 @@ class RenderSetup:
         cs = o.checkpoints if isinstance(o.checkpoints, CheckpointSet) else find_checkpoints(o.checkpoints)
         dev = resolve_device(o.device)
         r = config.render
-        dtype, why = choose_precision(o.precision, dev, cs)
+        dtype, why = choose_precision(o.precision, dev)
         batch = o.batch_size or r.batch_size    # the options and the settings were checked when made
         if batch == "auto":                     # 1 on a CPU; on CUDA the probe's verdict (measured once per GPU)
             batch, batch_why = auto_batch_size(cs, dev, dtype)

@@ -81,7 +81,7 @@ def _render(video, ckpt, audio, device, precision, batch="auto", threads=0, blen
             ) -> tuple[dict, float]:
     """Register in one child, render in another; returns the render's profile and its peak RSS (MiB).
     `threads`: torch's intra-op threads in the render (0 = torch's choice), given to it as OMP_NUM_THREADS.
-    Each run has a fresh store but shares the probes' verdicts (precision, batch size), as one machine does."""
+    Each run has a fresh store but shares the batch-size probe's verdicts (CUDA), as one machine does."""
     with tempfile.TemporaryDirectory() as home:
         (CACHE / "probes").mkdir(parents=True, exist_ok=True)
         Path(home, "probes").symlink_to(CACHE / "probes")

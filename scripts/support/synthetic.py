@@ -167,6 +167,51 @@ def write_anchor_video(path: str | Path, n_frames: int, fps: float = 25, size: t
     return path
 
 
+def moving_body_frames(n: int, size: tuple[int, int] = (1280, 720), grain: float = 0.0, seed: int = 0
+                       ) -> list[np.ndarray]:
+    """n frames [H, W, 3] uint8: the astronaut's face in the upper half; below it, from 0.65 of the height down, a
+    body of her suit and helmet (no face) moving 4 px a frame sideways and 1 px down: real motion far from the face,
+    where the plate alone shows through a render. `grain` > 0 adds camera grain: Gaussian noise of that std (in
+    levels) on every pixel's luma, new in every frame."""
+    w, h = size
+    suit = astronaut()[260:]                                                   # [252, 512, 3], below her chin
+    tex = np.concatenate([suit, suit[:, ::-1], suit, suit[::-1]], 1)
+    tex = np.concatenate([tex, tex[::-1]], 0)                                  # [504, 2048, 3], tiles seamlessly
+    reps = (-(-h // tex.shape[0]), -(-w // tex.shape[1]))
+    tex = np.tile(tex, (*reps, 1))
+    top = int(h * 0.65)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        f = astronaut_canvas(i, Motion(center=(w * 0.5, h * 0.36), velocity=(0.3, 0.0), scale=0.9 * h / 720), (w, h))
+        f[top:] = np.roll(tex, (i, 4 * i), (0, 1))[:h - top, :w]
+        if grain > 0:
+            f = np.clip(f + rng.normal(0.0, grain, (h, w, 1)) + 0.5, 0, 255).astype(np.uint8)
+        out.append(f)
+    return out
+
+
+def write_camera_clip(path: str | Path, frames: list[np.ndarray], fps: float | str = 30, codec: str = "h264",
+                      pix_fmt: str = "yuv420p", matrix: str | None = "bt709", keyint: int = 30,
+                      bitrate: str = "20M") -> Path:
+    """Encode RGB frames as a camera writes its files: H.264 High (or `codec` hevc) with CABAC and B-frames, a
+    keyframe every `keyint` frames, at most `bitrate`, in `pix_fmt`; BT.709 pixels, tagged `matrix` (None:
+    untagged, as many cameras and screen recorders leave HD)."""
+    import imageio_ffmpeg
+
+    h, w = frames[0].shape[:2]
+    enc = {"h264": ["-c:v", "libx264", "-preset", "veryfast", "-bf", "2"],
+           "hevc": ["-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=error:bframes=2"]}[codec]
+    tags = ["-colorspace", matrix, "-color_primaries", matrix, "-color_trc", matrix] if matrix else []
+    untag = "" if matrix else ",setparams=colorspace=unknown"
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                    "-s", f"{w}x{h}", "-r", str(fps), "-i", "pipe:0",
+                    "-vf", f"scale=out_color_matrix=bt709:out_range=tv,format={pix_fmt}{untag}", *enc,
+                    "-g", str(keyint), "-b:v", bitrate, "-maxrate", bitrate, "-bufsize", bitrate, *tags, str(path)],
+                   input=b"".join(np.ascontiguousarray(f).tobytes() for f in frames), check=True)
+    return Path(path)
+
+
 def write_plate(frames: Iterable[np.ndarray], path: str | Path, fps: float | str = 25) -> int:
     """Encode RGB frames [H, W, 3] uint8 (even H, W) as a video plate with registration's encoder options
     (`fps` as ffmpeg takes it: 25, "30000/1001").
