@@ -18,7 +18,7 @@ from ditto_fast.avatar.plate import PlateReader, plate_encoder_args
 from ditto_fast.avatar.plate_copy import COPY_MAX_KEYINT, copy_refusal, plan_plate
 from ditto_fast.avatar.source import SourceFrames, SourceInfo, open_source
 from ditto_fast.media.ffpipe import video_stream_line
-from ditto_fast.media.rates import mirror_index
+from ditto_fast.media.timeline import mirror_index
 from ditto_fast.media.yuv import Layout
 from synthetic import moving_body_frames, write_camera_clip
 

@@ -39,7 +39,7 @@ def _luma(path: Path) -> np.ndarray:
 def _read_back(path: Path, n: int) -> dict:
     """ffmpeg CPU and wall ms per frame to read `path` as a render does: 2n frames in mirror order, blocks ahead."""
     from ditto_fast.avatar.plate import PlateReader
-    from ditto_fast.media.rates import mirror_index
+    from ditto_fast.media.timeline import mirror_index
 
     order = [mirror_index(i, n) for i in range(2 * n)]
     cpu0, t0 = _children_cpu(), time.perf_counter()
