@@ -16,7 +16,8 @@ import pytest
 from ditto_fast.engine.clip import check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, JobCancelled
-from ditto_fast.handles.process import EngineLimits, ProcessEngine
+from ditto_fast.handles.base import EngineLimits
+from ditto_fast.handles.process import ProcessEngine
 
 pytestmark = pytest.mark.slow          # real engine processes
 

@@ -132,3 +132,30 @@ def test_redirects_are_not_followed_and_failures_are_retried_then_given_up(tmp_p
     assert last["sent"] is None and last["given_up"] is not None and "redirects are not followed" in last["error"]
     assert all("user@" not in json.dumps(e) for e in events) and events[-1]["callback"].startswith("http://***@")
     assert [e["attempt"] for e in events] == [1, 2, 3, 4] and "given up" in events[-1]["error"]
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_deadline(monkeypatch):
+    """One slow receiver must not hold the one sender thread for hours: a try has a deadline as a whole."""
+    import socket
+    import time
+
+    from ditto_fast.serve import callbacks
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def trickle() -> None:                      # reads the request, then a byte of answer every 0.2 s
+        conn, _ = server.accept()
+        conn.recv(65536)
+        for _ in range(100):
+            try:
+                conn.sendall(b"H")
+            except OSError:
+                break
+            time.sleep(0.2)
+        conn.close()
+    threading.Thread(target=trickle, daemon=True).start()
+    monkeypatch.setattr(callbacks, "POST_DEADLINE_S", 1.0)
+    t0 = time.monotonic()
+    why = callbacks.post(f"http://127.0.0.1:{server.getsockname()[1]}/hook", b"{}", LOOPBACK)
+    assert time.monotonic() - t0 < 5 and why == "no answer within 1 s", why
+    server.close()

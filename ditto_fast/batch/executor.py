@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ditto_fast.batch.jobs import Job
 from ditto_fast.batch.runner import Book, run_job
-from ditto_fast.core.errors import EXIT_INTERNAL, DittoError
+from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, InputError
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import Progress
 from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
@@ -68,6 +68,8 @@ class EngineExecutor:
                 self._stop.set()                    # an interrupt: every engine is let go now, its job unfinished
                 for handle in self.handles:
                     handle.close()
+                for t in threads:                   # each records nothing more once its engine is gone
+                    t.join(10)
                 raise
         if book.queue:                              # no engine could render them
             why = f" ({self._unable})" if self._unable else ""
@@ -94,7 +96,9 @@ class EngineExecutor:
         """Start `handle`'s engine; with no known render setup, skip the jobs its setup finds finished first."""
         try:
             handle.start()
-        except DittoError as e:
+        except Exception as e:  # noqa: BLE001 - a DittoError, or Ray's own: this engine takes no job
+            e = e if isinstance(e, DittoError) else InputError(f"{handle.name} could not start: {type(e).__name__}: "
+                                                               f"{e}")
             with self._lock:
                 self._unable = e
                 self._note(handle, str(e))
@@ -147,11 +151,11 @@ class EngineExecutor:
             if self._stop.is_set():
                 return False
             job.extra["attempts"] = attempts
-            alive = self._restart(handle)
-            if attempts < MAX_ATTEMPTS:
+            if attempts < MAX_ATTEMPTS:             # back in the queue first: another engine may take it
                 with self._lock:
                     book.again(job)
-                return alive
+                return self._restart(handle)
+            alive = self._restart(handle)
             job.fail(f"{e}, on each of its {attempts} attempts; render it alone to see why", EXIT_INTERNAL)
         info = getattr(handle, "info", None)
         if info or attempts > 1:
@@ -170,8 +174,9 @@ class EngineExecutor:
         """A fresh engine for one that died; False if none starts (this handle takes no more jobs)."""
         try:
             handle.restart()
-        except DittoError as e:
+        except Exception as e:  # noqa: BLE001 - a DittoError, or Ray's own
             with self._lock:
-                self._unable = e
+                self._unable = e if isinstance(e, DittoError) else InputError(
+                    f"{handle.name} could not start again: {type(e).__name__}: {e}")
             return False
         return True

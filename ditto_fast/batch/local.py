@@ -14,7 +14,8 @@ from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.renderer import RenderResult
 from ditto_fast.engine.single import write_preview
 from ditto_fast.engine.stages import Progress
-from ditto_fast.handles.process import EngineLimits, ProcessEngine
+from ditto_fast.handles.base import EngineLimits
+from ditto_fast.handles.process import ProcessEngine
 
 
 def _preview(previews: dict[int, Path]):

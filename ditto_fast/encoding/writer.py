@@ -16,7 +16,7 @@ import numpy as np
 
 from ditto_fast.audio.decode import audio_layout
 from ditto_fast.core.errors import DittoError, InputError, UsageError
-from ditto_fast.media.ffpipe import last_stderr_line, widen_pipe
+from ditto_fast.media.ffpipe import last_stderr_line, own_session, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.core.files import check_path_length
 from ditto_fast.media.partfiles import create_locked
@@ -53,10 +53,11 @@ def check_output_path(path: str | os.PathLike, example: str = "out.mp4") -> Path
 
 
 def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us. `pass_fds`
-    stay open in ffmpeg (the temporary file's lock: held while ffmpeg still writes, even if we were killed)."""
+    """Start ffmpeg reading frames on stdin; its own session so a terminal Ctrl-C reaches only us (but in an engine
+    process: media/ffpipe.own_session). `pass_fds` stay open in ffmpeg (the temporary file's lock: held while
+    ffmpeg still writes, even if we were killed)."""
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr_file,
-                            start_new_session=True, pass_fds=pass_fds)
+                            start_new_session=own_session(), pass_fds=pass_fds)
     widen_pipe(proc.stdin.fileno())
     return proc
 

@@ -51,6 +51,19 @@ class EngineError(DittoError):
         self.exit_code = exit_code
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """When the parent gives up on its engine: no heartbeat for `beat_s` (hung with the interpreter held), no
+    progress within a job for `stall_s`, a job past `job_s` (None: no limit), loading past `start_s`; and the cap on
+    the engine process's address space (`memory_bytes`, None: none)."""
+
+    beat_s: float = 60.0
+    stall_s: float = 900.0
+    job_s: float | None = None
+    start_s: float = 900.0
+    memory_bytes: int | None = None
+
+
 @dataclass
 class EngineState:
     """What a handle says of its engine (for /healthz, the log and the report)."""

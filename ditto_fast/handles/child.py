@@ -55,7 +55,8 @@ def _out_of_memory(e: BaseException) -> bool:
     text = str(e).lower()
     return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
         "can't allocate memory" in text or "out of memory" in text)) or (
-        isinstance(e, OSError) and e.errno == 12) or at_memory_cap(os.getpid()) is not None
+        isinstance(e, OSError) and e.errno == 12) or (
+        isinstance(e, (RuntimeError, OSError)) and at_memory_cap(os.getpid()) is not None)
 
 
 def _limit_memory(limit: int | None) -> None:
@@ -145,6 +146,9 @@ def main(argv: list[str]) -> int:
     conn = Connection(fd)
     channel = _Channel(conn)
     _, setup, memory = conn.recv()
+    import ditto_fast.media.ffpipe as ffpipe
+
+    ffpipe.FFMPEG_OWN_SESSION = False       # this process's group: its ffmpegs die with it when its parent kills it
     threading.Thread(target=_beat, args=(channel,), name="ditto-fast-engine-beat", daemon=True).start()
     try:
         _limit_memory(memory)

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
@@ -22,25 +21,12 @@ from typing import Any, Callable
 import ditto_fast
 from ditto_fast.core.errors import DittoError, InputError, one_line
 from ditto_fast.media.claims import remove_dead_writers
-from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineState, JobCancelled, at_memory_cap,
-                                     signal_words)
+from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
+                                     at_memory_cap, signal_words)
 
 _EOF = ("eof",)
 _CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.handles.child import main; "
           "sys.exit(main(sys.argv[1:]))")
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """When the parent gives up on its engine: no heartbeat for `beat_s` (hung with the interpreter held), no
-    progress within a job for `stall_s`, a job past `job_s` (None: no limit), loading past `start_s`; and the cap on
-    the engine process's address space (`memory_bytes`, None: none)."""
-
-    beat_s: float = 60.0
-    stall_s: float = 900.0
-    job_s: float | None = None
-    start_s: float = 900.0
-    memory_bytes: int | None = None
 
 
 class ProcessEngine:
@@ -90,8 +76,12 @@ class ProcessEngine:
             self._wait_ready()
 
     def close(self) -> None:
+        """Stop the engine: asked to, then killed; an engine still loading is killed at once."""
         self._closing = True
-        with self._lock:
+        if not self._lock.acquire(timeout=1.0):     # a start under way holds it: end that start now
+            _kill_group(self._proc)
+            self._lock.acquire()
+        try:
             if self._conn is not None and self._proc is not None and self._proc.poll() is None:
                 try:
                     self._conn.send(("stop",))
@@ -100,6 +90,8 @@ class ProcessEngine:
                     pass
             self._kill()
             self._state.state = "dead"
+        finally:
+            self._lock.release()
 
     def state(self) -> EngineState:
         return self._state
@@ -119,7 +111,7 @@ class ProcessEngine:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _CHILD, here, str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, env=env, start_new_session=True)    # its ffmpegs die with it
+                stderr=subprocess.STDOUT, env=env, start_new_session=True)   # a group: its ffmpegs die with it
         except OSError as e:
             self._state.state, self._state.error = "dead", f"cannot start the engine process ({e.strerror or e})"
             raise InputError(f"{self.name}: {self._state.error}") from None
@@ -132,13 +124,20 @@ class ProcessEngine:
                          daemon=True).start()
         threading.Thread(target=self._relay, args=(proc,), name=f"ditto-fast-{self.name}-output",
                          daemon=True).start()
-        conn.send(("start", self.setup, self.limits.memory_bytes))
+        try:
+            conn.send(("start", self.setup, self.limits.memory_bytes))
+        except OSError:
+            pass                                # gone already: _wait_ready says how it ended
 
     def _wait_ready(self) -> None:
-        inbox = self._inbox
+        inbox, proc = self._inbox, self._proc
         deadline = time.monotonic() + self.limits.start_s
         while True:
             message = self._next(inbox, deadline, None)
+            if self._closing:
+                self._kill()
+                self._dead("closed while it was loading")
+                raise InputError(f"{self.name}: {self._state.error}")
             if message is None:
                 self._kill()
                 self._dead(f"it did not finish loading within {self.limits.start_s:g} s")
@@ -151,7 +150,7 @@ class ProcessEngine:
                 self._dead(message[1])
                 raise EngineError(message[1], message[2])
             if message == _EOF:
-                self._dead(f"its process ended while loading ({self._ended()})")
+                self._dead(f"its process ended while loading ({self._ended(proc)})")
                 raise InputError(f"{self.name}: {self._state.error}")
 
     def _dead(self, why: str) -> None:
@@ -164,27 +163,27 @@ class ProcessEngine:
             if stacks and proc.poll() is None:
                 proc.send_signal(signal.SIGUSR1)
                 time.sleep(1.0)
-            try:                                # the engine and the ffmpeg processes it started
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            _kill_group(proc)
+            _reap(proc)
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def _wait_exit(self, timeout: float = 5.0) -> None:
-        if self._proc is not None:
+    def _wait_exit(self, proc: subprocess.Popen | None = None, timeout: float = 5.0) -> None:
+        """Wait a moment for the child (`proc`, else the current one) to end by itself, then kill it."""
+        proc = proc or self._proc
+        if proc is not None:
             try:
-                self._proc.wait(timeout=timeout)
+                proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+                _kill_group(proc)
+                _reap(proc)
 
-    def _ended(self) -> str:
-        """How the child ended, with its last words if it printed any."""
-        self._wait_exit()
-        words = signal_words(self._proc.returncode if self._proc else None)
+    def _ended(self, proc: subprocess.Popen | None = None) -> str:
+        """How the child (`proc`, else the current one) ended, with its last words if it printed any."""
+        proc = proc or self._proc
+        self._wait_exit(proc)
+        words = signal_words(proc.returncode if proc else None)
         said = " | ".join(self._said)
         return f"{words}; it last printed: {one_line(said, 300)}" if said else words
 
@@ -195,7 +194,7 @@ class ProcessEngine:
         while True:
             try:
                 message = conn.recv()
-            except (EOFError, OSError):
+            except Exception:  # noqa: BLE001 - EOF, a broken socket, a message that does not unpickle: gone
                 break
             if message[0] == "beat":
                 self._state.last_beat = message[1]
@@ -203,8 +202,10 @@ class ProcessEngine:
                 inbox.put(message)
         inbox.put(_EOF)
         if proc is self._proc and self._state.state == "idle" and not self._closing:
-            self._state.last_death = f"died while idle ({self._ended()})"
-            self._dead(self._state.last_death)
+            why = f"died while idle ({self._ended(proc)})"
+            if proc is self._proc and self._state.state == "idle":     # not replaced meanwhile
+                self._state.last_death = why
+                self._dead(why)
 
     def _relay(self, proc: subprocess.Popen) -> None:
         for raw in proc.stdout:
@@ -318,3 +319,22 @@ class ProcessEngine:
         remove_dead_writers(job.request.output)
         raise EngineDied(f"{self.name} {why}")
 
+
+
+def _kill_group(proc: subprocess.Popen | None) -> None:
+    """SIGKILL the engine process and everything in its process group (the ffmpeg processes it started)."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Wait for a killed child; one that does not end (stuck in the kernel: a hung driver, a dead mount) is left to
+    a thread that reaps it whenever it does, so the caller goes on."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        threading.Thread(target=proc.wait, name="ditto-fast-reaper", daemon=True).start()

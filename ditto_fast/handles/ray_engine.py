@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from ditto_fast.core.errors import DittoError, InputError, one_line
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineState, JobCancelled
+from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 
@@ -121,7 +121,9 @@ class EngineActor:
         def commit() -> None:
             with self.answered:
                 self.state = ("commit", token)
-                self.answered.wait_for(lambda: token in self.answers or token in self.cancelled, COMMIT_WAIT_S)
+                if not self.answered.wait_for(lambda: token in self.answers or token in self.cancelled,
+                                              COMMIT_WAIT_S):
+                    raise _Unanswered()
                 if self.answers.pop(token, None) != "go":
                     raise JobCancelled()
 
@@ -135,6 +137,8 @@ class EngineActor:
             result = self.renderer.render(clip, progress=tick, commit=commit if gated else None)
         except JobCancelled:
             return {"cancelled": True}
+        except _Unanswered:
+            return {"unanswered": True}
         except DittoError as e:
             return {"error": str(e), "exit_code": e.exit_code}
         except Exception as e:  # noqa: BLE001 - said to the driver as the job's internal error
@@ -217,10 +221,19 @@ def plan_actors(ray, device: str, workers: int | None, most: int | None = None
     return count, math.ceil(count / max(1, nodes)), {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
 
 
-def actor_ready(ray, ref) -> dict[str, Any]:
-    """An actor's answer to ready(): its node and why it cannot render (error None if it can)."""
+class _Unanswered(Exception):
+    """The driver did not say go or cancel for a finished file in time (it is gone, or its thread hangs)."""
+
+
+def actor_ready(ray, ref, timeout: float | None = None) -> dict[str, Any]:
+    """An actor's answer to ready(): its node and why it cannot render (error None if it can); an actor that does
+    not answer within `timeout` seconds (its resources never free: a GPU node lost, say) cannot render."""
     try:
-        return ray.get(ref)
+        return ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        return {"node": None, "node_id": "unknown", "setup": None, "exit_code": 3,
+                "error": f"its Ray actor did not start within {timeout:g} s (no node has the resources it asks "
+                         "for, or it hangs while loading)"}
     except ray.exceptions.RayActorError as e:    # died while starting (out of memory, its node lost, a bug)
         cause = _actor_error(e)
         return {"node": None, "node_id": getattr(e, "node_id", None) or "unknown", "setup": None,
@@ -246,9 +259,10 @@ class RayFleet:
     so `ray list actors` shows whose they are); None for unnamed ones."""
 
     def __init__(self, ray, options: EngineOptions, workers: int | None = None, name: str | None = None,
-                 prepared: tuple[EngineOptions, Any] | None = None):
-        """`prepared`: ray_options(options), when the caller has it already."""
-        self.ray, self.workers, self.name = ray, workers, name
+                 prepared: tuple[EngineOptions, Any] | None = None, limits: EngineLimits = EngineLimits()):
+        """`prepared`: ray_options(options), when the caller has it already; `limits`: when an actor is taken for
+        hung (its memory cap does not apply: Ray's own memory monitor kills actors)."""
+        self.ray, self.workers, self.name, self.limits = ray, workers, name, limits
         self.options, self.check_setup = prepared or ray_options(options)
         self.handles: list[RayEngine] = []
         self.probes: dict[str, str] = {}
@@ -306,7 +320,7 @@ class RayEngine:
         """Start the actor and wait for its answer (its engine loaded if `load`); EngineError with the actor's own
         line (a node that does not see the store, say) if it cannot render."""
         self.actor = self.fleet.new_actor()
-        self.info = actor_ready(self.ray, self.actor.ready.remote(self.load))
+        self.info = actor_ready(self.ray, self.actor.ready.remote(self.load), self.fleet.limits.start_s)
         self._state.where = f"{self.info['node'] or 'unknown node'} (node id {self.info['node_id'][:12]})"
         if self.info["error"] is not None:
             self.ray.kill(self.actor)
@@ -333,42 +347,75 @@ class RayEngine:
 
     def render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None = None,
                commit: Callable[[], None] | None = None) -> Any:
-        """Render `job` on the actor (see base.EngineHandle.render), polled for progress every POLL_S."""
+        """Render `job` on the actor (see base.EngineHandle.render), polled for progress every POLL_S; an actor that
+        makes no progress for the fleet's stall limit, runs past its job limit or does not answer a poll for its
+        heartbeat limit is killed (EngineDied)."""
         if self._state.state == "dead" or self.actor is None:
             self.restart()
-        ray, actor, token = self.ray, self.actor, job.token
         self._state.state, self._state.job = "busy", job.label or str(job.request.output)
-        cancelled = answered = False
         try:
-            ref = actor.render.remote(job, commit is not None)
-            while not ray.wait([ref], timeout=POLL_S)[0]:
-                state = ray.get(actor.progress.remote())
-                self._state.last_beat = time.time()
-                if state is None or state[1] != token:
-                    continue
-                if state[0] == "commit" and not answered:
-                    answered = True
-                    verdict = "cancel" if cancelled else "go"
-                    try:
-                        if commit is not None and not cancelled:
-                            commit()
-                    except JobCancelled:
-                        verdict = "cancel"
-                    actor.answer.remote(token, verdict)
-                elif state[0] == "progress" and progress is not None and not cancelled:
-                    try:
-                        progress(*state[2:])
-                    except JobCancelled:                # passed on; the actor stops at its next frame batch
-                        actor.cancel.remote(token)
-                        cancelled = True
-            outcome = ray.get(ref)
-        except ray.exceptions.RayActorError as e:
+            outcome = self._render(job, progress, commit)
+        except self.ray.exceptions.RayActorError as e:
             why = f"its Ray actor on {self.info.get('node')} died ({type(e).__name__})"
-            self._state.state, self._state.last_death, self._state.job = "dead", why, None
+            self._state.last_death = why
+            self.close()
             raise EngineDied(f"{self.name} {why}") from None
+        except (EngineDied, JobCancelled):
+            raise
+        except BaseException:           # an interrupt, or this process's own trouble: the actor is let go at once
+            self.close()
+            raise
         self._state.state, self._state.job = "idle", None
         if outcome.get("cancelled"):
             raise JobCancelled()
+        if outcome.get("unanswered"):
+            self._state.last_death = "it had no word from its driver on a finished file"
+            self.close()
+            raise EngineDied(f"{self.name} {self._state.last_death}")
         if "error" in outcome:
             raise EngineError(outcome["error"], outcome["exit_code"])
         return outcome["done"]
+
+    def _render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None,
+                commit: Callable[[], None] | None) -> dict[str, Any]:
+        ray, actor, token, limits = self.ray, self.actor, job.token, self.fleet.limits
+        cancelled = answered = False
+        started = changed = time.monotonic()
+        last: tuple | None = None
+        ref = actor.render.remote(job, commit is not None)
+        while not ray.wait([ref], timeout=POLL_S)[0]:
+            try:
+                state = ray.get(actor.progress.remote(), timeout=limits.beat_s)
+            except ray.exceptions.GetTimeoutError:
+                self._hung(f"its actor did not answer for {limits.beat_s:g} s")
+            now = time.monotonic()
+            self._state.last_beat = time.time()
+            if state != last:
+                last, changed = state, now
+            elif now - changed > limits.stall_s:
+                self._hung(f"it made no progress for {limits.stall_s:g} s")
+            if limits.job_s and now - started > limits.job_s:
+                self._hung(f"it ran past its limit of {limits.job_s:g} s")
+            if state is None or state[1] != token:
+                continue
+            if state[0] == "commit" and not answered:
+                answered = True
+                verdict = "cancel" if cancelled else "go"
+                try:
+                    if commit is not None and not cancelled:
+                        commit()
+                except JobCancelled:
+                    verdict = "cancel"
+                actor.answer.remote(token, verdict)
+            elif state[0] == "progress" and progress is not None and not cancelled:
+                try:
+                    progress(*state[2:])
+                except JobCancelled:                # passed on; the actor stops at its next frame batch
+                    actor.cancel.remote(token)
+                    cancelled = True
+        return ray.get(ref)
+
+    def _hung(self, why: str) -> None:
+        self._state.last_death = f"hung: {why}; it was killed"
+        self.close()
+        raise EngineDied(f"{self.name} {self._state.last_death}")

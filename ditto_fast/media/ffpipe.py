@@ -13,6 +13,15 @@ import imageio_ffmpeg
 import numpy as np
 
 F_SETPIPE_SZ = 1031        # fcntl command (Linux): resize a pipe
+# ffmpeg runs in a session of its own, so that a terminal's Ctrl-C reaches only us (we stop it, cleanly); an
+# engine process (ditto_fast/handles/child.py), which ignores Ctrl-C and which its parent kills as a process group,
+# turns this off so that its ffmpegs die with it (none finishing a file the engine no longer owns)
+FFMPEG_OWN_SESSION = True
+
+
+def own_session() -> bool:
+    """Whether ffmpeg processes start in a session of their own (see FFMPEG_OWN_SESSION)."""
+    return FFMPEG_OWN_SESSION
 PIPE_BYTES = 1 << 20       # 1 MiB pipe: a 1080p RGB frame arrives in ~6 reads instead of ~95
 
 
@@ -101,7 +110,7 @@ class RawVideoPipe:
         cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", *args]
         self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if into is None else into,
-                                      stderr=self._stderr, start_new_session=True, bufsize=0)
+                                      stderr=self._stderr, start_new_session=own_session(), bufsize=0)
         if into is None:
             widen_pipe(self._proc.stdout.fileno())
 

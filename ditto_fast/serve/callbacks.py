@@ -11,6 +11,7 @@ import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
@@ -20,6 +21,7 @@ from ditto_fast.serve.queue import JobQueue
 from ditto_fast.serve.service_thread import ServiceThread
 
 RETRY_PAUSES_S = (1.0, 4.0, 15.0)       # after the first try: three more, then the job's callback is given up
+POST_DEADLINE_S = 30.0           # one try in all, however slowly the receiver answers
 TIMEOUT_S = 10.0
 IDLE_WAKE_S = 5.0                       # the sender looks at the outbox at least this often
 
@@ -128,6 +130,9 @@ def post(url: str, body: bytes, policy: CallbackPolicy, resolver: Resolver = res
     if refused or not addresses:
         raise _Refused(refused[0] if refused else f"{host} resolves to no address")
     connection = (_PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP)(host, port, addresses[0])
+    cut: list[bool] = []
+    deadline = threading.Timer(POST_DEADLINE_S, lambda: cut.append(_cut(connection)))   # a receiver that trickles
+    deadline.start()
     try:
         path = urlunsplit(("", "", parts.path or "/", parts.query, ""))
         connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
@@ -139,9 +144,20 @@ def post(url: str, body: bytes, policy: CallbackPolicy, resolver: Resolver = res
             return f"HTTP {reply.status} (redirects are not followed: give the final URL)"
         return f"HTTP {reply.status}"
     except (OSError, http.client.HTTPException) as e:
-        return str(e) or type(e).__name__
+        return f"no answer within {POST_DEADLINE_S:g} s" if cut else str(e) or type(e).__name__
     finally:
+        deadline.cancel()
         connection.close()
+
+
+def _cut(connection: http.client.HTTPConnection) -> bool:
+    """End a POST that has run past its deadline (shutting the socket wakes the thread blocked on it)."""
+    if connection.sock is not None:
+        try:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    return True
 
 
 class _Refused(Exception):

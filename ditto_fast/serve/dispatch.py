@@ -86,9 +86,9 @@ class Dispatcher:
 
     def cancel(self, job_id: str) -> bool:
         """Stop the running job `job_id` before its output is renamed into place (it ends cancelled); False when too
-        late: its output is complete and being renamed into place (it ends done)."""
+        late: its output is complete and being renamed into place, or it has ended."""
         with self._queued:
-            if job_id in self._committed:
+            if job_id in self._committed or job_id not in self._running.values():
                 return False
             self._cancel.add(job_id)
             return True
@@ -139,11 +139,15 @@ class Dispatcher:
                 self._committed.discard(job["id"])
 
     def _release(self, job_id: str) -> None:
-        """Queue a job again whose outcome could not be recorded (if even that fails, the next start does it)."""
-        try:
-            self.queue.requeue(job_id)
-        except Exception as e:  # noqa: BLE001
-            self.log({"job": job_id, "error": one_line(f"could not queue it again ({e}); the next start will", 300)})
+        """Queue a job again whose outcome could not be recorded, trying until it is (or the server stops: then the
+        next start does it, its lease being dead)."""
+        while not self._stop.is_set():
+            try:
+                self.queue.requeue(job_id)
+                return
+            except Exception as e:  # noqa: BLE001 - the database still locked: again shortly
+                self.log({"job": job_id, "error": one_line(f"could not queue it again ({e}); trying again", 300)})
+                self._stop.wait(DB_RETRY_S)
 
     def _revive(self, index: int, tries: int) -> bool:
         """Start engine `index` again after the pause its `tries` so far call for; whether it can render now."""
@@ -153,7 +157,7 @@ class Dispatcher:
             return False
         try:
             handle.restart()
-        except DittoError as e:
+        except Exception as e:  # noqa: BLE001 - a DittoError, or Ray's own: this engine is down for now
             self.log({"event": "engine down", "engine": handle.name, "error": one_line(
                 f"it could not start again ({e}); next try in "
                 f"{RESTART_PAUSES_S[min(tries + 1, len(RESTART_PAUSES_S) - 1)]:g} s", 600)})
@@ -217,6 +221,10 @@ class Dispatcher:
                                      seconds=round(time.perf_counter() - t0, 3))
         except EngineDied as e:
             self.log({"event": "engine died", "engine": handle.name, "job": job["id"], "error": str(e)})
+            if self._stop.is_set():         # the server stops (and let its engines go): not the job's doing
+                self.queue.requeue(job["id"])
+                self.log({"job": job["id"], "state": "queued", "why": "server stopping"})
+                return
             done = self.queue.engine_died(job["id"], str(e), self.max_crashes)
             if done is not None:
                 self.metrics.crashed(done)

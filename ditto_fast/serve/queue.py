@@ -168,7 +168,8 @@ class JobQueue:
                 return None
             db.execute("UPDATE jobs SET status='running', started=?, attempts=attempts+1, lease=?, progress=NULL "
                        "WHERE id=?", (time.time(), self.lease.token, row["id"]))
-        return self.get(row["id"])
+            taken = db.execute("SELECT * FROM jobs WHERE id=?", (row["id"],)).fetchone()
+        return _job(taken)          # read in the same transaction: a job marked running always has its taker
 
     def finish(self, job_id: str, status: str, **fields: Any) -> dict | None:
         """End a job this lease runs: `status` done, failed or cancelled, with any of output, error, exit_code,

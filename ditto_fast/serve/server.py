@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError
+from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageError, one_line
 from ditto_fast.core.files import read_input
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
@@ -54,6 +54,9 @@ def check_options(opts: ServeOptions) -> str | None:
                          "or keep the default --host 127.0.0.1")
     if opts.workers is not None and opts.ray is None:
         raise UsageError("--workers goes with --ray")
+    if opts.engine_memory is not None and opts.ray is not None:
+        raise UsageError("--engine-memory caps an engine process here; with --ray, Ray's own memory monitor "
+                         "guards its actors: leave it out")
     if (opts.watch is None) != (opts.out is None):
         raise UsageError("--watch IN and --out OUT go together")
     if opts.watch is not None and not opts.watch.is_dir():
@@ -115,14 +118,19 @@ def _engines(options: EngineOptions, opts: ServeOptions, roots: list[Path], stac
     """The engine handles, each engine started and loaded (engine processes here: one per GPU, or one on a CPU host;
     or one Ray actor per GPU or node), let go when `stack` closes; the setup jobs are checked with; and what the log
     and /healthz say of the engines."""
+    from ditto_fast.handles.base import EngineLimits
+
     t0 = time.perf_counter()
+    limits = EngineLimits(stall_s=opts.stall_timeout, job_s=opts.job_timeout,
+                          memory_bytes=int(opts.engine_memory * (1 << 30)) if opts.engine_memory else None)
     if opts.ray is None:
         from ditto_fast.engine.render_setup import RenderSetup
-        from ditto_fast.handles.process import EngineLimits, ProcessEngine
+        from ditto_fast.handles.process import ProcessEngine
 
         setup = RenderSetup.resolve(options)
-        limits = EngineLimits(stall_s=opts.stall_timeout, job_s=opts.job_timeout,
-                              memory_bytes=int(opts.engine_memory * (1 << 30)) if opts.engine_memory else None)
+        if setup.device.type == "cuda" and limits.memory_bytes:
+            raise UsageError("--engine-memory caps a CPU engine's address space; CUDA reserves more address space "
+                             "than any such cap allows: leave it out on a GPU (or give --device cpu)")
         gpus = _gpu_count() if setup.device.type == "cuda" else 0
         handles = [ProcessEngine(setup, name=f"engine-{i}", limits=limits,
                                  env={"CUDA_VISIBLE_DEVICES": _visible_gpu(i)} if gpus > 1 else None,
@@ -136,7 +144,7 @@ def _engines(options: EngineOptions, opts: ServeOptions, roots: list[Path], stac
     from ditto_fast.handles.ray_engine import RayFleet
 
     ray = stack.enter_context(ray_session(opts.ray))
-    fleet = RayFleet(ray, options, opts.workers, name="ditto-fast-serve")
+    fleet = RayFleet(ray, options, opts.workers, name="ditto-fast-serve", limits=limits)
     stack.callback(fleet.close)
     store = store_root() / "avatars"
     store.mkdir(parents=True, exist_ok=True)        # a server may start before the first avatar is registered
@@ -171,6 +179,8 @@ def _start_all(handles: list[EngineHandle], log: Callable[[dict], None], every: 
             handles[i].start()
         except DittoError as e:
             errors[i] = e
+        except Exception as e:  # noqa: BLE001 - Ray's own errors, a broken pipe: this engine cannot start
+            errors[i] = InputError(one_line(f"{handles[i].name} could not start: {type(e).__name__}: {e}", 500))
     threads = [threading.Thread(target=start, args=(i,), name=f"ditto-fast-start-{i}") for i in range(len(handles))]
     for t in threads:
         t.start()
