@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ditto_fast.core.declare import check_fields, declared
-from ditto_fast.serve.queue import MAX_CRASHES
 
 DEFAULT_PORT = 8750
+MAX_CRASHES = 2                 # a job under which its engine (or server) died this many times is failed
 
 
 @dataclass

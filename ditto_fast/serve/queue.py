@@ -16,12 +16,12 @@ from typing import Any, Iterator
 
 from ditto_fast.core.errors import EXIT_INTERNAL, one_line
 from ditto_fast.serve.lease import Lease, lease_alive
+from ditto_fast.serve.options import MAX_CRASHES
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL = ("done", "failed", "cancelled")
 PRIORITIES = {"normal": 0, "breaking": 100}      # a job may also give a number in PRIORITY_RANGE
 PRIORITY_RANGE = (-1000, 1000)
-MAX_CRASHES = 2                 # a job under which its engine (or server) died this many times is failed
 CANCELLED_RUNNING = "cancelled while rendering; nothing was written"
 SERVER_DIED = "server died"     # the crash cause of a job whose server was gone at the next start
 
