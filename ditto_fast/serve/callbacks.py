@@ -131,7 +131,11 @@ def post(url: str, body: bytes, policy: CallbackPolicy, resolver: Resolver = res
         raise _Refused(refused[0] if refused else f"{host} resolves to no address")
     connection = (_PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP)(host, port, addresses[0])
     cut: list[bool] = []
-    deadline = threading.Timer(POST_DEADLINE_S, lambda: cut.append(_cut(connection)))   # a receiver that trickles
+
+    def at_deadline() -> None:          # a receiver that trickles its answer: said first, then cut off
+        cut.append(True)
+        _cut(connection)
+    deadline = threading.Timer(POST_DEADLINE_S, at_deadline)
     deadline.start()
     try:
         path = urlunsplit(("", "", parts.path or "/", parts.query, ""))
@@ -150,14 +154,13 @@ def post(url: str, body: bytes, policy: CallbackPolicy, resolver: Resolver = res
         connection.close()
 
 
-def _cut(connection: http.client.HTTPConnection) -> bool:
+def _cut(connection: http.client.HTTPConnection) -> None:
     """End a POST that has run past its deadline (shutting the socket wakes the thread blocked on it)."""
     if connection.sock is not None:
         try:
             connection.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-    return True
 
 
 class _Refused(Exception):
