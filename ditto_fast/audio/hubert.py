@@ -177,6 +177,13 @@ class HubertFeatures:
         hidden = self.model.encoder(torch.stack(frames)).last_hidden_state  # [B, 20, hidden]
         return self._pool(hidden)
 
+    def chunk(self, samples: np.ndarray) -> np.ndarray:
+        """One 6480-sample window [6480] float32 -> its 5 frames [5, hidden], as Ditto's run_chunk computes them."""
+        samples = np.asarray(samples, dtype=np.float32)
+        if samples.shape != (WINDOW,):
+            raise ValueError(f"a chunk is [{WINDOW}] samples, got shape {samples.shape}")
+        return self._encode_batch(samples, np.zeros(1, np.int64))[0]  # [5, hidden]
+
     def features(self, audio_16k: np.ndarray, batch_size: int | None = None,
                  progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """Features for a whole signal [n] -> [ceil(n / 640), hidden], windows run batch_size at a time;
