@@ -1,4 +1,4 @@
-"""The commands (register, render, batch, serve, qc, config, avatars, checkpoints, doctor): each parses its
+"""The commands (register, render, batch, serve, live, qc, config, avatars, checkpoints, doctor): each parses its
 options, calls the layer below and prints; main() maps error classes to exit codes."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ditto_fast.core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SOME_F
                                     Terminated, one_line)
 from ditto_fast.core.version import __version__
 from ditto_fast.engine.request import FIELDS, JOB_KEYS, RenderRequest
+from ditto_fast.live.options import LIVE_FIELDS, NOT_LIVE, LiveOptions
 from ditto_fast.serve.options import SERVE_FIELDS, ServeOptions
 
 
@@ -237,6 +238,31 @@ def serve(quiet, config_path, **values):
 
     options = take_engine_options(values, config_path)
     run_server(options, ServeOptions(**take(values, SERVE_FIELDS), defaults=values, quiet=quiet))
+
+
+# ----------------------------------------------------------------------------- live
+@cli.command()
+@field_options(LIVE_FIELDS)
+@request_options(skip=NOT_LIVE)
+@engine_options
+@click.option("--stop-at-end", is_flag=True,
+              help="End the stream once the source ends and its frames are out (rehearsal, tests); otherwise it runs "
+                   "until Ctrl-C or SIGTERM, which end it cleanly.")
+@QUIET
+@CONFIG
+def live(stop_at_end, quiet, config_path, **values):
+    """Stream AVATAR speaking what --audio-in brings, as it arrives, to --out: idle motion when nobody speaks, frames
+    at the nominal rate by the wall clock, picture and the same audio in one stream. Exit 0 when ended by the
+    source's end (--stop-at-end), Ctrl-C or SIGTERM."""
+    options = LiveOptions(**take(values, LIVE_FIELDS))
+    request = {f.name: values.pop(f.name) for f in FIELDS if f.name not in NOT_LIVE}
+    engine = take_engine_options(values, config_path)
+    from ditto_fast.live.start import run_live
+    from ditto_fast.live.stats import LiveStats
+
+    say = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+    stats = run_live(request, options, engine, stop_at_end, say)
+    click.echo(LiveStats.line(stats), err=True)
 
 
 # ----------------------------------------------------------------------------- qc

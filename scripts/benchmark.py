@@ -7,6 +7,7 @@
     python scripts/benchmark.py render   [--quick] [--tiny]
     python scripts/benchmark.py batch    [--quick] [--tiny]
     python scripts/benchmark.py serve    [--quick] [--tiny]   cold render vs warm serve (--tiny: 20 jobs vs batch, breaking)
+    python scripts/benchmark.py live     [--quick]          speech piped into `live`: latency, RTF per stage, tiny 720p/1080p, full 720p
     python scripts/benchmark.py picture  [--quick]          per kind of source: plate, times, colour patches
     python scripts/benchmark.py plate    [--quick]          a grainy 720p camera clip: plate size, decode cost, error
     python scripts/benchmark.py delivery [--quick]          per profile: 10 s render and its QC, encoder cost, loudness
@@ -43,6 +44,7 @@ SUITES = {
     "delivery": ["bench_delivery"],
     "batch": ["bench_batch"],
     "serve": ["bench_serve"],
+    "live": ["bench_live"],
     "cpu": ["bench_cpu_speed"],
     "precision": ["bench_precision"],
 }

@@ -11,7 +11,7 @@ PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
     {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery"},
-    {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"serve"}, {"doctor"}, {"console"}, {"cli"},
+    {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"live"}, {"serve"}, {"doctor"}, {"console"}, {"cli"},
 )
 
 

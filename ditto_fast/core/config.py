@@ -88,14 +88,22 @@ class RenderConfig:
 
 
 @dataclass
+class LiveConfig:
+    overlap: int = setting(int, 40, 79)               # the online loop's overlap: 80 - overlap new frames a window
+    max_latency: float = setting(float, 0.5, 60.0)    # seconds the stream may lag its speech at most
+
+
+@dataclass
 class Config:
     register: RegisterConfig
     motion: MotionConfig
     clip: ClipConfig
     render: RenderConfig
+    live: LiveConfig
 
 
-_SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "clip": ClipConfig, "render": RenderConfig}
+_SECTION_CLASSES = {"register": RegisterConfig, "motion": MotionConfig, "clip": ClipConfig, "render": RenderConfig,
+                    "live": LiveConfig}
 
 
 def _check(value: Any, meta: dict, where: str) -> Any:

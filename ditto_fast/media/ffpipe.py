@@ -95,6 +95,18 @@ def last_stderr_line(stderr_file: IO[bytes]) -> str:
     return re.sub(r"^\[[^\]]*@ 0x[0-9a-fA-F]+\]\s*", "", lines[-1]) if lines else ""
 
 
+def first_stderr_line(stderr_file: IO[bytes]) -> str:
+    """The first non-empty line ffmpeg wrote to `stderr_file` (at -loglevel error: the cause, where the last line is
+    ffmpeg's summary "Error opening input files: ..."), without its "[... @ 0x...] " context prefix."""
+    try:
+        stderr_file.seek(0)
+        text = stderr_file.read(1 << 16).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return ""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return re.sub(r"^\[[^\]]*@ 0x[0-9a-fA-F]+\]\s*", "", line)
+
+
 class TruncatedFrame(EOFError):
     """The stream ended part-way through a frame."""
 

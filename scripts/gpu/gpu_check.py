@@ -196,6 +196,8 @@ def run(args: argparse.Namespace, seconds: float, tmp: Path, t_start: float) -> 
                   flush=True)
     out["renders"] = renders
     out["engine_process"] = engine_process(engine, base_setup, audio, tmp, renders)
+    engine.setup, engine.config = base_setup, base_cfg
+    out["live"] = [live_loop(engine, audio, tmp, overlap, steps) for overlap, steps in ((70, 25), (70, 10), (75, 10))]
     out["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else 0
     out["seconds"] = round(time.perf_counter() - t_start, 1)
     print(f"peak GPU memory {out['peak_gpu_bytes'] / 2**30:.2f} GiB; whole check {out['seconds']:.0f} s")
@@ -203,6 +205,36 @@ def run(args: argparse.Namespace, seconds: float, tmp: Path, t_start: float) -> 
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def live_loop(engine, audio: Path, tmp: Path, overlap: int, steps: int) -> dict:
+    """`ditto-fast live` in this process: the speech file at its own pace into the online loop, the 1080p avatar, a
+    .ts stream out (x264); the session's stats and what each stage leaves of a frame's 40 ms at 25 fps."""
+    from fractions import Fraction
+
+    from ditto_fast.live.outputs import StreamOutput
+    from ditto_fast.live.session import LiveSession, LiveSettings
+    from ditto_fast.live.sources import open_source
+    from ditto_fast.motion.conditions import emotion_vector
+
+    avatar = engine.avatar("gpu_check")
+    settings = LiveSettings(emotion=emotion_vector("neutral"), seed=0, steps=steps,
+                            overlap=overlap, rate=Fraction(25), blend=engine.config.render.blend, controls=None,
+                            max_latency=3.0, stop_at_end=True)
+    output = StreamOutput(str(tmp / f"live_{overlap}_{steps}.ts"), avatar.size, settings.rate, "yuv420p",
+                          crf=engine.setup.crf, preset=engine.setup.preset, encoder="libx264")
+    s = LiveSession(engine, avatar, open_source(str(audio)), output, settings).run()
+    per = s["ms_per_frame"]
+    motion_ms = 1000 * (s["rtf"]["audio_features"] + s["rtf"]["motion"]) / 25
+    s["budget_left_ms"] = {"frames thread": round(40 - per["stitch"] - per["render"] - per["handoff"], 1),
+                           "output thread": round(40 - per["putback"] - per["write"], 1),
+                           "motion thread": round(40 - motion_ms, 1)}
+    f, lat = s["frames"], s["latency_s"] or {}
+    print(f"live 1080p25, overlap {overlap}, {steps} steps: first frame {1000 * (s['first_frame_latency_s'] or 0):.0f} ms, latency "
+          f"median {1000 * lat.get('median', 0):.0f} ms; {f['sent']} frames, {f['on_time']} on time, {f['repeated']} "
+          f"repeated; RTF " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None)
+          + "; of 40 ms a frame left: " + ", ".join(f"{k} {v} ms" for k, v in s["budget_left_ms"].items()), flush=True)
+    return {"overlap": overlap, "steps": steps, **s}
 
 
 def engine_process(engine, setup, audio: Path, tmp: Path, renders: list[dict]) -> dict:

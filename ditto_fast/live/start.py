@@ -1,0 +1,59 @@
+"""`ditto-fast live` below the command line: check everything a user gives before any network loads, then load the
+engine, open the avatar, the source and the stream, and run the session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from ditto_fast.core.errors import UsageError
+from ditto_fast.engine.options import EngineOptions
+from ditto_fast.engine.request import check_field
+from ditto_fast.live.options import LiveOptions, check_live_request, live_settings
+from ditto_fast.live.outputs import StreamOutput, check_destination
+from ditto_fast.live.sources import open_source
+
+ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", True): "h264_nvenc",
+            ("hevc", True): "hevc_nvenc"}
+
+
+def run_live(request: dict[str, Any], options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
+             log: Callable[[str], None], stdin_fd: int | None = None) -> dict:
+    """Stream `request["avatar"]` speaking what `options.audio_in` brings to `options.out` until the source ends
+    (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`)."""
+    request = {k: check_field(k, v) for k, v in request.items()}
+    checked = check_live_request(request, engine.settings())
+    check_destination(options.out)
+    if options.stats is not None and options.stats.is_dir():
+        raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
+    source = open_source(options.audio_in, stdin_fd=stdin_fd)         # checked: missing file, unknown scheme
+    from ditto_fast.engine.renderer import Renderer
+    from ditto_fast.live.session import LiveSession
+
+    renderer = Renderer(options=engine)
+    avatar = renderer.avatar(request["avatar"])
+    settings = live_settings(request, checked, options, renderer.config, avatar, stop_at_end)
+    codec = checked["codec"]
+    output = StreamOutput(options.out, avatar.size, settings.rate, _plate_pix_fmt(avatar), crf=renderer.setup.crf,
+                          preset=renderer.setup.preset, encoder=ENCODERS[codec, renderer.setup.nvenc])
+    log(f"live: {avatar.name} to {options.out} at {settings.rate} fps, {avatar.size[0]}x{avatar.size[1]}, "
+        f"overlap {settings.overlap}, --max-latency {settings.max_latency:g} s"
+        + (", RANDOM WEIGHTS: the face region is noise" if renderer.random_weights or avatar.random_weights else ""))
+    try:
+        stats = LiveSession(renderer, avatar, source, output, settings, log).run()
+    except BaseException:
+        source.close()
+        output.abort()
+        raise
+    if options.stats is not None:
+        Path(options.stats).write_text(json.dumps(stats, indent=2) + "\n")
+    return stats
+
+
+def _plate_pix_fmt(avatar) -> str:
+    """The pixel format of the avatar's plate planes (what the putback hands the encoder)."""
+    from ditto_fast.avatar.plate import PlateReader
+
+    with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes") as plate:
+        return plate.layout.pix_fmt

@@ -1,0 +1,104 @@
+"""What a live session measures: latency from speech in to picture out, each stage's share of real time, and the
+frames that left late, repeated or not at all."""
+
+from __future__ import annotations
+
+import time
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+
+from ditto_fast.live.stream_audio import RATE
+
+STAGES = ("audio_features", "motion", "stitch", "render", "handoff", "putback", "write")
+MADE = ("stitch", "render", "handoff")      # stages of the frames made (the others: of every frame sent)
+BEHIND_EVERY_S = 5.0        # at most one "behind" line in the log this often
+
+
+class LiveStats:
+    """Counters and latencies of one session; `summary()` is the --stats JSON."""
+
+    def __init__(self, rate: Fraction):
+        self.rate = rate
+        self.seconds = {k: 0.0 for k in STAGES}
+        self.slots = 0              # frames sent
+        self.rendered = 0           # frames made (stitch + warp + decode)
+        self.sent = 0               # of the slots, frames sent as made for them
+        self.held = 0               # slots sent before any frame was made: the plate as shot
+        self.repeated = 0           # slots whose frame was not ready: the last one again
+        self.skipped = 0            # frames not made because they would have missed their slots
+        self.late = 0               # frames made that came after their slot had gone
+        self.motion_skipped = 0.0   # seconds of speech whose motion was dropped to catch up with the clock
+        self.source_error: str | None = None
+        self.latencies: list[float] = []
+        self.first_frame: float | None = None
+        self._behind_at, self._behind_from = 0.0, 0
+
+    def begin(self, start: float, audio) -> None:
+        """The session's start (monotonic) and its stream audio."""
+        self.start, self.audio = start, audio
+
+    def sent_rendered(self, i: int) -> None:
+        self.sent += 1
+
+    def latency(self, i: int, sent: float, arrivals: list[float], first_speech: tuple[int, float] | None,
+                samples: tuple[int, int]) -> None:
+        """Output frame i, made for its slot, left at `sent` carrying the motion of stream samples [a, b): the speech
+        that arrived in them, and the first speech of the stream once a frame at or after it leaves."""
+        self.latencies += [sent - t for t in arrivals]
+        if self.first_frame is None and first_speech is not None and samples[1] > first_speech[0]:
+            self.first_frame = sent - first_speech[1]
+
+    def note_behind(self, log: Callable[[str], None]) -> None:
+        """Say in the log, at most every BEHIND_EVERY_S, that frames are being repeated."""
+        now = time.monotonic()
+        if now - self._behind_at >= BEHIND_EVERY_S:
+            log(f"live: rendering is behind the clock: {self.repeated - self._behind_from} frame(s) repeated and "
+                f"{self.skipped} skipped so far; the stream keeps its rate and its audio")
+            self._behind_at, self._behind_from = now, self.repeated
+
+    def summary(self, interrupted: bool) -> dict:
+        """The figures as JSON-ready values: latencies in seconds, each stage's real-time factor (its seconds per
+        second of stream), the frame counts."""
+        stream_s = self.slots / float(self.rate) if self.slots else 0.0
+        lat = np.array(self.latencies) if self.latencies else None
+        audio = getattr(self, "audio", None)
+        return {
+            "stream_seconds": round(stream_s, 3),
+            "speech_seconds": round(audio.speech / RATE, 3) if audio else 0.0,
+            "first_frame_latency_s": None if self.first_frame is None else round(self.first_frame, 4),
+            "latency_s": None if lat is None else {"median": round(float(np.median(lat)), 4),
+                                                   "p95": round(float(np.percentile(lat, 95)), 4),
+                                                   "max": round(float(lat.max()), 4)},
+            "rtf": self.rtf(stream_s),
+            "ms_per_frame": {k: round(1000 * v / max(1, self.rendered if k in MADE else self.slots), 2)
+                             for k, v in self.seconds.items() if k not in ("audio_features", "motion")},
+            "frames": {"sent": self.slots, "rendered": self.rendered, "on_time": self.sent, "held": self.held,
+                       "repeated": self.repeated, "skipped": self.skipped, "late": self.late},
+            "motion_skipped_s": round(self.motion_skipped, 3),
+            "source_error": self.source_error,
+            "ended_by": "interrupt" if interrupted else "end of source",
+        }
+
+    def rtf(self, stream_s: float) -> dict:
+        """Each stage's seconds per second of stream, as if it had made every frame: the motion stages per second of
+        audio they took in, the frame stages per frame made (or sent) times the rate."""
+        fps = float(self.rate)
+        audio_s = max(1e-9, stream_s - self.motion_skipped)
+        out = {k: round(self.seconds[k] / audio_s, 4) if stream_s else None for k in ("audio_features", "motion")}
+        for k in ("stitch", "render", "handoff", "putback", "write"):
+            n = self.rendered if k in MADE else self.slots
+            out[k] = round(self.seconds[k] / n * fps, 4) if n else None
+        return out
+
+    @staticmethod
+    def line(summary: dict) -> str:
+        """The one line the command prints at the end."""
+        f, lat = summary["frames"], summary["latency_s"]
+        ffl = summary["first_frame_latency_s"]
+        return (f"live: {summary['stream_seconds']:.1f} s streamed ({summary['speech_seconds']:.1f} s of speech), "
+                f"{f['sent']} frames: {f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped, "
+                f"{f['held']} held; first frame "
+                + (f"{ffl * 1000:.0f} ms" if ffl is not None else "n/a")
+                + (f", latency median {lat['median'] * 1000:.0f} ms p95 {lat['p95'] * 1000:.0f} ms" if lat else ""))

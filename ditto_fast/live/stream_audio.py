@@ -1,0 +1,83 @@
+"""The live stream's audio on the wall clock: what the source gave, silence where it gave nothing in time.
+
+Stream sample p (16 kHz) is due `IN_JITTER` seconds after p / 16000 s of the stream's wall time: by then the source's
+next samples are taken if they came, and silence stands in for what did not (a quiet feed, a pause between
+answers). Speech that comes faster than it is spoken (a TTS engine writing a whole answer at once) waits in the
+source's buffer and is taken at the pace it is spoken. Every block taken from the source is remembered with its
+arrival time, so the output can say how long each piece of speech took to leave as picture.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+
+RATE = 16000
+IN_JITTER = 0.1         # seconds a source's samples may come late before silence stands in for them
+KEEP_SECONDS = 120      # audio kept behind the newest sample for the output (far more than any latency allowed)
+
+
+class StreamAudio:
+    """The stream's 16 kHz audio, decided sample by sample as the wall clock passes (see the module's docstring)."""
+
+    def __init__(self, source, start: float, jitter: float = IN_JITTER):
+        self.source, self.start, self.jitter = source, start, jitter
+        self._ring = np.zeros(KEEP_SECONDS * RATE, np.float32)   # stream sample p at p % len
+        self.length = 0                           # samples decided so far
+        self.speech = 0                           # of them, samples the source gave
+        self.taken = 0                            # source samples taken (its own sample count)
+        self.arrivals: collections.deque = collections.deque(maxlen=4096)    # (stream pos, source pos, arrived at)
+        self.first_speech: tuple[int, float] | None = None                   # (stream pos, arrived at)
+        self.closed_at: int | None = None         # stream length when the source ran dry for good
+        self._lock = threading.Lock()
+
+    def due(self, now: float) -> int:
+        """Samples the stream must hold by wall time `now`."""
+        return max(0, int((now - self.start - self.jitter) * RATE))
+
+    def advance(self, now: float, end_with_source: bool = False) -> np.ndarray:
+        """Decide the stream up to due(now): the source's samples first, silence for the rest; returns the new samples
+        [n] float32. With `end_with_source` (--stop-at-end) a source that has ended and given all it had closes the
+        stream after its last sample (no silence after it)."""
+        want = self.due(now) - self.length
+        if self.closed_at is not None or want <= 0:
+            return np.zeros(0, np.float32)
+        ended = end_with_source and self.source.ended          # read first: its last samples are in by then
+        got = self.source.take(want)
+        ending = ended and self.source.available() == 0
+        if len(got):
+            arrived = self.source.arrivals.arrival_time(self.taken) or now
+            self.arrivals.append((self.length, self.taken, arrived))
+            if self.first_speech is None:
+                self.first_speech = (self.length, arrived)
+            self.taken += len(got)
+            self.speech += len(got)
+        new = got if ending else np.concatenate([got, np.zeros(want - len(got), np.float32)])
+        with self._lock:
+            size = len(self._ring)
+            tail = new[-size:]
+            at = (self.length + len(new) - len(tail)) % size
+            first = min(len(tail), size - at)
+            self._ring[at:at + first] = tail[:first]
+            self._ring[:len(tail) - first] = tail[first:]
+            self.length += len(new)
+            if ending:
+                self.closed_at = self.length
+        return new
+
+    def pcm16(self, a: int, b: int) -> np.ndarray:
+        """Stream samples [a, b) as int16 (silence where the stream has none: past its end, or long forgotten)."""
+        out = np.zeros(max(0, b - a), np.int16)
+        with self._lock:
+            size = len(self._ring)
+            lo, hi = max(a, self.length - size, 0), min(b, self.length)
+            if hi > lo:
+                part = self._ring[np.arange(lo, hi) % size]
+                out[lo - a:hi - a] = np.clip(np.round(part * 32768.0), -32768, 32767).astype(np.int16)
+        return out
+
+    def arrived_in(self, a: int, b: int) -> list[float]:
+        """Arrival times of the source blocks that start in stream samples [a, b)."""
+        return [t for pos, _, t in list(self.arrivals) if a <= pos < b]
