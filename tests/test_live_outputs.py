@@ -75,7 +75,8 @@ def check_stream(path: Path, frames: int = FRAMES, lost: float = 0.0) -> None:
     assert "h264" in video[0] and "160x96" in video[0] and re.search(r"\b25 fps", video[0]), video[0]
     assert "aac" in audio[0] and "48000 Hz" in audio[0] and "stereo" in audio[0], audio[0]
     w, h = SIZE
-    pictures = len(decoded(path, "0:v:0", ["-fps_mode", "passthrough", "-f", "rawvideo", "-pix_fmt", "gray"])) // (w * h)
+    pictures = len(decoded(path, "0:v:0", ["-fps_mode", "passthrough", "-f", "rawvideo", "-pix_fmt", "gray"]))
+    pictures //= w * h
     seconds = len(decoded(path, "0:a:0", ["-f", "s16le", "-ac", "1", "-ar", "48000"])) / 2 / 48000 - 1024 / 48000
     assert frames - lost * RATE <= pictures <= frames, pictures
     assert -lost - 1 / RATE <= seconds - frames / RATE <= 1 / RATE, seconds

@@ -9,10 +9,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
-from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 import imageio_ffmpeg
@@ -34,6 +34,8 @@ QUEUED_FRAMES = 8           # frames (and their audio) waiting for ffmpeg before
 PUT_WAIT_S = 0.1            # how often a waiting write() looks whether ffmpeg is still there
 SRT_LINGER_S = 2            # at close, SRT waits at most this long for the receiver to take what was sent
 CLOSE_TIMEOUT_S = 30.0      # close() waits this long for ffmpeg to finish, then kills it
+FILE_FIX = "check free disk space and that the folder is still writable"
+NETWORK_FIX = "check that the receiver is up and reachable"
 
 
 def _kinds_text() -> str:
@@ -163,7 +165,8 @@ class StreamOutput:
 
     Timestamps come from the frame and sample counts (ffmpeg's rawvideo and s16le inputs), so picture and audio are
     in sync by construction. Each input is written by a thread of its own from a bounded queue; write() waits while
-    ffmpeg cannot keep up and raises InputError naming `dest` once ffmpeg is gone.
+    ffmpeg cannot keep up (a slow network; an SRT listener until its caller comes) and raises InputError naming
+    `dest` once ffmpeg is gone (a refused or lost connection, a full disk).
     """
 
     def __init__(self, dest: str, size: tuple[int, int], rate: Fraction, pix_fmt: str, *, crf: int = 23,
@@ -176,7 +179,8 @@ class StreamOutput:
         width, height = int(size[0]), int(size[1])
         if width <= 0 or height <= 0 or width % 2 or height % 2:
             raise ValueError(f"frame size must be positive and even for yuv420p, got {width}x{height}")
-        self.size, self.rate, self.pix_fmt = (width, height), Fraction(rate), pix_fmt
+        self.rate = Fraction(rate).limit_denominator(1001) if isinstance(rate, float) else Fraction(rate)
+        self.size, self.pix_fmt = (width, height), pix_fmt
         self.frame_bytes = _frame_bytes(pix_fmt, width, height)
         self.gop = max(1, round(gop_seconds * self.rate))
         self.frames_written = 0
@@ -259,19 +263,20 @@ class StreamOutput:
         try:
             code = self._proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self._kill()
-            raise InputError(f"streaming to {self.dest} failed: ffmpeg had not finished {timeout:g} s after the "
-                             f"end; check the receiver") from None
+            self._release()
+            raise InputError(f"streaming to {self.dest} ({self.kind}) failed: ffmpeg had not finished {timeout:g} s "
+                             f"after the end; {self._fix()}") from None
         if code != 0 or self._video.error or self._audio.error:
             self._fail()
-        self._kill()
+        self._release()
 
     def abort(self) -> None:
         """Kill ffmpeg at once: what it wrote stays, a file without its end (idempotent)."""
         self._closed = True
-        self._kill()
+        self._release()
 
-    def _kill(self) -> None:
+    def _release(self) -> None:
+        """Kill ffmpeg if it still runs, end the feeder threads, close the stderr file."""
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
@@ -288,11 +293,14 @@ class StreamOutput:
             code = None
         reason = first_stderr_line(self._stderr) if not self._stderr.closed else ""
         broken = self._video.error or self._audio.error
-        self._kill()
+        self._release()
         if not reason:
             reason = f"ffmpeg exited with status {code}" if code is not None else \
                 f"ffmpeg stopped reading ({broken.strerror})" if broken else "ffmpeg stopped"
-        raise InputError(f"streaming to {self.dest} ({self.kind}) failed: {reason}")
+        raise InputError(f"streaming to {self.dest} ({self.kind}) failed: {reason}; {self._fix()}")
+
+    def _fix(self) -> str:
+        return FILE_FIX if self.kind in ("ts file", "hls") else NETWORK_FIX
 
 
 def _frame_bytes(pix_fmt: str, width: int, height: int) -> int:

@@ -32,7 +32,7 @@ SOURCE_KINDS = ("an audio file (wav, mp3, flac, m4a, ...)", "- (s16le 16 kHz mon
 ARRIVALS_KEPT = 8192        # reads whose arrival time is kept (a file's reads are ~23 ms apart: over 3 minutes)
 READ_BYTES = 1 << 16
 POLL_S = 0.1                # how often a reader waiting for data looks whether it was closed
-# ffmpeg's output: s16le 16 kHz mono, each packet flushed at once (else avio holds 32 KiB: a second of speech)
+# ffmpeg's output: s16le 16 kHz mono, each packet flushed at once (ffmpeg's automatic rule does so for a pipe today)
 _DECODE = ["-vn", "-sn", "-dn", "-ac", "1", "-ar", str(SAMPLE_RATE), "-f", "s16le", "-flush_packets", "1", "pipe:1"]
 # a file at its own pace: -re with a 10 ms initial burst (ffmpeg's default burst is half a second, and 0 bursts too)
 _PACED = ["-re", "-readrate_initial_burst", "0.01"]
@@ -246,6 +246,8 @@ def open_source(spec: str, *, stdin_fd: int | None = None) -> AudioSource:
     except OSError as e:
         raise unreadable(path, e, "; ".join(SOURCE_KINDS)) from None
     if stat.S_ISFIFO(mode):
+        if not os.access(path, os.R_OK):
+            raise InputError(f"{path}: cannot read the named pipe (permission denied); check its permissions")
         return AudioSource(spec, fifo=path)
     what = SOURCE_KINDS[0]
     check_input_file(path, what)

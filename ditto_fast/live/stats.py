@@ -12,7 +12,7 @@ import numpy as np
 from ditto_fast.live.stream_audio import RATE
 
 STAGES = ("audio_features", "motion", "stitch", "render", "handoff", "putback", "write")
-MADE = ("stitch", "render", "handoff")      # stages of the frames made (the others: of every frame sent)
+MADE = ("stitch", "render", "handoff", "putback")    # stages of the frames made (write: of every frame sent)
 BEHIND_EVERY_S = 5.0        # at most one "behind" line in the log this often
 
 
