@@ -112,6 +112,23 @@ def tiny_checkpoints(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread; on a shared, busy CPU more threads spin and crawl."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_hubert_dir(tmp_path_factory):
+    """A tiny random HuBERT directory in the transformers layout (written once)."""
+    from ditto_fast.checkpoints.random_hubert import write_random_hubert
+
+    return write_random_hubert(tmp_path_factory.mktemp("hubert_tiny"), tiny=True, seed=0)
+
+
 def store_env(home: Path, ckpt: Path) -> dict[str, str]:
     """The environment that points ditto-fast at avatar store `home` and checkpoint root `ckpt`."""
     return {"DITTO_FAST_HOME": str(home), "DITTO_FAST_CHECKPOINTS": str(ckpt)}

@@ -17,18 +17,7 @@ from ditto_fast.checkpoints.random_hubert import RANDOM_MARK, hubert_config_dict
 from reference import hubert_features_one_by_one
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; on a shared, busy CPU more threads spin and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def tiny_hubert_dir(tmp_path_factory):
-    return write_random_hubert(tmp_path_factory.mktemp("hubert_tiny"), tiny=True, seed=0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")

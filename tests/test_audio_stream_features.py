@@ -9,21 +9,9 @@ from transformers import HubertModel
 
 from ditto_fast.audio.hubert import HubertFeatures, window_starts
 from ditto_fast.audio.stream_features import CHUNK_HOP, CHUNK_LOOKAHEAD, STREAM_PAD_FRONT, StreamFeatures
-from ditto_fast.checkpoints.random_hubert import write_random_hubert
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; on a shared, busy CPU more threads spin and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_hubert_dir(tmp_path_factory):
-    return write_random_hubert(tmp_path_factory.mktemp("hubert_tiny_stream"), tiny=True, seed=0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
