@@ -185,3 +185,11 @@ def test_bad_input_is_one_line(live_env, tmp_path, args, code, words):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and words in lines[0], err
     assert not (tmp_path / "x.ts").exists()
+
+
+def test_numbers_on_the_command_line_are_numbers(live_env, tmp_path):
+    """--max-latency 5 is taken (a float setting given as text), and the next refusal is the unknown avatar's."""
+    p = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "live", "--avatar", "nobody", "--audio-in", "-",
+                        "--out", str(tmp_path / "x.ts"), "--max-latency", "5"], env=live_env, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert p.returncode == 5 and "nobody" in p.stderr, p.stderr

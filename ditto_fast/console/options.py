@@ -28,15 +28,15 @@ class DeclaredSetting(click.ParamType):
         self.decl = declaration(section, key)
         self.name = "|".join(self.decl["choices"]) if self.decl["choices"] else \
             "|".join(("N", *self.decl["words"])) if self.decl["words"] else \
-            "INTEGER" if self.decl["kind"] is int else "TEXT"
+            "INTEGER" if self.decl["kind"] is int else "NUMBER" if self.decl["kind"] is float else "TEXT"
 
     def get_metavar(self, param, ctx=None) -> str:
         return f"[{self.name}]" if self.decl["choices"] else self.name
 
     def convert(self, value, param, ctx):
-        if self.decl["kind"] is int and isinstance(value, str):
+        if self.decl["kind"] in (int, float) and isinstance(value, str):
             try:
-                value = int(value)
+                value = self.decl["kind"](value)
             except ValueError:
                 pass                            # refused below, with the setting's own message
         try:
