@@ -11,17 +11,16 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from ditto_fast.audio.decode import SAMPLES_PER_FRAME
 from ditto_fast.audio.stream_features import CHUNK_HOP, StreamFeatures
 from ditto_fast.avatar import Avatar
 from ditto_fast.core.config import MotionConfig
 from ditto_fast.media.rates import MOTION_FPS
-from ditto_fast.media.timeline import mirror_positions
+from ditto_fast.media.timeline import mirror_positions, source_positions
 from ditto_fast.motion.conditions import build_conditions, condition_parts
 from ditto_fast.motion.ddim import DDIMSampler
 from ditto_fast.motion.keypoints import info_to_motion
 from ditto_fast.motion.sampling import OnlineMotionSampler
-
-SAMPLES_PER_ROW = 640       # 16 kHz samples per 25 fps motion frame
 
 
 class LiveMotion:
@@ -32,12 +31,11 @@ class LiveMotion:
                  seed: int, steps: int, overlap: int, device: torch.device):
         self.hubert, self.avatar, self.emotion = hubert, avatar, np.asarray(emotion, np.float32)  # emotion [8]
         self.parts = condition_parts(lmdm.cond_dim, hubert.hidden_size)
-        self.ratio = Fraction(avatar.rate) / MOTION_FPS          # source frames per motion frame
         self.seconds = {"audio_features": 0.0, "motion": 0.0}
         self.sampler = OnlineMotionSampler(DDIMSampler(lmdm, steps, settings.guidance), overlap=overlap,
                                            window=lmdm.seq_len, smooth_window=settings.smooth_window, device=device)
         t0 = time.perf_counter()
-        silence = hubert.features(np.zeros(overlap * SAMPLES_PER_ROW, np.float32))        # [overlap, H], as Ditto
+        silence = hubert.features(np.zeros(overlap * SAMPLES_PER_FRAME, np.float32))        # [overlap, H], as Ditto
         self.seconds["audio_features"] += time.perf_counter() - t0
         gen = torch.Generator(device=device).manual_seed(int(seed))
         self.sampler.start(info_to_motion(avatar.frame_info(0)), self._conditions(silence, np.zeros(overlap, np.int64)),
@@ -54,8 +52,8 @@ class LiveMotion:
     def _conditions(self, feats: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """[k, C] conditions of feature rows [k, H] at motion indices `rows` [k] (eye features of the source frame
         at each row's time, as a render takes them)."""
-        src = mirror_positions(rows * self.ratio.numerator // self.ratio.denominator, self.avatar.n_frames)
         a = self.avatar
+        src = mirror_positions(source_positions(rows, Fraction(MOTION_FPS), a.rate), a.n_frames)
         return build_conditions(feats, self.parts, np.repeat(self.emotion[None], len(rows), 0), a.eye_open,
                                 a.eye_ball, a.sc, src_idx=src)
 
@@ -100,4 +98,4 @@ class LiveMotion:
         if sample % CHUNK_HOP:
             raise ValueError(f"a skip lands on a chunk boundary ({CHUNK_HOP} samples), got {sample}")
         self.features = StreamFeatures(self.hubert)
-        self.next_row = sample // SAMPLES_PER_ROW
+        self.next_row = sample // SAMPLES_PER_FRAME

@@ -28,12 +28,15 @@ import numpy as np
 
 from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.plate import PlateReader
+from ditto_fast.core.errors import Terminated
 from ditto_fast.audio.stream_features import CHUNK_HOP
-from ditto_fast.live.motion import SAMPLES_PER_ROW, LiveMotion
+from ditto_fast.live.motion import LiveMotion
 from ditto_fast.live.stats import LiveStats
 from ditto_fast.live.stream_audio import RATE, StreamAudio
 from ditto_fast.media.rates import MOTION_FPS
-from ditto_fast.media.timeline import mirror_positions
+from ditto_fast.audio.decode import SAMPLES_PER_FRAME, frame_count
+from ditto_fast.media.rates import frames_for
+from ditto_fast.media.timeline import mirror_index, mirror_positions, motion_positions, source_positions
 from ditto_fast.motion.controls import Controls
 from ditto_fast.motion.keypoints import motion_to_info
 from ditto_fast.motion.stitch import MotionStitch
@@ -73,11 +76,10 @@ class LiveSession:
         self._motion_low = 0                                  # motion indices below it will never come
         self._motion_end: int | None = None                   # one past the last motion index, once the stream ended
         self._end_slot: int | None = None                     # one past the last output frame, once known
-        self._crops: queue.Queue = queue.Queue(maxsize=max(4, 2 * (80 - settings.overlap)))
+        self.window_frames = renderer.lmdm.seq_len - settings.overlap     # new motion frames per LMDM window
+        self._crops: queue.Queue = queue.Queue(maxsize=max(4, 2 * self.window_frames))
         self._t0: float | None = None                         # wall time of slot 0
-        self._t0_set = threading.Event()
         self._errors: list[BaseException] = []
-        self.window_frames = renderer.lmdm.seq_len - settings.overlap
         self.render_estimate = 0.0                            # seconds a frame's stitch + warp + decode takes
 
     # -- the clock ---------------------------------------------------------------------------------------------
@@ -109,16 +111,15 @@ class LiveSession:
                              "of it")
                     new, fed = new[start - fed:], start
                     with self._motion_cv:
-                        self._motion_low = max(self._motion_low, start // SAMPLES_PER_ROW)
+                        self._motion_low = max(self._motion_low, start // SAMPLES_PER_FRAME)
                 fed += len(new)
                 if len(new):
                     self._publish(motion.feed(new))
                 if audio.closed_at is not None:
                     self._publish(motion.finish())
                     with self._motion_cv:
-                        self._motion_end = -(-audio.closed_at // SAMPLES_PER_ROW)
-                        self._end_slot = max(1, -(-audio.closed_at * self.s.rate.numerator //
-                                                  (RATE * self.s.rate.denominator)))
+                        self._motion_end = frame_count(audio.closed_at)
+                        self._end_slot = max(1, frames_for(audio.closed_at, self.s.rate))
                         self._motion_cv.notify_all()
                     return
                 if self.source.error and not self.stats.source_error:
@@ -140,9 +141,8 @@ class LiveSession:
     def _motion_for(self, i: int) -> tuple[np.ndarray, np.ndarray, float] | None:
         """The two motion frames around output frame i's time and the weight of the second, waiting for them; None
         when they will never come (skipped, or past the stream's end) or the session stops."""
-        pos = i * MOTION_FPS * self.s.rate.denominator
-        j0, rem = divmod(pos, self.s.rate.numerator)
-        w = rem / self.s.rate.numerator
+        at, past = motion_positions(i, self.s.rate)
+        j0, w = int(at), float(past)
         with self._motion_cv:
             while not self._stop.is_set():
                 end = self._motion_end
@@ -202,19 +202,18 @@ class LiveSession:
                     continue
             timer["handoff"] += time.perf_counter() - t2
             i += 1
-        self._crops.put(None) if not self._crops.full() else None
+        if not self._crops.full():                  # the output stops waiting for crops (it ends at its last slot)
+            self._crops.put(None)
 
     def _source_frame(self, i: int) -> int:
         """The plate frame output frame i shows (the source's own time, mirror-looped)."""
-        ratio = Fraction(self.avatar.rate) / self.s.rate
-        return int(mirror_positions(np.array([i * ratio.numerator // ratio.denominator]), self.avatar.n_frames)[0])
+        return mirror_index(int(source_positions(i, self.s.rate, self.avatar.rate)), self.avatar.n_frames)
 
     # -- output thread -----------------------------------------------------------------------------------------
     def _plate(self, first: int) -> PlateReader:
         a = self.avatar
-        horizon = int(PLATE_HORIZON_S * self.s.rate)
-        ratio = Fraction(a.rate) / self.s.rate
-        order = mirror_positions(np.arange(first, first + horizon) * ratio.numerator // ratio.denominator, a.n_frames)
+        frames = np.arange(first, first + int(PLATE_HORIZON_S * self.s.rate))
+        order = mirror_positions(source_positions(frames, self.s.rate, a.rate), a.n_frames)
         return PlateReader(a.plate_source, a.n_frames, is_image=a.is_image, pix_fmt="planes", order=order)
 
     def _output_loop(self, audio: StreamAudio) -> None:
@@ -235,7 +234,6 @@ class LiveSession:
         if first is None:
             return
         self._t0 = min(first + (self.window_frames + 2) / MOTION_FPS, self.start + self.s.max_latency)
-        self._t0_set.set()
         i, ended = 0, False
         try:
             while not self._stop.is_set():
@@ -268,7 +266,7 @@ class LiveSession:
                 frame = ready.pop(i, None)
                 if frame is not None:
                     last = frame
-                    st.sent_rendered(i)
+                    st.sent += 1
                 elif last is None:                          # nothing rendered yet: the plate as shot
                     last = plate.frame(self._source_frame(i))
                     st.held += 1
@@ -283,7 +281,7 @@ class LiveSession:
                 sent = time.monotonic()
                 timer["write"] += time.perf_counter() - t0
                 if frame is not None:
-                    st.latency(i, sent, audio.arrived_in(*samples), audio.first_speech, samples)
+                    st.latency(sent, audio.arrived_in(*samples), audio.first_speech, samples)
                 st.slots = i + 1
                 i += 1
         finally:
@@ -309,8 +307,6 @@ class LiveSession:
     # -- the whole -----------------------------------------------------------------------------------------------
     def run(self) -> dict:
         """Stream until the end, `stop()` or an interrupt; close the output cleanly; return the stats."""
-        from ditto_fast.core.errors import Terminated
-
         r = self.renderer
         if r.device.type == "cpu":      # two threads of networks (motion, frames): one core each, not both on both
             import torch
@@ -321,7 +317,7 @@ class LiveSession:
         self.start = time.monotonic()
         self.source.start()
         audio = StreamAudio(self.source, self.start)
-        self.stats.begin(self.start, audio)
+        self.stats.audio = audio
         threads = [threading.Thread(target=self._motion_loop, args=(motion, audio), name="live-motion", daemon=True),
                    threading.Thread(target=self._output_loop, args=(audio,), name="live-output", daemon=True)]
         for t in threads:
@@ -337,7 +333,7 @@ class LiveSession:
             for t in threads:
                 t.join(timeout=10)
             self.source.close()
-            self.stats.seconds.update({f"{k}": v for k, v in motion.seconds.items()})
+            self.stats.seconds.update(motion.seconds)
             if self._errors:
                 self.output.abort()
             else:

@@ -33,18 +33,12 @@ class LiveStats:
         self.source_error: str | None = None
         self.latencies: list[float] = []
         self.first_frame: float | None = None
+        self.audio = None           # the session's StreamAudio, once it runs
         self._behind_at, self._behind_from = 0.0, 0
 
-    def begin(self, start: float, audio) -> None:
-        """The session's start (monotonic) and its stream audio."""
-        self.start, self.audio = start, audio
-
-    def sent_rendered(self, i: int) -> None:
-        self.sent += 1
-
-    def latency(self, i: int, sent: float, arrivals: list[float], first_speech: tuple[int, float] | None,
+    def latency(self, sent: float, arrivals: list[float], first_speech: tuple[int, float] | None,
                 samples: tuple[int, int]) -> None:
-        """Output frame i, made for its slot, left at `sent` carrying the motion of stream samples [a, b): the speech
+        """An output frame, made for its slot, left at `sent` carrying the motion of stream samples [a, b): the speech
         that arrived in them, and the first speech of the stream once a frame at or after it leaves."""
         self.latencies += [sent - t for t in arrivals]
         if self.first_frame is None and first_speech is not None and samples[1] > first_speech[0]:
@@ -63,7 +57,7 @@ class LiveStats:
         second of stream), the frame counts."""
         stream_s = self.slots / float(self.rate) if self.slots else 0.0
         lat = np.array(self.latencies) if self.latencies else None
-        audio = getattr(self, "audio", None)
+        audio = self.audio
         return {
             "stream_seconds": round(stream_s, 3),
             "speech_seconds": round(audio.speech / RATE, 3) if audio else 0.0,

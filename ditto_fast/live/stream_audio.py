@@ -26,9 +26,7 @@ class StreamAudio:
         self.source, self.start, self.jitter = source, start, jitter
         self._ring = np.zeros(KEEP_SECONDS * RATE, np.float32)   # stream sample p at p % len
         self.length = 0                           # samples decided so far
-        self.speech = 0                           # of them, samples the source gave
-        self.taken = 0                            # source samples taken (its own sample count)
-        self.arrivals: collections.deque = collections.deque(maxlen=4096)    # (stream pos, source pos, arrived at)
+        self.arrivals: collections.deque = collections.deque(maxlen=4096)    # (stream pos, arrived at), in order
         self.first_speech: tuple[int, float] | None = None                   # (stream pos, arrived at)
         self.closed_at: int | None = None         # stream length when the source ran dry for good
         self._lock = threading.Lock()
@@ -45,15 +43,14 @@ class StreamAudio:
         if self.closed_at is not None or want <= 0:
             return np.zeros(0, np.float32)
         ended = end_with_source and self.source.ended          # read first: its last samples are in by then
+        first = self.source.taken                               # the source's index of the first sample taken now
         got = self.source.take(want)
         ending = ended and self.source.available() == 0
         if len(got):
-            arrived = self.source.arrivals.arrival_time(self.taken) or now
-            self.arrivals.append((self.length, self.taken, arrived))
+            arrived = self.source.arrivals.arrival_time(first) or now
+            self.arrivals.append((self.length, arrived))
             if self.first_speech is None:
                 self.first_speech = (self.length, arrived)
-            self.taken += len(got)
-            self.speech += len(got)
         new = got if ending else np.concatenate([got, np.zeros(want - len(got), np.float32)])
         with self._lock:
             size = len(self._ring)
@@ -78,6 +75,17 @@ class StreamAudio:
                 out[lo - a:hi - a] = np.clip(np.round(part * 32768.0), -32768, 32767).astype(np.int16)
         return out
 
+    @property
+    def speech(self) -> int:
+        """Samples of the stream that the source gave (the rest is silence)."""
+        return self.source.taken
+
     def arrived_in(self, a: int, b: int) -> list[float]:
-        """Arrival times of the source blocks that start in stream samples [a, b)."""
-        return [t for pos, _, t in list(self.arrivals) if a <= pos < b]
+        """Arrival times of the source blocks that start in stream samples [a, b), forgetting every block before b
+        (the output asks slot after slot, in order: each block is looked at once)."""
+        out = []
+        while self.arrivals and self.arrivals[0][0] < b:
+            pos, t = self.arrivals.popleft()
+            if pos >= a:
+                out.append(t)
+        return out

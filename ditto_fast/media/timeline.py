@@ -19,23 +19,32 @@ from ditto_fast.media.rates import MOTION_FPS
 def source_indices(n_out: int, out_rate: Fraction, src_rate: Fraction) -> np.ndarray:
     """[n_out] int64: the source frame shown at each output frame's time, before mirror-looping
     (floor(i * src_rate / out_rate); i itself when the rates are equal)."""
+    return source_positions(np.arange(n_out, dtype=np.int64), out_rate, src_rate)
+
+
+def source_positions(frames: np.ndarray, out_rate: Fraction, src_rate: Fraction) -> np.ndarray:
+    """source_indices of any output frame numbers [K] (a live stream's, which has no first-to-last range)."""
     ratio = Fraction(src_rate) / Fraction(out_rate)
-    i = np.arange(n_out, dtype=np.int64)
-    return i * ratio.numerator // ratio.denominator
+    return np.asarray(frames, dtype=np.int64) * ratio.numerator // ratio.denominator
 
 
 def motion_timeline(n_out: int, out_rate: Fraction, n_motion: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each output frame: the 25 fps motion frames (j0 [n_out], j1 [n_out]) around its time and the
     weight w [n_out] of j1 (0 at j0, exact 0 when the frame falls on a motion frame)."""
-    ratio = Fraction(MOTION_FPS) / Fraction(out_rate)
-    pos = np.arange(n_out, dtype=np.int64) * ratio.numerator            # motion time * ratio.denominator
-    j0 = pos // ratio.denominator
-    w = (pos % ratio.denominator) / ratio.denominator
+    j0, w = motion_positions(np.arange(n_out, dtype=np.int64), out_rate)
     last = max(0, n_motion - 1)
     j0 = np.minimum(j0, last)
     j1 = np.minimum(j0 + 1, last)
     w = np.where(j1 == j0, 0.0, w)
     return j0, j1, w.astype(np.float64)
+
+
+def motion_positions(frames: np.ndarray, out_rate: Fraction) -> tuple[np.ndarray, np.ndarray]:
+    """For output frame numbers [K]: the 25 fps motion frame at or before each one's time (j0 [K]) and how far past it
+    the frame lies (w [K], 0 on a motion frame); no end to clamp at (motion_timeline clamps to a clip's)."""
+    ratio = Fraction(MOTION_FPS) / Fraction(out_rate)
+    pos = np.asarray(frames, dtype=np.int64) * ratio.numerator          # motion time * ratio.denominator
+    return pos // ratio.denominator, (pos % ratio.denominator) / ratio.denominator
 
 
 def mirror_index(i: int, n: int) -> int:
