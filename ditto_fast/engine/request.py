@@ -145,13 +145,19 @@ class RenderRequest:
 
     def with_defaults(self, config) -> dict[str, Any]:
         """The declared settings with the config's defaults filled in: {seed, steps, emotion, codec, blend}."""
-        return {f.name: getattr(self, f.name) if getattr(self, f.name) is not None else
-                getattr(getattr(config, f.metadata["setting"][0]), f.metadata["setting"][1])
-                for f in FIELDS if f.metadata["setting"]}
+        return settings_with_defaults({f.name: getattr(self, f.name) for f in FIELDS}, config)
 
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(RenderRequest)
 JOB_KEYS = tuple(f.name for f in FIELDS)
+
+
+def settings_with_defaults(values: dict[str, Any], config) -> dict[str, Any]:
+    """The request fields that are config settings, from `values` (field name -> value, None or absent: unset) or the
+    config's defaults: {seed, steps, emotion, codec, blend}."""
+    return {f.name: values[f.name] if values.get(f.name) is not None else
+            getattr(getattr(config, f.metadata["setting"][0]), f.metadata["setting"][1])
+            for f in FIELDS if f.metadata["setting"]}
 
 
 def check_field(name: str, value: Any) -> Any:

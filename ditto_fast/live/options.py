@@ -48,31 +48,31 @@ LIVE_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(LiveOptions)
 
 
 def check_live_request(request: dict[str, Any], config: Config) -> dict[str, Any]:
-    """The request's live values checked before anything loads: the emotion as one vector, the codec, the controls;
-    refused where a stream cannot take them (a per-frame emotion schedule, ProRes)."""
+    """The request's live settings (its values, or the config's defaults) checked before anything loads, the emotion as
+    one vector and the controls read; refused where a stream cannot take them (a per-frame emotion schedule, ProRes)."""
+    from ditto_fast.engine.request import settings_with_defaults
     from ditto_fast.motion.conditions import emotion_vector, schedule_file
     from ditto_fast.motion.controls import load_controls
 
-    emotion = request.get("emotion") or config.clip.emotion
+    settings = settings_with_defaults(request, config)
+    emotion = settings["emotion"]
     if emotion.lstrip().startswith("{") or schedule_file(emotion) is not None:
         raise UsageError(f"--emotion {emotion}: a stream takes one emotion (a label or a mix like happy+surprise); "
                          "a schedule needs a clip's length")
-    codec = request.get("codec") or config.clip.codec
-    if codec not in LIVE_CODECS:
-        raise UsageError(f"--codec {codec}: a stream is {' or '.join(LIVE_CODECS)}")
+    if settings["codec"] not in LIVE_CODECS:
+        raise UsageError(f"--codec {settings['codec']}: a stream is {' or '.join(LIVE_CODECS)}")
     controls = load_controls(request["controls"], CONTROL_HORIZON) if request.get("controls") else None
-    return {"emotion": emotion_vector(emotion), "codec": codec, "controls": controls}
+    return {**settings, "emotion": emotion_vector(emotion), "controls": controls}
 
 
 def live_settings(request: dict[str, Any], checked: dict[str, Any], options: LiveOptions, config: Config, avatar,
                   stop_at_end: bool):
-    """The LiveSettings of a stream: the request's values (checked by check_live_request) or the config's defaults."""
+    """The LiveSettings of a stream from the request (its rate) and its settings checked by check_live_request."""
     from ditto_fast.live.session import LiveSettings
     from ditto_fast.media.rates import parse_rate
 
     rate = avatar.rate if request.get("fps") is None else parse_rate(request["fps"])
-    pick = lambda key, section: request[key] if request.get(key) is not None else getattr(section, key)  # noqa: E731
-    return LiveSettings(emotion=checked["emotion"], seed=pick("seed", config.clip), steps=pick("steps", config.motion),
-                        overlap=options.overlap or config.live.overlap, rate=Fraction(rate),
-                        blend=pick("blend", config.render), controls=checked["controls"],
-                        max_latency=options.max_latency or config.live.max_latency, stop_at_end=stop_at_end)
+    return LiveSettings(emotion=checked["emotion"], seed=checked["seed"], steps=checked["steps"],
+                        overlap=options.overlap or config.live.overlap, rate=Fraction(rate), blend=checked["blend"],
+                        controls=checked["controls"], max_latency=options.max_latency or config.live.max_latency,
+                        stop_at_end=stop_at_end)
