@@ -8,7 +8,6 @@ import subprocess
 import tempfile
 from fractions import Fraction
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Callable
 
 import imageio_ffmpeg
@@ -16,7 +15,7 @@ import numpy as np
 
 from ditto_fast.audio.decode import audio_layout
 from ditto_fast.core.errors import DittoError, InputError, UsageError
-from ditto_fast.media.ffpipe import last_stderr_line, own_session, widen_pipe
+from ditto_fast.media.ffpipe import FinishedOnExit, last_stderr_line, own_session, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.core.files import check_path_length
 from ditto_fast.media.partfiles import create_locked
@@ -62,7 +61,7 @@ def _spawn(cmd: list[str], stderr_file, pass_fds: tuple[int, ...] = ()) -> subpr
     return proc
 
 
-class VideoWriter:
+class VideoWriter(FinishedOnExit):
     """Video writer fed one frame at a time (RGB, or planar YUV already in BT.709 TV range in one of yuv.LAYOUTS:
     `pix_fmt`), audio muxed by the same ffmpeg process.
 
@@ -152,16 +151,6 @@ class VideoWriter:
         except OSError as exc:
             raise DittoError(f"writing {self.out_path} failed: cannot start ffmpeg ({exc}); "
                              f"reinstall imageio-ffmpeg") from None
-
-    def __enter__(self) -> VideoWriter:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def write(self, frame: np.ndarray) -> None:
         """Append one frame at the writer's size: uint8 [H, W, 3] RGB, or planes as yuv.Layout.shape says (uint16

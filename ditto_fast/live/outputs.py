@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import parse_qs, urlsplit
 
 import imageio_ffmpeg
@@ -20,7 +19,7 @@ import numpy as np
 
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.encoding.writer import check_output_path
-from ditto_fast.media.ffpipe import first_stderr_line, own_session, widen_pipe
+from ditto_fast.media.ffpipe import FinishedOnExit, first_stderr_line, own_session, widen_pipe
 from ditto_fast.media.rates import rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
 
@@ -157,7 +156,7 @@ class _Feeder:
         self._thread.join(timeout)
 
 
-class StreamOutput:
+class StreamOutput(FinishedOnExit):
     """One ffmpeg process: raw frames (`pix_fmt`: rgb24 or planes as yuv.Layout gives them) at `rate` on stdin and
     s16le mono audio at `audio_rate_in` on a second pipe, encoded as low-latency H.264 (x264 zerolatency, no
     B-frames, a key frame every `gop_seconds`) and AAC 48 kHz stereo (the mono speech upsampled and doubled), muxed
@@ -210,16 +209,6 @@ class StreamOutput:
         widen_pipe(audio_write)
         self._video = _Feeder(video_write, f"video to {dest}", QUEUED_FRAMES)
         self._audio = _Feeder(audio_write, f"audio to {dest}", QUEUED_FRAMES)
-
-    def __enter__(self) -> StreamOutput:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     @property
     def pid(self) -> int:

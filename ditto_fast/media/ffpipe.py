@@ -107,6 +107,20 @@ def first_stderr_line(stderr_file: IO[bytes]) -> str:
     return re.sub(r"^\[[^\]]*@ 0x[0-9a-fA-F]+\]\s*", "", line)
 
 
+class FinishedOnExit:
+    """An ffmpeg writer as a `with` block: `close()` (finish the file) when the block ends normally, `abort()` (leave
+    nothing half-written) when it raises."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 class TruncatedFrame(EOFError):
     """The stream ended part-way through a frame."""
 
