@@ -375,3 +375,27 @@ def wait_for_frames(server: Server, job_id: str) -> None:
     while (server.call("GET", f"/v1/jobs/{job_id}")[1]["progress"] or {}).get("stage") != "frames":
         assert time.monotonic() < deadline, server.log.read_text()[-2000:]
         time.sleep(0.1)
+
+
+def window_loop_vectors(npz: str, what: str) -> tuple[dict, object]:
+    """The parity file `npz` (`sampler_seed0.npz`, `online_seed0.npz`: `what` it holds) as a dict, and the fake LMDM
+    that made it (skips the test when ../shared is absent)."""
+    import importlib.util
+
+    import pytest
+    from conftest import PARITY as parity
+
+    if not (parity / npz).exists():
+        pytest.skip(f"{what} not found at {parity}")
+    spec = importlib.util.spec_from_file_location("parity_fake_lmdm", parity / "fake_lmdm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with np.load(parity / npz) as z:
+        return {k: z[k] for k in z.files}, mod.fake_lmdm
+
+
+def fake_window_sampler(fake_lmdm, params: dict):
+    """A window sampler (torch in, torch out, generator ignored) that runs the parity files' fake LMDM."""
+    import torch
+
+    return lambda cond_frame, cond, gen: torch.from_numpy(fake_lmdm(params, cond_frame.numpy(), cond.numpy()))

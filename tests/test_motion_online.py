@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
 
 from ditto_fast.motion.sampling import OnlineMotionSampler
+from support import fake_window_sampler, window_loop_vectors
 
 
 @pytest.fixture(scope="module")
 def online_vectors() -> tuple[dict, object]:
     """The streaming-loop vectors and the fake LMDM that made them (skip when ../shared is absent)."""
-    from conftest import PARITY as parity
-    if not (parity / "online_seed0.npz").exists():
-        pytest.skip(f"streaming-loop vectors not found at {parity}")
-    spec = importlib.util.spec_from_file_location("parity_fake_lmdm", parity / "fake_lmdm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    with np.load(parity / "online_seed0.npz") as z:
-        return {k: z[k] for k in z.files}, mod.fake_lmdm
-
-
-def _fake_sampler(fake_lmdm, params: dict):
-    return lambda cond_frame, cond, gen: torch.from_numpy(fake_lmdm(params, cond_frame.numpy(), cond.numpy()))
+    return window_loop_vectors("online_seed0.npz", "streaming-loop vectors")
 
 
 CASES = ["ov70_k5_n1", "ov70_k5_n3", "ov70_k5_n40", "ov75_k5_n2", "ov75_k5_n57", "ov72_k5_n33", "ov10_k5_n30",
@@ -41,7 +29,7 @@ def test_the_vectors_hold_the_cases_tested(online_vectors):
 def test_stream_matches_dittos_live_worker(online_vectors, name):
     vec, fake_lmdm = online_vectors
     overlap = int(name.split("_")[0][2:])
-    sampler = OnlineMotionSampler(_fake_sampler(fake_lmdm, {k: vec[k] for k in "ABc"}), overlap=overlap)
+    sampler = OnlineMotionSampler(fake_window_sampler(fake_lmdm, {k: vec[k] for k in "ABc"}), overlap=overlap)
     sampler.start(vec[f"{name}_x0"], vec[f"{name}_prefill"], torch.Generator())
     assert sampler.d0 is None
     got = [sampler.push(item) for item in vec[f"{name}_items"]]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -13,27 +11,17 @@ from ditto_fast.motion.conditions import build_conditions, condition_parts, emot
 from ditto_fast.motion.sampling import MotionSampler, window_starts
 from ditto_fast.core.smoothing import centred_mean, smooth_range
 from ditto_fast.core.errors import CheckpointError, InputError, UsageError
+from support import fake_window_sampler, window_loop_vectors
 
 
 def _window_vectors() -> tuple[dict, object]:
     """The window-loop vectors and the fake LMDM that made them (skip when ../shared is absent)."""
-    from conftest import PARITY as parity
-    if not (parity / "sampler_seed0.npz").exists():
-        pytest.skip(f"window-loop vectors not found at {parity}")
-    spec = importlib.util.spec_from_file_location("parity_fake_lmdm", parity / "fake_lmdm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    with np.load(parity / "sampler_seed0.npz") as z:
-        return {k: z[k] for k in z.files}, mod.fake_lmdm
-
-
-def _fake_sampler(fake_lmdm, params: dict):
-    return lambda cond_frame, cond, gen: torch.from_numpy(fake_lmdm(params, cond_frame.numpy(), cond.numpy()))
+    return window_loop_vectors("sampler_seed0.npz", "window-loop vectors")
 
 
 def test_sampler_matches_dittos_window_loop_on_the_parity_vectors():
     vec, fake_lmdm = _window_vectors()
-    sampler = MotionSampler(_fake_sampler(fake_lmdm, {k: vec[k] for k in "ABc"}))
+    sampler = MotionSampler(fake_window_sampler(fake_lmdm, {k: vec[k] for k in "ABc"}))
     assert len(vec["ns"]) >= 10
     for n in vec["ns"]:
         got = sampler(vec[f"cond_{n}"], vec[f"x0_{n}"], torch.Generator())
