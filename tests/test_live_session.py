@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,17 @@ def streams(path: Path) -> dict:
             "err": res.stderr[-400:]}
 
 
+def mediainfo(path: Path) -> dict | None:
+    """What mediainfo (the reader playout and QC tools use) says of a stream file, or None where it is not installed."""
+    if not shutil.which("mediainfo"):
+        return None
+    general, video, audio = (subprocess.run(["mediainfo", f"--Inform={form}", str(path)], capture_output=True,
+                                            text=True).stdout.strip().split("|")
+                             for form in ("General;%Format%|%Duration%", "Video;%Format%|%Width%x%Height%|%FrameRate%",
+                                          "Audio;%Format%|%Channels%"))
+    return {"format": general[0], "seconds": float(general[1]) / 1000, "video": video, "audio": audio}
+
+
 def test_file_to_ts_stop_at_end(live_env, tmp_path):
     wav = speech(tmp_path / "s.wav", 2.0, 44100, 2)
     out, stats = tmp_path / "out.ts", tmp_path / "stats.json"
@@ -92,6 +104,10 @@ def test_file_to_ts_stop_at_end(live_env, tmp_path):
     assert s["frames"]["sent"] == round(s["stream_seconds"] * 25)
     assert s["first_frame_latency_s"] is not None and 0 < s["first_frame_latency_s"] < s["latency_s"]["max"] + 0.05
     assert "live:" in err and "first frame" in err
+    mi = mediainfo(out)
+    if mi is not None:
+        assert mi["format"] == "MPEG-TS" and mi["video"] == ["AVC", "640x360", "25.000"], mi
+        assert mi["audio"] == ["AAC", "2"] and abs(mi["seconds"] - s["stream_seconds"]) < 0.1, (mi, s)
 
 
 def test_stdin_fifo_goes_quiet_and_sigterm_ends_cleanly(live_env, tmp_path):
@@ -167,6 +183,10 @@ def test_udp_and_hls_out(live_env, tmp_path):
     assert segments and all(s.exists() for s in segments)
     info = streams(playlist)
     assert len(info["video"]) == 1 and len(info["audio"]) == 1 and info["seconds"] > 1.0, info
+    mi = mediainfo(playlist)
+    if mi is not None:
+        assert mi["format"] == "HLS" and mi["video"] == ["AVC", "640x360", "25.000"], mi
+        assert mi["audio"] == ["AAC", "2"] and abs(mi["seconds"] - info["seconds"]) < 0.1, (mi, info)
 
 
 @pytest.mark.parametrize("args, code, words", [
