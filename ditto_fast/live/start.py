@@ -1,5 +1,6 @@
 """`ditto-fast live` below the command line: check everything a user gives before any network loads, then load the
-engine, open the avatar, the source and the stream, and run the session."""
+engine, open the avatar, the source and the stream, and run the session. `serve`'s live sessions use the same two
+halves: the checks in the server, the stream in a process of its own."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.request import check_field
@@ -18,30 +20,55 @@ ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", Tru
             ("hevc", True): "hevc_nvenc"}
 
 
+def check_live(request: dict[str, Any], options: LiveOptions, config: Config) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request's fields and its live settings checked, and the destination and stats path, before anything
+    loads: (request, checked settings); UsageError or InputError naming what is wrong."""
+    request = {k: check_field(k, v) for k, v in request.items()}
+    checked = check_live_request(request, config)
+    check_destination(options.out)
+    if options.stats is not None and options.stats.is_dir():
+        raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
+    return request, checked
+
+
 def run_live(request: dict[str, Any], options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
              log: Callable[[str], None], stdin_fd: int | None = None) -> dict:
     """Stream `request["avatar"]` speaking what `options.audio_in` brings to `options.out` until the source ends
     (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`)."""
-    request = {k: check_field(k, v) for k, v in request.items()}
-    checked = check_live_request(request, engine.settings())
-    check_destination(options.out)
-    if options.stats is not None and options.stats.is_dir():
-        raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
+    request, checked = check_live(request, options, engine.settings())
     source = open_source(options.audio_in, stdin_fd=stdin_fd)         # checked: missing file, unknown scheme
     from ditto_fast.engine.renderer import Renderer
+
+    try:
+        renderer = Renderer(options=engine)
+    except BaseException:
+        source.close()
+        raise
+    return stream_live(renderer, request, checked, options, source, stop_at_end, log)
+
+
+def stream_live(renderer, request: dict[str, Any], checked: dict[str, Any], options: LiveOptions, source,
+                stop_at_end: bool, log: Callable[[str], None], started: Callable[[Any], None] | None = None) -> dict:
+    """Run one session on a loaded `renderer` from `source` (not started) to `options.out` (checked by check_live);
+    `started(session)` is called once it exists (to read its stats or stop it from another thread)."""
     from ditto_fast.live.session import LiveSession
 
-    renderer = Renderer(options=engine)
-    avatar = renderer.avatar(request["avatar"])
-    settings = live_settings(request, checked, options, renderer.config, avatar, stop_at_end)
-    codec = checked["codec"]
-    output = StreamOutput(options.out, avatar.size, settings.rate, _plate_pix_fmt(avatar), crf=renderer.setup.crf,
-                          preset=renderer.setup.preset, encoder=ENCODERS[codec, renderer.setup.nvenc])
+    try:
+        avatar = renderer.avatar(request["avatar"])
+        settings = live_settings(request, checked, options, renderer.config, avatar, stop_at_end)
+        output = StreamOutput(options.out, avatar.size, settings.rate, _plate_pix_fmt(avatar), crf=renderer.setup.crf,
+                              preset=renderer.setup.preset, encoder=ENCODERS[checked["codec"], renderer.setup.nvenc])
+    except BaseException:
+        source.close()
+        raise
     log(f"live: {avatar.name} to {options.out} at {settings.rate} fps, {avatar.size[0]}x{avatar.size[1]}, "
         f"overlap {settings.overlap}, --max-latency {settings.max_latency:g} s"
         + (", RANDOM WEIGHTS: the face region is noise" if renderer.random_weights or avatar.random_weights else ""))
     try:
-        stats = LiveSession(renderer, avatar, source, output, settings, log).run()
+        session = LiveSession(renderer, avatar, source, output, settings, log)
+        if started is not None:
+            started(session)
+        stats = session.run()
     except BaseException:
         source.close()
         output.abort()

@@ -136,10 +136,11 @@ def _error(e: DittoError, status: int = 400) -> Answer:
 
 
 def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metrics: Metrics, token: str | None = None,
-             engines: dict[str, Any] | None = None, watch: Any = None) -> FastAPI:
+             engines: dict[str, Any] | None = None, watch: Any = None, live: Any = None) -> FastAPI:
     """The API over one server's queue, acceptor and dispatch threads; with `token`, every request but /healthz and
     /openapi.json needs `Authorization: Bearer TOKEN`. `engines`: what /healthz says of the engines beside their
-    states (the device, or Ray's address); `watch`: the watch folder, whose thread /healthz watches too."""
+    states (the device, or Ray's address); `watch`: the watch folder, whose thread /healthz watches too; `live`: the
+    live sessions (serve/live_sessions.py), whose routes are added (serve/live_api.py)."""
     app = FastAPI(title="ditto-fast serve", version="1", description="Lip-synced anchor renders as jobs: one warm "
                   "engine, a durable queue, breaking news first.", docs_url=None, redoc_url=None,
                   default_response_class=Answer)
@@ -186,7 +187,8 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
     def list_jobs(status: Optional[str] = None, limit: int = 100):
         if status is not None and status not in STATES:
             return _error(UsageError(f"status must be one of {', '.join(STATES)}"))
-        return {"jobs": [job_view(j) for j in queue.list(status, max(1, min(limit, 1000)))]}
+        jobs = {"jobs": [job_view(j) for j in queue.list(status, max(1, min(limit, 1000)))]}
+        return {**jobs, "live": [s.view() for s in live.list()]} if live is not None else jobs
 
     @app.delete("/v1/jobs/{job_id}")
     def cancel(job_id: str):
@@ -225,8 +227,14 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
             counts = None
         body = {"ok": ok, **(engines or {}), "engines": engine_health["engines"], "store_writable": writable,
                 "watch": None if watch is None else {"alive": watch.alive, "last_poll": watch.last_poll},
-                "queue_depth": counts["queued"] if counts else None, "running": dispatcher.running, "jobs": counts}
+                "queue_depth": counts["queued"] if counts else None, "running": dispatcher.running, "jobs": counts,
+                **({"live": live.counts()} if live is not None else {})}
         return Answer(body, status_code=status)
+
+    if live is not None:
+        from ditto_fast.serve.live_api import add_live_routes
+
+        add_live_routes(app, live, token, Answer, _refusal, _error)
 
     @app.get("/metrics")
     def prometheus():

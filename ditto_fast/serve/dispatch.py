@@ -27,6 +27,7 @@ from ditto_fast.serve.queue import CANCELLED_RUNNING, JobQueue
 
 PROGRESS_EVERY_S = 0.5          # the queue's progress of a running job is at most this old
 RESTART_PAUSES_S = (0.0, 5.0, 30.0, 120.0)      # between tries to start a dead engine again (the last repeats)
+HOLD_POLL_S = 0.25              # how often a held dispatch thread looks whether the live sessions ended
 DB_RETRY_S = 2.0                # after the queue's database could not be read or written
 
 
@@ -43,13 +44,15 @@ class Dispatcher:
     def __init__(self, handles: Sequence[EngineHandle], queue: JobQueue, metrics: Metrics,
                  log: Callable[[dict], None], avatars: OpenAvatars, setup: RenderSetup,
                  audio: DecodedMemo | None = None, callbacks: CallbackSender | None = None,
-                 max_crashes: int = MAX_CRASHES, at_start: Callable[[dict, RenderRequest], None] | None = None):
+                 max_crashes: int = MAX_CRASHES, at_start: Callable[[dict, RenderRequest], None] | None = None,
+                 hold: Callable[[], bool] | None = None):
         """`callbacks` sends the final states the queue's outbox holds; a job whose engine died under it
         `max_crashes` times is failed; `at_start(job, request)` checks a job again as it starts (its paths within
-        the roots, a watch folder's file unchanged: Acceptor.at_start)."""
+        the roots, a watch folder's file unchanged: Acceptor.at_start); while `hold()` is true (a live session
+        streams), no job starts."""
         self.handles, self.queue, self.metrics, self.log = list(handles), queue, metrics, log
         self.avatars, self.setup, self.audio = avatars, setup, audio
-        self.callbacks, self.max_crashes, self.at_start = callbacks, max_crashes, at_start
+        self.callbacks, self.max_crashes, self.at_start, self.hold = callbacks, max_crashes, at_start, hold
         self._queued = threading.Condition()
         self._notified = 0                          # how many times a job was queued (a thread that found none
         #                                             waits for this to change)
@@ -113,6 +116,9 @@ class Dispatcher:
                     tries += 1
                     continue
                 tries = 0
+            if self.hold is not None and self.hold():
+                self._stop.wait(HOLD_POLL_S)
+                continue
             try:
                 seen = self._notified
                 job = self.queue.take()

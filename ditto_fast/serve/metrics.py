@@ -1,6 +1,7 @@
 """The server's Prometheus metrics (prometheus_client): jobs by state, frames and seconds by stage, the queue's
 depth, each job's turnaround (accepted to final) and attempts, the crashes under jobs (an engine or the server that
-died while rendering one) by what became of the job, and each engine's restarts and whether it can render."""
+died while rendering one) by what became of the job, each engine's restarts and whether it can render, and the
+live sessions by state and their frames."""
 
 from __future__ import annotations
 
@@ -38,7 +39,11 @@ class Metrics:
                                 ["engine"], registry=r)
         self.engines_up = Gauge("ditto_fast_engine_up", "1 when the engine can render (idle or busy), else 0",
                                 ["engine"], registry=r)
+        self.live = Gauge("ditto_fast_live_sessions", "Live sessions by state", ["state"], registry=r)
+        self.live_frames = Gauge("ditto_fast_live_frames", "Frames of the live sessions since start, by what became "
+                                 "of them (sent, on_time, repeated, skipped, late)", ["kind"], registry=r)
         self.engine_states: Callable[[], list[dict]] | None = None     # the dispatcher's, read at each scrape
+        self.live_sessions = None               # the server's LiveSessions, read at each scrape
 
     def rendered(self, timings: dict) -> None:
         self.frames.inc(timings["frames"])
@@ -63,6 +68,11 @@ class Metrics:
         """The text format, with the queue's counts and the engines' states read now."""
         for state in self.engine_states() if self.engine_states else ():
             self.engines_up.labels(state["name"]).set(1 if state["state"] in ("idle", "busy") else 0)
+        if self.live_sessions is not None:
+            for state, n in self.live_sessions.counts().items():
+                self.live.labels(state).set(n)
+            for kind, n in self.live_sessions.frames().items():
+                self.live_frames.labels(kind).set(n)
         counts = self.queue.counts()
         for state in STATES:
             self.jobs.labels(state).set(counts[state])

@@ -58,6 +58,15 @@ class ServeOptions:
                                                 "fails as out of memory and a fresh engine starts, instead of the "
                                                 "host's OOM killer choosing a process [default: no cap; not with "
                                                 "--ray].")
+    max_live: int = declared(1, flags=("--max-live",), kind="int", range=(0, 64),
+                             help="Live sessions (POST /v1/live) that may stream at once, each in a process of its "
+                                  "own with its own networks; 0: none.")
+    live_idle_timeout: float = declared(30.0, flags=("--live-idle-timeout",), kind="float", range=(1, 86400),
+                                        help="Seconds a live session goes on with no client on its audio WebSocket "
+                                             "(idle motion) before it ends.")
+    live_outputs: str = declared("files", flags=("--live-outputs",), choices=("files", "any"),
+                                 help="Where live sessions may stream: files (a .ts or .m3u8 under the roots) or "
+                                      "any (also srt://, udp:// and rtmp:// URLs).")
     defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
     quiet: bool = False
 

@@ -207,6 +207,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     from ditto_fast.serve.callbacks import CallbackPolicy, CallbackSender
     from ditto_fast.serve.dispatch import Dispatcher
     from ditto_fast.serve.lease import Heartbeat
+    from ditto_fast.serve.live_sessions import LiveSessions
     from ditto_fast.serve.metrics import Metrics
     from ditto_fast.serve.queue import JobQueue
     from ditto_fast.serve.watch import WatchFolder
@@ -226,14 +227,20 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     acceptor = Acceptor(queue, setup, roots, avatars=avatars.get, callbacks=policy)
     callbacks = CallbackSender(queue, policy, log)
     heartbeat = Heartbeat(queue.heartbeat, log)
+    live = LiveSessions(setup, roots, avatars.get, log, opts.max_live, opts.live_idle_timeout,
+                        network_outputs=opts.live_outputs == "any") if opts.max_live else None
     dispatcher = Dispatcher(handles, queue, metrics, log, avatars, setup, audio=acceptor.decoded, callbacks=callbacks,
-                            max_crashes=opts.max_crashes, at_start=acceptor.at_start)
+                            max_crashes=opts.max_crashes, at_start=acceptor.at_start,
+                            hold=(lambda: live.active) if live else None)
+    metrics.live_sessions = live
     watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, dispatcher.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
-    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch)
+    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live)
     server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     heartbeat.start()
+    if live:
+        live.start()
     callbacks.start()
     dispatcher.start()
     if watch:
@@ -245,6 +252,8 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     finally:
         if watch:
             watch.stop()
+        if live:
+            live.close()
         dispatcher.stop()
         callbacks.stop(timeout=15)  # what is not sent yet is sent after the next start
         heartbeat.stop()

@@ -1,0 +1,102 @@
+"""The live routes of the job API: POST /v1/live opens a session, GET /v1/live[/ID] tells its state and figures,
+DELETE ends it cleanly; the WebSocket /v1/live/ID/audio takes its speech as binary s16le mono PCM (16 kHz, or the
+rate a first text message {"rate": N} declares). A refused WebSocket message gets one JSON line
+{"error", "exit_code"} and the socket is closed (1003: not PCM or a bad rate, 4404: no such session, 4410: ended)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Body, FastAPI, WebSocket, WebSocketDisconnect
+
+from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.live.stream_audio import RATE
+from ditto_fast.serve.live_sessions import LiveSessions, Resampler, parse_rate
+
+CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_UNKNOWN, CLOSE_ENDED = 1003, 1008, 4404, 4410
+ENDED_POLL_S = 0.5
+
+
+def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, answer, refusal, error) -> None:
+    """The live routes on `app` (`answer`, `refusal`, `error`: the API's JSON answer and refusals)."""
+    from ditto_fast.serve.api import bearer_matches
+
+    @app.post("/v1/live", status_code=201)
+    def open_session(body: Any = Body(None)):
+        try:
+            stream = sessions.open(body)
+        except DittoError as e:
+            return error(e, 409 if "--max-live" in str(e) else 400)
+        return stream.view()
+
+    @app.get("/v1/live")
+    def list_sessions():
+        return {"live": [s.view() for s in sessions.list()]}
+
+    @app.get("/v1/live/{sid}")
+    def look_up(sid: str):
+        stream = sessions.get(sid)
+        return stream.view() if stream else refusal(f"no live session {sid}", 404)
+
+    @app.delete("/v1/live/{sid}")
+    def end(sid: str):
+        stream = sessions.get(sid)
+        if stream is None:
+            return refusal(f"no live session {sid}", 404)
+        if not stream.active:
+            return answer({"error": f"live session {sid} has {stream.state} already; there is nothing to end",
+                           "exit_code": UsageError.exit_code, "live": stream.view()}, status_code=409)
+        stream.end()
+        return stream.view()
+
+    @app.websocket("/v1/live/{sid}/audio")
+    async def audio(ws: WebSocket, sid: str):
+        if token is not None and not bearer_matches(ws.headers.get("authorization", "").encode(), token):
+            await ws.close(code=CLOSE_POLICY, reason="missing or wrong bearer token")    # before accept: HTTP 403
+            return
+        await ws.accept()
+        stream = sessions.get(sid)
+        if stream is None:
+            return await _refuse(ws, CLOSE_UNKNOWN, f"no live session {sid}; open one with POST /v1/live")
+        if not stream.active:
+            return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {stream.state}; open a new one with "
+                                                  "POST /v1/live")
+        stream.connected()
+        resample: Resampler | None = None
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(ws.receive(), ENDED_POLL_S)
+                except asyncio.TimeoutError:
+                    if not stream.active:
+                        return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {stream.state}")
+                    continue
+                if message["type"] == "websocket.disconnect":
+                    return
+                if message.get("text") is not None:
+                    if resample is not None:
+                        raise UsageError(f"live session {sid}: a text message where PCM is expected; send the speech "
+                                         "as binary messages (s16le mono), a {\"rate\": N} only before the first")
+                    resample = Resampler(parse_rate(message["text"]))
+                    continue
+                if resample is None:
+                    resample = Resampler(RATE)
+                stream.feed(resample(message.get("bytes") or b""))
+                if not stream.active:
+                    return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {stream.state}")
+        except UsageError as e:
+            await _refuse(ws, CLOSE_BAD_DATA, str(e))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            stream.disconnected()
+
+
+async def _refuse(ws: WebSocket, code: int, line: str) -> None:
+    """Say why in one JSON message, then close with `code` (the reason cut to the 123 bytes a close frame holds)."""
+    try:
+        await ws.send_json({"error": line, "exit_code": UsageError.exit_code})
+        await ws.close(code=code, reason=line.encode()[:123].decode("utf-8", "ignore"))
+    except (RuntimeError, WebSocketDisconnect, OSError):     # the client is gone already
+        pass

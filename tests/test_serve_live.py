@@ -1,0 +1,163 @@
+"""`serve`'s live sessions as a voice agent uses them: a real server, a real WebSocket client (the `websockets`
+library) sending a TTS's PCM in real time, the session's .ts decoded by ffmpeg and its audio compared with what was
+sent; an idle client, the render queue held while a session streams, and every refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+import soundfile as sf
+
+from support import speech_clip
+
+websockets = pytest.importorskip("websockets")
+pytestmark = pytest.mark.slow
+
+FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
+CHUNK_S = 0.02
+
+
+def ws_url(server, sid: str) -> str:
+    return f"ws://127.0.0.1:{server.port}/v1/live/{sid}/audio"
+
+
+async def send_pcm(url: str, pcm: np.ndarray, rate: int, declare: bool = True, after: float = 0.0) -> None:
+    """Connect, declare the rate, send int16 `pcm` in 20 ms messages at the pace it is spoken, wait `after` s."""
+    async with websockets.connect(url) as ws:
+        if declare:
+            await ws.send(json.dumps({"rate": rate}))
+        step = int(rate * CHUNK_S)
+        t0 = time.monotonic()
+        for k, i in enumerate(range(0, len(pcm), step)):
+            await ws.send(pcm[i:i + step].tobytes())
+            await asyncio.sleep(max(0.0, t0 + (k + 1) * CHUNK_S - time.monotonic()))
+        await asyncio.sleep(after)
+
+
+async def refused(url: str, *messages) -> tuple[dict, int]:
+    """Send `messages`; the JSON line the server answers and the close code it closes with."""
+    async with websockets.connect(url) as ws:
+        for m in messages:
+            await ws.send(m)
+        line = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        with pytest.raises(websockets.ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 30)
+        return line, ws.close_code
+
+
+def wait_state(server, sid: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = server.call("GET", f"/v1/live/{sid}")[1]
+        if view["state"] in states:
+            return view
+        time.sleep(0.2)
+    raise AssertionError(f"live session {sid} still {view['state']}: " + server.log.read_text()[-3000:])
+
+
+def decoded_audio(path: Path) -> np.ndarray:
+    """The stream's audio as ffmpeg decodes it: 16 kHz mono float32."""
+    raw = subprocess.run([FFMPEG, "-hide_banner", "-nostdin", "-loglevel", "error", "-i", str(path), "-vn", "-ac", "1",
+                          "-ar", "16000", "-f", "f32le", "-"], capture_output=True, check=True).stdout
+    return np.frombuffer(raw, np.float32)
+
+
+def video_frames(path: Path) -> tuple[str, int]:
+    """The video stream's size and its frame count, as ffmpeg decodes it."""
+    res = subprocess.run([FFMPEG, "-hide_banner", "-nostdin", "-i", str(path), "-map", "0:v", "-f", "null", "-"],
+                         capture_output=True, text=True)
+    size = next(m.group(0) for ln in res.stderr.splitlines() if "Video:" in ln
+                for m in [re.search(r"\b\d{2,5}x\d{2,5}\b", ln)] if m)
+    frames = [ln.split("frame=")[1].split()[0] for ln in res.stderr.replace("\r", "\n").splitlines() if "frame=" in ln]
+    return size, int(frames[-1])
+
+
+def test_websocket_pcm_at_24k_goes_out_in_the_ts(serving, tmp_path):
+    server = serving()
+    speech16, _ = sf.read(speech_clip(tmp_path, "speech.wav", 3.0), dtype="float32")
+    import soxr
+
+    pcm24 = np.round(soxr.resample(speech16, 16000, 24000) * 32767).astype("<i2")
+    out = tmp_path / "live.ts"
+    code, view = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(out), "max_latency": 3.0})
+    assert code == 201, view
+    sid = view["id"]
+    assert view["audio"] == f"/v1/live/{sid}/audio" and view["state"] == "starting"
+    wait_state(server, sid, ("idle", "streaming"))
+    listed = server.call("GET", "/v1/jobs")[1]
+    assert [s["id"] for s in listed["live"]] == [sid]
+    asyncio.run(send_pcm(ws_url(server, sid), pcm24, 24000, after=4.0))
+    during = server.call("GET", f"/v1/live/{sid}")[1]
+    assert during["speech_in_seconds"] == pytest.approx(3.0, abs=0.05)
+    code, ended = server.call("DELETE", f"/v1/live/{sid}")
+    assert code == 200 and ended["state"] == "ended", ended
+    assert ended["first_frame_latency_s"] is not None and ended["frames"]["sent"] > 0
+    assert server.call("DELETE", f"/v1/live/{sid}")[0] == 409
+
+    size, frames = video_frames(out)
+    assert size == "1920x1080"
+    got = decoded_audio(out)
+    assert frames == pytest.approx(len(got) / 16000 * 25, abs=3)        # picture and audio as long
+    # the speech sent is in the stream, once, in order: its best alignment matches it closely
+    corr = np.correlate(got, speech16, mode="valid")
+    at = int(np.argmax(corr))
+    part = got[at:at + len(speech16)]
+    assert np.corrcoef(part, speech16)[0, 1] > 0.9
+    assert np.abs(np.delete(got, np.s_[at:at + len(speech16)])).max() < 0.02      # silence around it
+    metrics = server.call_text("/metrics")
+    assert 'ditto_fast_live_sessions{state="ended"} 1.0' in metrics
+    assert 'ditto_fast_live_frames{kind="sent"}' in metrics
+
+
+def test_client_gone_idles_then_ends_and_renders_wait_for_it(serving, tmp_path):
+    server = serving("--live-idle-timeout", "3")
+    out = tmp_path / "idle.ts"
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(out)})[1]["id"]
+    wait_state(server, sid, ("idle", "streaming"))
+    job = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(speech_clip(tmp_path, "a.wav", 0.5)),
+                                           "output": str(tmp_path / "clip.mp4")})[1]["id"]
+    speech16, _ = sf.read(speech_clip(tmp_path, "s.wav", 1.0), dtype="float32")
+    asyncio.run(send_pcm(ws_url(server, sid), np.round(speech16 * 32767).astype("<i2"), 16000, declare=False))
+    assert server.call("GET", f"/v1/live/{sid}")[1]["state"] in ("idle", "streaming")
+    assert server.call("GET", f"/v1/jobs/{job}")[1]["status"] == "queued"      # held while the session streams
+    view = wait_state(server, sid, ("ended", "failed"), timeout=60)
+    assert view["state"] == "ended", view
+    assert server.wait(job)["status"] == "done"
+    assert video_frames(out)[1] > 25
+    assert "--live-idle-timeout" in server.log.read_text()
+
+
+def test_refusals(serving, tmp_path):
+    server = serving("--max-live", "1")
+    refuse = [({"avatar": "nobody", "out": str(tmp_path / "a.ts")}, "nobody"),
+              ({"avatar": "anchor", "out": "srt://127.0.0.1:9000"}, "--live-outputs any"),
+              ({"avatar": "anchor", "out": "/etc/x.ts"}, "outside the folders"),
+              ({"avatar": "anchor", "out": str(tmp_path / "a.mp4")}, "not a stream destination"),
+              ({"avatar": "anchor", "out": str(tmp_path / "a.ts"), "audio": "x.wav"}, "unknown field"),
+              ({"avatar": "anchor", "out": str(tmp_path / "a.ts"), "emotion": "{\"0\": \"happy\"}"}, "schedule"),
+              ({"avatar": "anchor"}, "out is required")]
+    for body, words in refuse:
+        code, answer = server.call("POST", "/v1/live", body)
+        assert 400 <= code < 500 and words in answer["error"] and "\n" not in answer["error"], (body, answer)
+    line, close = asyncio.run(refused(ws_url(server, "nope")))
+    assert close == 4404 and "no live session nope" in line["error"]
+
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / "b.ts")})[1]["id"]
+    code, busy = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / "c.ts")})
+    assert code == 409 and "--max-live" in busy["error"]
+    line, close = asyncio.run(refused(ws_url(server, sid), json.dumps({"rate": 7000})))
+    assert close == 1003 and "rate" in line["error"] and "24000" in line["error"]
+    line, close = asyncio.run(refused(ws_url(server, sid), b"\0\0" * 320, "hello"))
+    assert close == 1003 and "where PCM is expected" in line["error"]
+    assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
+    line, close = asyncio.run(refused(ws_url(server, sid)))
+    assert close == 4410 and "ended" in line["error"]
+    assert server.call("GET", "/v1/live/nope")[0] == 404
