@@ -45,6 +45,7 @@ SUITES = {
     "batch": ["bench_batch"],
     "serve": ["bench_serve"],
     "live": ["bench_live"],
+    "voice": ["bench_voice"],
     "cpu": ["bench_cpu_speed"],
     "precision": ["bench_precision"],
 }

@@ -19,7 +19,6 @@ import soundfile as sf
 from support import speech_clip
 
 websockets = pytest.importorskip("websockets")
-pytestmark = pytest.mark.slow
 
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
 CHUNK_S = 0.02
@@ -80,6 +79,7 @@ def video_frames(path: Path) -> tuple[str, int]:
     return size, int(frames[-1])
 
 
+@pytest.mark.slow
 def test_websocket_pcm_at_24k_goes_out_in_the_ts(serving, tmp_path):
     server = serving()
     speech16, _ = sf.read(speech_clip(tmp_path, "speech.wav", 3.0), dtype="float32")
@@ -117,6 +117,7 @@ def test_websocket_pcm_at_24k_goes_out_in_the_ts(serving, tmp_path):
     assert 'ditto_fast_live_frames{kind="sent"}' in metrics
 
 
+@pytest.mark.slow
 def test_client_gone_idles_then_ends_and_renders_wait_for_it(serving, tmp_path):
     server = serving("--live-idle-timeout", "3")
     out = tmp_path / "idle.ts"
@@ -135,6 +136,7 @@ def test_client_gone_idles_then_ends_and_renders_wait_for_it(serving, tmp_path):
     assert "--live-idle-timeout" in server.log.read_text()
 
 
+@pytest.mark.slow
 def test_refusals(serving, tmp_path):
     server = serving("--max-live", "1")
     refuse = [({"avatar": "nobody", "out": str(tmp_path / "a.ts")}, "nobody"),
@@ -161,3 +163,30 @@ def test_refusals(serving, tmp_path):
     line, close = asyncio.run(refused(ws_url(server, sid)))
     assert close == 4410 and "ended" in line["error"]
     assert server.call("GET", "/v1/live/nope")[0] == 404
+
+
+def test_token_rules_hold_for_live(serve_parts, tmp_path):
+    """In process: POST /v1/live and the audio WebSocket need the token as the jobs do; a WebSocket without it is
+    refused at the handshake (HTTP 403), with it an unknown session is a 4404 and its line."""
+    from conftest import SERVE_TOKEN
+    from fastapi.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.live_sessions import LiveSessions
+
+    p = serve_parts
+    live = LiveSessions(p.acceptor.setup, [tmp_path], p.acceptor.avatars, p.events.append)
+    client = TestClient(make_app(p.queue, p.acceptor, p.dispatcher, p.metrics, token=SERVE_TOKEN, live=live))
+    assert client.post("/v1/live", json={"avatar": "anchor", "out": str(tmp_path / "x.ts")}).status_code == 401
+    with pytest.raises(WebSocketDisconnect) as refused_ws:
+        with client.websocket_connect("/v1/live/nope/audio"):
+            pass
+    assert refused_ws.value.code == 1008
+    with client.websocket_connect("/v1/live/nope/audio", headers={"Authorization": f"Bearer {SERVE_TOKEN}"}) as ws:
+        assert "no live session nope" in ws.receive_json()["error"]
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+        assert closed.value.code == 4404
+    listed = client.get("/v1/jobs", headers={"Authorization": f"Bearer {SERVE_TOKEN}"}).json()
+    assert listed["live"] == []
