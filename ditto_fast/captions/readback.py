@@ -60,6 +60,15 @@ def _movie_source(path: Path) -> str:
     return "movie='" + inner.replace("'", "'\\''") + "'[out+subcc]"
 
 
+def _first_frames_carry_a53(path: Path, frames: int = 30) -> bool:
+    """Whether A/53 caption data (the GA94 identifier) is in the video's first `frames` packets: a quick look before
+    decoding the whole picture for them (a caption encoder sends cc_data in every frame, as the embedder does)."""
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-i", str(path),
+           "-map", "0:v:0", "-c", "copy", "-frames:v", str(frames), "-f", "data", "-"]
+    res = subprocess.run(cmd, capture_output=True)
+    return b"GA94" in res.stdout
+
+
 def read_captions(path: str | Path) -> CaptionTrack | None:
     """The file's 608 captions as ffmpeg's decoder reads them, or None when it carries none."""
     path = Path(path)
@@ -68,7 +77,7 @@ def read_captions(path: str | Path) -> CaptionTrack | None:
         carrier, args = "c608 track", ["-i", str(path), "-map", "0:s:0"]
     elif any(re.search(r": Data: smpte_436m_anc", ln) for ln in lines):
         carrier, args = "SMPTE 436M ANC", ["-eia608_extract", "1", "-i", str(path), "-map", "0:s:0"]
-    elif any(re.search(r": Video: (h264|hevc|mpeg2video)\b", ln) for ln in lines):
+    elif any(re.search(r": Video: (h264|hevc|mpeg2video)\b", ln) for ln in lines) and _first_frames_carry_a53(path):
         # ffmpeg names "Closed Captions" in a stream's line only when its probe decoded some: decode them all
         carrier, args = "A/53 in the video", ["-f", "lavfi", "-i", _movie_source(path), "-map", "0:1"]
     else:

@@ -8,7 +8,11 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from ditto_fast.captions.align import align_words
 from ditto_fast.captions.cues import Cue
+from ditto_fast.captions.grouping import group_words
 from ditto_fast.captions.eia608 import Paced, cue_frame, pace
 from ditto_fast.captions.embed import embed
 from ditto_fast.captions.plan import captioned_format
@@ -64,16 +68,19 @@ class Captioning:
                 "shown_late": late}
 
 
-def caption_cues(clip: Clip, hubert) -> list[Cue] | None:
-    """The clip's cues: its timed text's, or its script's words timed from the speech by CTC alignment on `hubert`
-    (the render's own HuBERT, its character head) and grouped into captions; None without captions."""
+def needs_alignment(clip: Clip) -> bool:
+    """Whether the clip's captions are its script's words, to be timed from the speech."""
+    return clip.captions is not None and clip.captions.cues is None
+
+
+def caption_cues(clip: Clip, char_logp: np.ndarray | None, hubert_dir: Path) -> list[Cue] | None:
+    """The clip's cues: its timed text's, or its script's words timed from the speech by CTC alignment on the
+    render's HuBERT character head (`char_logp` [T, vocab] at 50 Hz; `hubert_dir` has its vocab.json) and grouped
+    into captions; None without captions."""
     plan = clip.captions
     if plan is None:
         return None
     if plan.cues is not None:
         return list(plan.cues)
-    from ditto_fast.captions.align import align_words
-    from ditto_fast.captions.grouping import group_words
-
-    timed = align_words(hubert, clip.audio.samples, plan.words)
+    timed = align_words(char_logp, plan.words, hubert_dir)
     return group_words(timed, clip.audio.seconds)

@@ -44,7 +44,7 @@ from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.avatar.store import avatar_signature
-from ditto_fast.engine.captioning import Captioning, caption_cues
+from ditto_fast.engine.captioning import Captioning, caption_cues, needs_alignment
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.open_avatars import OpenAvatars
@@ -187,8 +187,10 @@ class Renderer:
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes",
                          order=tl.src_idx) as plate:
             with timer("audio_features"):
-                feats = audio_features(self.hubert, clip, progress)
-                cues = caption_cues(clip, self.hubert)
+                align = needs_alignment(clip)
+                feats, char_logp = audio_features(self.hubert, clip, progress, ctc=True) if align else \
+                    (audio_features(self.hubert, clip, progress), None)
+                cues = caption_cues(clip, char_logp, self.hubert.model_dir)
             with timer("motion"):
                 motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress)
             del feats
@@ -236,7 +238,8 @@ def _qc_check(clip: Clip, fmt) -> Callable[[Path], list]:
     are notes)."""
     def check(path: Path) -> list:
         return qc.require(path, clip.delivery, clip.output, size=fmt.size, rate=fmt.rate, timecode=fmt.timecode,
-                          loudness=qc.loudness_wanted(clip.delivery, clip.request.loudness))
+                          loudness=qc.loudness_wanted(clip.delivery, clip.request.loudness),
+                          captions=bool(clip.captions and clip.captions.embed))
     return check
 
 
