@@ -117,7 +117,7 @@ def _check_syntax(path: Path, kind: str, text: str) -> None:
             bad(1, "a WebVTT file starts with WEBVTT")
         arrow = re.compile(rf"^{_VTT_TIME}\s+-->\s+{_VTT_TIME}(\s.*)?$")
         for n, ln in enumerate(lines, 1):
-            if "-->" in ln and not arrow.match(ln.strip()):
+            if ("-->" in ln or re.match(rf"^{_VTT_TIME}\s", ln.strip())) and not arrow.match(ln.strip()):
                 bad(n, f"expected a time line like 00:00:01.000 --> 00:00:02.500, got {shown(ln.strip()[:40])}")
     elif kind == "scc":
         if not lines or lines[0].strip() != "Scenarist_SCC V1.0":
