@@ -101,6 +101,14 @@ def test_pacing_sends_one_pair_a_frame_and_flips_each_caption_on_its_frame(tmp_p
     assert loaded == load_pairs(cues[0].rows)                      # all of cue 1 loaded before its frame
 
 
+def test_a_cue_too_soon_after_the_one_before_is_shown_as_soon_as_it_is_loaded():
+    """One pair a frame: a two-row caption takes some 25 frames to load after the one before flips."""
+    cues = [Cue(1.0, 1.5, ("First",)), Cue(1.5, 3.0, ("The bridge closes,", "starting Monday."))]
+    paced = pace(cues, Fraction(25), 100)
+    need = 2 + len(load_pairs(cues[1].rows))                      # the flip before, then the load
+    assert paced.shown == [25, 25 + need] and need > cue_frame(1.5, Fraction(25)) - 25
+
+
 def test_a_cue_that_cannot_be_loaded_before_the_clip_ends_is_refused():
     with pytest.raises(UsageError, match="cue 1 .* cannot be loaded and shown before the clip ends"):
         pace([Cue(0.1, 0.3, ("A caption far too long to load",))], NTSC, 12)
