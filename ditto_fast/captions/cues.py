@@ -132,10 +132,20 @@ def _check_syntax(path: Path, kind: str, text: str) -> None:
             bad(e.position[0], f"not well-formed XML ({str(e).split(':')[0]})")
 
 
+def pycaption():
+    """The pycaption module (timed text read and written); UsageError naming the extra that installs it."""
+    try:
+        import pycaption as module
+    except ImportError:
+        raise UsageError("timed text needs pycaption: pip install 'ditto-fast[captions]'") from None
+    return module
+
+
 def _parse(path: Path, kind: str, text: str) -> list[Cue]:
     """The file's cues as pycaption reads them, in time order, each wrapped for 608."""
-    from pycaption import DFXPReader, SCCReader, SRTReader, WebVTTReader
-    from pycaption.exceptions import CaptionReadError
+    pc = pycaption()
+    DFXPReader, SCCReader, SRTReader, WebVTTReader = pc.DFXPReader, pc.SCCReader, pc.SRTReader, pc.WebVTTReader
+    CaptionReadError = pc.exceptions.CaptionReadError
 
     reader = {"srt": SRTReader, "vtt": WebVTTReader, "scc": SCCReader, "ttml": DFXPReader}[kind]()
     try:

@@ -7,7 +7,7 @@ import os
 from fractions import Fraction
 from pathlib import Path
 
-from ditto_fast.captions.cues import Cue
+from ditto_fast.captions.cues import Cue, pycaption
 from ditto_fast.captions.eia608 import PAD, cue_frame, pace
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
@@ -46,19 +46,17 @@ def caption_text(cues: list[Cue] | tuple[Cue, ...], kind: str) -> str:
     """The cues as a `kind` file's text (SCC: scc_text; the others pycaption's writers)."""
     if kind == "scc":
         return scc_text(cues)
-    from pycaption import (Caption, CaptionList, CaptionNode, CaptionSet, DFXPWriter, SCCWriter, SRTWriter,
-                           WebVTTWriter)
-
+    pc = pycaption()
     captions = []
     for cue in cues:
         nodes = []
         for i, row in enumerate(cue.rows):
             if i:
-                nodes.append(CaptionNode.create_break())
-            nodes.append(CaptionNode.create_text(row))
-        captions.append(Caption(round(cue.start * 1e6), round(cue.end * 1e6), nodes))
-    writer = {"scc": SCCWriter, "vtt": WebVTTWriter, "srt": SRTWriter, "ttml": DFXPWriter}[kind]()
-    text = writer.write(CaptionSet({"en-US": CaptionList(captions)}))
+                nodes.append(pc.CaptionNode.create_break())
+            nodes.append(pc.CaptionNode.create_text(row))
+        captions.append(pc.Caption(round(cue.start * 1e6), round(cue.end * 1e6), nodes))
+    writer = {"vtt": pc.WebVTTWriter, "srt": pc.SRTWriter, "ttml": pc.DFXPWriter}[kind]()
+    text = writer.write(pc.CaptionSet({"en-US": pc.CaptionList(captions)}))
     if kind == "ttml" and "xmlns=" not in text.split(">", 2)[1]:
         # pycaption's writer leaves the root's namespaces out with some BeautifulSoup releases: TTML's own put back
         text = text.replace("<tt ", f"<tt {TTML_NAMESPACES} ", 1)
