@@ -241,3 +241,19 @@ def test_mediainfo_reads_the_mxf_caption_track(tmp_path):
     assert info["Duration"] == "6 s 673 ms"                              # the 200 frames: a pair in every one
     assert (info["Count of events"], info["Count of PopOn events"]) == ("3", "3")
     assert (info["Count of lines"], info["Maximum count of lines per event"]) == ("4", "2")
+
+
+def test_a_job_line_takes_captions_and_a_script_beside_it(tmp_path):
+    from ditto_fast.engine.request import JOB_KEYS, RenderRequest
+
+    assert {"captions", "script", "captions_out", "burn_in"} <= set(JOB_KEYS)
+    line = {"avatar": "ruby", "audio": "a.wav", "output": "a.mp4", "captions": "a.srt", "captions_out": "SRT,vtt",
+            "burn_in": True}
+    request = RenderRequest.from_json(line, tmp_path, "jobs.jsonl:1")
+    assert request.captions == tmp_path / "a.srt" and request.captions_out == "srt,vtt" and request.burn_in
+    assert RenderRequest.from_json({**line, "captions": None, "script": "a.txt"}, tmp_path, "x").script == \
+        tmp_path / "a.txt"
+    with pytest.raises(UsageError, match=r"jobs.jsonl:2: captions_out must be one or more of scc,vtt,srt,ttml"):
+        RenderRequest.from_json({**line, "captions_out": "srt,pdf"}, tmp_path, "jobs.jsonl:2")
+    with pytest.raises(UsageError, match="burn_in must be true or false"):
+        RenderRequest.from_json({**line, "burn_in": "yes"}, tmp_path, "jobs.jsonl:3")
