@@ -15,7 +15,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from ditto_fast.captions.align import TimedWord, align_logp, viterbi_path
+from ditto_fast.captions.align import TimedWord, align_logp, align_words, viterbi_path
 from ditto_fast.captions.charset import check_608
 from ditto_fast.captions.cues import Cue, read_cues
 from ditto_fast.captions.eia608 import PAD, cue_frame, load_pairs, odd_parity, pace
@@ -257,3 +257,34 @@ def test_a_job_line_takes_captions_and_a_script_beside_it(tmp_path):
         RenderRequest.from_json({**line, "captions_out": "srt,pdf"}, tmp_path, "jobs.jsonl:2")
     with pytest.raises(UsageError, match="burn_in must be true or false"):
         RenderRequest.from_json({**line, "burn_in": "yes"}, tmp_path, "jobs.jsonl:3")
+
+
+def test_the_character_head_rides_on_the_feature_windows(tiny_hubert_dir, tmp_path):
+    """--script's log-probabilities come from the same pass as the features (which they leave unchanged): two 50 Hz
+    frames per feature row, a distribution over init-random's 32-symbol vocab.json each; a HuBERT without the head
+    is refused naming its folder."""
+    import json
+
+    from ditto_fast.audio.hubert import HubertFeatures
+    from ditto_fast.core.errors import CheckpointError
+
+    vocab = json.loads((tiny_hubert_dir / "vocab.json").read_text())
+    assert len(vocab) == 32 == json.loads((tiny_hubert_dir / "config.json").read_text())["vocab_size"]
+    assert vocab["<pad>"] == 0 and vocab["|"] == 4
+    hf = HubertFeatures(tiny_hubert_dir)
+    audio = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    plain = hf.features(audio)
+    feats, logp = hf.features(audio, ctc=True)
+    np.testing.assert_array_equal(feats, plain)
+    assert logp.shape == (2 * len(feats), 32)
+    np.testing.assert_allclose(np.exp(logp).sum(1), 1.0, rtol=1e-5)
+    words = align_words(logp, ("good", "evening"), tiny_hubert_dir)
+    assert [w.text for w in words] == ["good", "evening"] and 0 <= words[0].start <= words[1].start <= 1.0
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_hubert_dir, bare)
+    from safetensors.torch import load_file, save_file
+
+    state = {k: v for k, v in load_file(bare / "model.safetensors").items() if not k.startswith("lm_head")}
+    save_file(state, str(bare / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"bare: this HuBERT has no character head"):
+        HubertFeatures(bare).features(audio, ctc=True)
