@@ -70,6 +70,10 @@ def load_pairs(rows: tuple[str, ...], channel: str = "CC1") -> list[tuple[int, i
     return out
 
 
+class _NoRoom(Exception):
+    """No free frame left before the clip's end."""
+
+
 @dataclass(frozen=True)
 class Paced:
     """The 608 stream of a clip: a pair per frame, and the frame each cue is shown on and cleared on (or None)."""
@@ -94,37 +98,26 @@ def pace(cues: list[Cue], rate: Fraction, frames: int, channel: str = "CC1") -> 
     shown: list[int] = []
     cleared: list[int | None] = []
 
-    def free_from(f: int) -> int:
-        while f < frames and slots[f] is not None:
-            f += 1
-        return f
-
-    def put(f: int, pairs: list[tuple[int, int]]) -> int:
-        """Place `pairs` in the free frames from `f` on; returns the frame of the first."""
-        first = None
+    def put(f: int, pairs: list[tuple[int, int]]) -> tuple[int, int]:
+        """`pairs` in the free frames from `f` on; (frame of the first, frame of the last); _NoRoom past the end."""
+        placed = []
         for p in pairs:
-            f = free_from(f)
+            while f < frames and slots[f] is not None:
+                f += 1
             if f >= frames:
-                raise UsageError("")
+                raise _NoRoom
             slots[f] = p
-            first = f if first is None else first
+            placed.append(f)
             f += 1
-        return first
+        return placed[0], placed[-1]
 
-    floor = 0
+    floor = 0                           # the first frame after the previous flip: non-displayed memory is free
     for n, cue in enumerate(cues):
         start, end = cue_frame(cue.start, rate), cue_frame(cue.end, rate)
         try:
-            load = load_pairs(cue.rows, channel)
-            f, last = floor, floor
-            for p in load:                  # the earliest free frames after the previous flip
-                f = free_from(f)
-                if f >= frames:
-                    raise UsageError("")
-                slots[f] = p
-                last, f = f, f + 1
-            flip = put(max(start, last + 1), control(EOC, channel))
-        except UsageError:
+            _, last = put(floor, load_pairs(cue.rows, channel))
+            flip, _ = put(max(start, last + 1), control(EOC, channel))
+        except _NoRoom:
             raise UsageError(f"caption cue {n + 1} ({' '.join(cue.rows)[:40]!r}) cannot be loaded and shown before "
                              f"the clip ends; end the captions earlier") from None
         shown.append(flip)
@@ -134,5 +127,8 @@ def pace(cues: list[Cue], rate: Fraction, frames: int, channel: str = "CC1") -> 
             cleared.append(None)            # the next caption's flip replaces it
             continue
         at = min(max(end, flip + 2), frames - 2)
-        cleared.append(put(at, control(EDM, channel)) if at > flip else None)
+        try:
+            cleared.append(put(at, control(EDM, channel))[0] if at > flip else None)
+        except _NoRoom:
+            cleared.append(None)            # the clip ends first
     return Paced([s or PAD for s in slots], shown, cleared)
