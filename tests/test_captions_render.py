@@ -177,3 +177,18 @@ def test_a_profile_that_requires_captions(run_cli, tmp_path, engine, video_avata
     res = run_cli(["qc", bare, "--delivery", profile, "--json"])
     line = next(r for r in json.loads(res.stdout)["requirements"] if r["name"] == "captions")
     assert res.returncode != 0 and not line["ok"] and line["measured"] == "none"
+
+
+@pytest.mark.slow
+def test_a_caption_608_cannot_load_in_time_is_a_warning(engine, video_avatar, three_seconds, tmp_path):
+    tight = tmp_path / "tight.srt"
+    tight.write_text("1\n00:00:01,000 --> 00:00:01,200\nOne\n\n2\n00:00:01,200 --> 00:00:02,500\n"
+                     "The bridge closes,\nstarting Monday.\n")
+    out = tmp_path / "tight.mp4"
+    result = engine.render(RenderRequest(avatar="anchor", audio=three_seconds, output=out, steps=2, captions=tight))
+    late, = result.timings["captions"]["shown_late"]
+    assert late["cue"] == 2 and late["shown_frame"] > late["cue_frame"] == 30
+    assert result.warnings == (f"{out}: caption 2 goes on air at frame {late['shown_frame']}, not 30: 608 loads one "
+                               "byte pair a frame; start it later or the one before earlier",)
+    decoded = read_captions(out).captions
+    assert cue_frame(decoded[1].start, Fraction(25)) == late["shown_frame"]        # as the reader sees it

@@ -157,9 +157,12 @@ class Renderer:
         warnings: tuple[str, ...] = ()
         if captions is not None:
             timings["captions"] = captions
+            warnings = tuple(f"{clip.output}: caption {late['cue']} goes on air at frame {late['shown_frame']}, not "
+                             f"{late['cue_frame']}: 608 loads one byte pair a frame; start it later or the one before "
+                             "earlier" for late in captions["shown_late"])
         if delivery is not None:
             timings["delivery"] = delivery
-            warnings = tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
+            warnings += tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
                              f"{clip.delivery.name} asks: levels as spoken (--loudness off); `ditto-fast qc` "
                              "without --loudness off fails it" for r in delivery["requirements"] if r["waived"])
         return RenderResult(clip.output, timings, mouth, warnings)
