@@ -192,3 +192,13 @@ def test_a_caption_608_cannot_load_in_time_is_a_warning(engine, video_avatar, th
                                "byte pair a frame; start it later or the one before earlier",)
     decoded = read_captions(out).captions
     assert cue_frame(decoded[1].start, Fraction(25)) == late["shown_frame"]        # as the reader sees it
+
+
+def test_a_cue_608_cannot_show_before_the_end_is_refused_before_any_work(engine, video_avatar, three_seconds,
+                                                                        tmp_path):
+    late = tmp_path / "end.srt"
+    late.write_text("1\n00:00:02,950 --> 00:00:03,000\nA last caption too long to load\n")
+    with pytest.raises(UsageError, match="cue 1 .* cannot be loaded and shown before the clip ends"):
+        engine.render(RenderRequest(avatar="anchor", audio=three_seconds, output=tmp_path / "x.mp4",
+                                    captions=late))
+    assert not list(tmp_path.glob("*.mp4")) and not list(tmp_path.glob(".*"))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ditto_fast.captions.charset import check_608
 from ditto_fast.captions.cues import Cue, read_cues
+from ditto_fast.captions.eia608 import pace
 from ditto_fast.captions.embed import check_embeddable, embeds_in_sei
 from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.delivery.profiles import DeliveryProfile
@@ -30,10 +31,11 @@ class CaptionPlan:
     burn_in: bool
 
 
-def plan_captions(request, profile: DeliveryProfile | None, fmt, rate: Fraction,
+def plan_captions(request, profile: DeliveryProfile | None, fmt, rate: Fraction, frames: int,
                   audio_seconds: float) -> CaptionPlan | None:
     """The captions a checked request asks for, or None; UsageError (exit 2) for timed text that is malformed, runs
-    past the audio or has characters 608 lacks, for a script that is empty, and for options that contradict."""
+    past the audio, has characters 608 lacks or a cue 608 cannot show before the clip's `frames` (at `rate`) end,
+    for a script that is empty, and for options that contradict."""
     mode = profile.captions.mode if profile is not None else "embedded"
     given = request.captions or request.script
     if request.captions and request.script:
@@ -66,10 +68,13 @@ def plan_captions(request, profile: DeliveryProfile | None, fmt, rate: Fraction,
             if profile is not None or not (request.captions_out or request.burn_in):
                 raise
             embed = False               # a plain output that cannot carry 608: the sidecars or burn-in asked
+    channel = profile.captions.channel if profile is not None else "CC1"
+    if embed and cues is not None:
+        pace(list(cues), rate, frames, channel)         # a cue 608 cannot show in time: refused now
     sidecars = tuple(request.captions_out.split(",")) if request.captions_out else \
         (profile.captions.sidecars if profile is not None else ())
-    return CaptionPlan(path, hashlib.sha256(data).hexdigest(), cues, words, embed,
-                       profile.captions.channel if profile is not None else "CC1", sidecars, bool(request.burn_in))
+    return CaptionPlan(path, hashlib.sha256(data).hexdigest(), cues, words, embed, channel, sidecars,
+                       bool(request.burn_in))
 
 
 def script_words(path: Path, data: bytes) -> tuple[str, ...]:

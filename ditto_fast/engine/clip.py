@@ -111,7 +111,9 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     n = frames_for(len(audio.samples), rate)
     if profile is not None and profile.video.field_rate:
         n += n % 2                          # fields come in pairs: the audio is padded to the last one
-    captions = plan_captions(request, profile, fmt, fmt.rate if profile is not None else rate, audio.seconds)
+    delivered = n // 2 if profile is not None and profile.video.field_rate else n     # frames the file holds
+    captions = plan_captions(request, profile, fmt, fmt.rate if profile is not None else rate, delivered,
+                             audio.seconds)
     if captions is not None:                    # a sidecar overwrites no input (news.srt beside news.mp4)
         check_writes([(f"{kind} sidecar", sidecar_path(output, kind)) for kind in captions.sidecars], inputs)
     schedule = read_schedule_file(emotion_file) if emotion_file else None
