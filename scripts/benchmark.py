@@ -11,6 +11,7 @@
     python scripts/benchmark.py picture  [--quick]          per kind of source: plate, times, colour patches
     python scripts/benchmark.py plate    [--quick]          a grainy 720p camera clip: plate size, decode cost, error
     python scripts/benchmark.py delivery [--quick]          per profile: 10 s render and its QC, encoder cost, loudness
+    python scripts/benchmark.py captions [--quick]          caption display frame vs cue (MXF/MP4/MOV), alignment cost
     python scripts/benchmark.py cpu      [--quick]          full-size warp+decode: default render vs plain fp32
     python scripts/benchmark.py precision [--quick]         fp32 vs bf16 per CPU kind: is --precision auto's rule the faster
     python scripts/benchmark.py all      [--quick]
@@ -42,6 +43,7 @@ SUITES = {
     "picture": ["bench_picture"],
     "plate": ["bench_plate"],
     "delivery": ["bench_delivery"],
+    "captions": ["bench_captions"],
     "batch": ["bench_batch"],
     "serve": ["bench_serve"],
     "live": ["bench_live"],

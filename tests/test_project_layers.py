@@ -10,7 +10,7 @@ from conftest import REPO
 PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
-    {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery"},
+    {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery", "captions"},
     {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"live"}, {"serve"}, {"doctor"}, {"console"}, {"cli"},
 )
 

@@ -242,3 +242,26 @@ def test_serve_refuses_a_watch_folder_without_an_avatar(tmp_path, run_cli):
     r = run_cli(["serve", "--watch", str(inbox), "--out", str(out), "--port", "1"])
     assert r.returncode == 2 and "--avatar" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not out.exists()
+
+
+def test_captions_or_a_script_beside_a_dropped_file_go_with_its_job(folder, clips):
+    queue, watch, inbox = folder.queue, folder.watch, folder.inbox
+    (inbox / "news.srt").write_text("1\n00:00:00,250 --> 00:00:00,350\nHi\n")     # 608 loads it in time
+    (inbox / "weather.txt").write_text("Sunny all day.\n")
+    _drop(clips[0], inbox / "news.wav")
+    _drop(clips[1], inbox / "weather.wav")
+    t = _settle(watch, 0)
+    jobs = {Path(j["watch_path"]).stem: j for j in queue.list("queued")}
+    assert jobs["news"]["request"]["captions"] == str(inbox / "news.srt") and "script" not in jobs["news"]["request"]
+    assert jobs["weather"]["request"]["script"] == str(inbox / "weather.txt")
+    for _ in jobs:                                          # each run to its end, in the queue's order
+        taken = queue.take()
+        queue.finish(taken["id"], "done", output=taken["output"])
+    watch.poll(now=t)
+    assert {p.name for p in (inbox / "done").iterdir()} == {"news.wav", "news.srt", "weather.wav", "weather.txt"}
+    # timed text that is malformed fails its file alone, with the line named
+    (inbox / "late.srt").write_text("1\n00:00:00,100 --> 00:00:09,000\nToo long\n")
+    _drop(clips[2], inbox / "late.wav")
+    _settle(watch, t + 1)
+    assert "past the audio's end" in (inbox / "failed" / "late.error.txt").read_text()
+    assert (inbox / "failed" / "late.srt").is_file()

@@ -105,6 +105,30 @@ def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device
     return model.to(device=device, dtype=dtype).eval()
 
 
+def read_ctc_head(model_dir: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """HubertForCTC's lm_head (weight [vocab, hidden], bias [vocab]) from a transformers HuBERT directory's weights
+    (model.safetensors, or pytorch_model.bin read as plain tensors); CheckpointError when it has none."""
+    model_dir = Path(model_dir)
+    names = ("lm_head.weight", "lm_head.bias")
+    st_path, bin_path = model_dir / "model.safetensors", model_dir / "pytorch_model.bin"
+    try:
+        if st_path.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(st_path), framework="pt") as f:
+                if all(n in f.keys() for n in names):
+                    return f.get_tensor(names[0]).float(), f.get_tensor(names[1]).float()
+        elif bin_path.is_file():
+            state = torch.load(bin_path, map_location="cpu", weights_only=True, mmap=True)
+            if all(n in state for n in names):
+                return state[names[0]].float(), state[names[1]].float()
+    except Exception as exc:            # unreadable weights: named, as load_hubert_encoder names them
+        raise CheckpointError(f"{model_dir}: HuBERT's character head cannot be read ({str(exc)[:120]}); "
+                              "re-download the HuBERT directory") from None
+    raise CheckpointError(f"{model_dir}: this HuBERT has no character head (lm_head: HubertForCTC, as "
+                          "facebook/hubert-large-ls960-ft); --script needs it, or give timed text with --captions")
+
+
 def fuse_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     """Fold the positional conv's weight norm into a plain weight (same numbers, computed once)."""
     from torch.nn.utils import parametrize
@@ -140,6 +164,8 @@ class HubertFeatures:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = fuse_for_inference(load_hubert_encoder(model_dir, self.device, dtype))
         self.hidden_size = int(self.model.config.hidden_size)
+        self.model_dir = Path(model_dir)
+        self.ctc_head: torch.nn.Linear | None = None      # loaded when a script is aligned (load_ctc_head)
 
     def _tensor(self, samples: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(samples)).to(device=self.device, dtype=self.dtype)
@@ -157,9 +183,22 @@ class HubertFeatures:
         kept = hidden[:, KEEP_START:KEEP_END].float()  # [B, 10, hidden]
         return kept.reshape(kept.shape[0], FRAMES_PER_WINDOW, 2, -1).mean(dim=2).cpu().numpy()
 
+    def load_ctc_head(self) -> torch.nn.Linear:
+        """The checkpoint's character head (HubertForCTC's lm_head: hidden -> vocab), loaded once; CheckpointError
+        when the directory has none (a HubertModel without the fine-tuned head)."""
+        if self.ctc_head is None:
+            weight, bias = read_ctc_head(self.model_dir)
+            head = torch.nn.Linear(weight.shape[1], weight.shape[0])
+            with torch.no_grad():
+                head.weight.copy_(weight)
+                head.bias.copy_(bias)
+            self.ctc_head = head.to(device=self.device, dtype=torch.float32).eval()
+        return self.ctc_head
+
     @torch.inference_mode()
-    def _encode_batch(self, padded: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Windows padded[s:s + 6480] for s in starts [B] -> [B, 5, hidden], sharing the front end."""
+    def _encode_batch(self, padded: np.ndarray, starts: np.ndarray, ctc: bool = False):
+        """Windows padded[s:s + 6480] for s in starts [B] -> [B, 5, hidden], sharing the front end; with `ctc` also
+        the character head's log-probabilities of each window's kept 50 Hz frames [B, 10, vocab]."""
         frames = [None] * len(starts)
         aligned = np.flatnonzero(starts % HOP == 0)
         if aligned.size:
@@ -175,7 +214,10 @@ class HubertFeatures:
             for n, j in enumerate(odd):
                 frames[j] = own[n]
         hidden = self.model.encoder(torch.stack(frames)).last_hidden_state  # [B, 20, hidden]
-        return self._pool(hidden)
+        if not ctc:
+            return self._pool(hidden)
+        logits = self.ctc_head(hidden[:, KEEP_START:KEEP_END].float())  # [B, 10, vocab]
+        return self._pool(hidden), torch.log_softmax(logits, dim=-1).cpu().numpy()
 
     def chunk(self, samples: np.ndarray) -> np.ndarray:
         """One 6480-sample window [6480] float32 -> its 5 frames [5, hidden], as Ditto's run_chunk computes them."""
@@ -185,29 +227,37 @@ class HubertFeatures:
         return self._encode_batch(samples, np.zeros(1, np.int64))[0]  # [5, hidden]
 
     def features(self, audio_16k: np.ndarray, batch_size: int | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+                 progress: Callable[[int, int], None] | None = None, ctc: bool = False):
         """Features for a whole signal [n] -> [ceil(n / 640), hidden], windows run batch_size at a time;
-        `progress(rows done, rows)` is called before the first batch and after each."""
+        `progress(rows done, rows)` is called before the first batch and after each. With `ctc`, (features, the
+        character head's log-probabilities at 50 Hz [2 * rows, vocab]) from the same windows' kept frames (the
+        frames pooled into the features: one head more, no other pass)."""
         audio = np.asarray(audio_16k, dtype=np.float32)
         if audio.ndim != 1:
             raise ValueError(f"expected mono audio [n], got shape {audio.shape}")
         bs = int(batch_size or self.batch_size)
         n_frames = frame_count(audio.shape[0])
         out = np.empty((n_frames, self.hidden_size), dtype=np.float32)  # [N, hidden]
+        if ctc:
+            head = self.load_ctc_head()
+            logp = np.empty((2 * n_frames, head.out_features), dtype=np.float32)  # [2N, vocab] at 50 Hz
         if n_frames == 0:
-            return out
+            return (out, logp) if ctc else out
         padded = pad_signal(audio)  # [n + 8480]
         starts = window_starts(n_frames)
         if progress is not None:
             progress(0, n_frames)
         for b0 in range(0, len(starts), bs):
-            feats = self._encode_batch(padded, starts[b0:b0 + bs])  # [B, 5, hidden]
+            got = self._encode_batch(padded, starts[b0:b0 + bs], ctc)
+            feats = got[0] if ctc else got  # [B, 5, hidden]
             row0 = b0 * FRAMES_PER_WINDOW
             rows = min(n_frames - row0, feats.shape[0] * FRAMES_PER_WINDOW)
             out[row0:row0 + rows] = feats.reshape(-1, self.hidden_size)[:rows]
+            if ctc:
+                logp[2 * row0:2 * (row0 + rows)] = got[1].reshape(-1, logp.shape[1])[:2 * rows]
             if progress is not None:
                 progress(row0 + rows, n_frames)
-        return out
+        return (out, logp) if ctc else out
 
     def __call__(self, audio_16k: np.ndarray, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """[n] float32 16 kHz mono -> [ceil(n / 640), hidden] float32 (progress: see features)."""

@@ -1,8 +1,8 @@
 """Write a transformers HuBERT directory with random weights (hubert-large-ls960-ft layout, or tiny).
 
 The files look like the real facebook/hubert-large-ls960-ft download: config.json of a
-HubertForCTC (vocab 32) and model.safetensors holding "hubert."-prefixed encoder weights plus the
-CTC head, with the positional conv's weight norm stored as weight_g / weight_v. config.json carries
+HubertForCTC (vocab 32), its vocab.json (the head's characters) and model.safetensors holding "hubert."-prefixed
+encoder weights plus the CTC head, with the positional conv's weight norm stored as weight_g / weight_v. config.json carries
 "ditto_fast_random_weights": true. Weights come from a torch.Generator seeded with `seed` only.
 """
 
@@ -18,6 +18,8 @@ import torch
 from ditto_fast.media.filemode import give_usual_mode
 
 RANDOM_MARK = "ditto_fast_random_weights"
+# facebook/hubert-large-ls960-ft's vocab.json: the CTC head's 32 symbols (blank = <pad>, "|" between words)
+CTC_VOCAB = ["<pad>", "<s>", "</s>", "<unk>", "|", *"ETAONIHSRDLUMWCFGYPBVK'XJQZ"]
 
 # facebook/hubert-large-ls960-ft config.json (transformers HubertConfig fields)
 HUBERT_LARGE_CONFIG: dict = {
@@ -127,4 +129,5 @@ def write_random_hubert(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Pa
     cfg_out = dict(cfg_dict)
     cfg_out["transformers_version"] = __import__("transformers").__version__
     (out_dir / "config.json").write_text(json.dumps(cfg_out, indent=2, sort_keys=True) + "\n")
+    (out_dir / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(CTC_VOCAB)}) + "\n")
     return out_dir

@@ -99,6 +99,8 @@ def field_option(f: dataclasses.Field, job_default: bool = False):
         return setting_option(*meta["flags"], f.name, setting=meta["setting"], help=meta["help"], help_tail=tail,
                               **kwargs)
     default = None if f.default is dataclasses.MISSING else f.default
+    if meta["kind"] == "flag":          # on when given; off (or the job's own) when not
+        return click.option(*meta["flags"], f.name, is_flag=True, default=None, help=meta["help"] + tail or None)
     return click.option(*meta["flags"], f.name, type=_param_type(meta), default=default,
                         show_default=default is not None, multiple=meta["multiple"],
                         help=meta["help"] + tail or None, **kwargs)

@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 from ditto_fast.core.checks import check_choice, check_number, check_path, check_text, refuse
 from ditto_fast.core.config import check_setting, declaration
+from ditto_fast.core.files import shown
 
-KINDS = ("text", "path", "int", "float", "rate", "profile", "loudness", "timecode", "any")
+KINDS = ("text", "path", "int", "float", "flag", "rate", "profile", "loudness", "timecode", "any")
 # a value check of its own: (value, where) -> the value as kept; UsageError '<where> ...' otherwise
 Check = Callable[[Any, str], Any]
 
@@ -64,6 +65,10 @@ def _checked(meta: dict, value: Any, where: str) -> Any:
         return check_number(value, low, high, where, integer=meta["kind"] == "int")
     if meta["kind"] == "path":
         return check_path(value, where)
+    if meta["kind"] == "flag":
+        if not isinstance(value, bool):
+            refuse(where, f"must be true or false, got {shown(value)}")
+        return value
     if meta["kind"] == "text":
         return check_text(value, where, empty=True)
     return value

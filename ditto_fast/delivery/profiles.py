@@ -36,14 +36,18 @@ PROFILES = {"mpeg2video": ("422", "main"), "prores": ("hq",), "h264": ("high", "
 LEVELS = {"mpeg2video": ("high", "main")}
 INTERLACED_CODECS = ("mpeg2video", "dnxhd")
 KEYS = {
-    "": ("container", "video", "audio", "loudness", "timecode"),
+    "": ("container", "video", "audio", "loudness", "timecode", "captions"),
     "video": ("codec", "profile", "level", "bitrate", "crf", "preset", "gop", "b_frames", "pix_fmt", "size", "rate",
               "scan", "field_order", "fields", "colour"),
     "colour": ("primaries", "transfer", "matrix", "range"),
     "audio": ("codec", "bitrate", "rate", "tracks", "channels", "speech"),
     "loudness": ("target", "true_peak"),
     "timecode": ("start", "drop_frame"),
+    "captions": ("mode", "channel", "sidecars"),
 }
+CAPTION_MODES = ("none", "embedded", "required")    # none: never embedded; embedded: when given; required: always
+CAPTION_CHANNELS = ("CC1",)
+SIDECAR_KINDS = ("scc", "vtt", "srt", "ttml")
 TIMECODE = re.compile(r"^(\d\d):([0-5]\d):([0-5]\d)([:;])(\d\d)$")
 # the range of every number a profile holds: (low, high, unit)
 RANGES: dict[str, tuple[float, float, str]] = {
@@ -109,6 +113,13 @@ class AudioSpec:
 
 
 @dataclass(frozen=True)
+class CaptionSpec:
+    mode: str = "none"              # CAPTION_MODES
+    channel: str = "CC1"            # the 608 channel embedded
+    sidecars: tuple[str, ...] = ()  # SIDECAR_KINDS written beside the file when captions are given
+
+
+@dataclass(frozen=True)
 class DeliveryProfile:
     """One delivery: container, video, audio layout, loudness target (None: levels as spoken), start timecode."""
 
@@ -121,6 +132,7 @@ class DeliveryProfile:
     loudness: tuple[float, float] | None    # (target LUFS, true-peak ceiling dBTP)
     timecode: str | None
     drop_frame: bool
+    captions: CaptionSpec = CaptionSpec()   # what it asks of captions (none by default)
 
     @property
     def extension(self) -> str:
@@ -258,10 +270,19 @@ def check_profile(data: Any, where: str, name: str) -> DeliveryProfile:
             timecode = check_timecode(tc["start"], video.rate, drop)
         except ValueError as e:
             err.fail("timecode.start", str(e))
+    captions = CaptionSpec()
+    if top.get("captions") is not None:
+        cc = err.mapping(top["captions"], "captions", required=("mode",))
+        sidecars = cc.get("sidecars", [])
+        if not isinstance(sidecars, list) or not all(isinstance(k, str) and k in SIDECAR_KINDS for k in sidecars):
+            err.fail("captions.sidecars", f"must be a list of {', '.join(SIDECAR_KINDS)}, got {sidecars!r}")
+        captions = CaptionSpec(err.choice(cc["mode"], "captions.mode", CAPTION_MODES),
+                               err.choice(cc.get("channel", "CC1"), "captions.channel", CAPTION_CHANNELS),
+                               tuple(sidecars))
     import hashlib                      # here: the commands' options import this module, and hashlib is not light
 
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
-    return DeliveryProfile(name, where, digest, container, video, audio, loudness, timecode, drop)
+    return DeliveryProfile(name, where, digest, container, video, audio, loudness, timecode, drop, captions)
 
 
 def _codec_limits(err: "_Checker", codec: str, profile: str | None, level: str | None, pix_fmt: str,

@@ -2,10 +2,11 @@
 waived it, with what was measured): container and extension, completeness (a truncated file: essence shorter than
 declared, packets cut short), codec and profile/level, bitrate, GOP, scan and field order, frame size and rate,
 colour tags (each), pixel format, audio tracks, silence off the speech tracks, DC offset, loudness and true peak,
-timecode, audio vs video duration. The render runs the same check on its file before the rename."""
+timecode, audio vs video duration, 608 captions decoded back. The render runs the same check on its file before the rename."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -13,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ditto_fast.audio.loudness import GATE_SECONDS, QUIET_LUFS, measure
+from ditto_fast.captions.readback import read_captions
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.media.rates import from_stream
 from ditto_fast.delivery.fileinfo import MediaFacts, read_facts
@@ -62,11 +64,12 @@ class Requirement:
 def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, int] | None = None,
                rate: Fraction | None = None, timecode: str | None = None,
                loudness: tuple[float, float] | None | str = "profile",
-               facts: MediaFacts | None = None) -> list[Requirement]:
+               facts: MediaFacts | None = None, captions: bool = False) -> list[Requirement]:
     """Every requirement of `profile` checked on the file. `size`, `rate` are what a profile that leaves them open
     is checked for (None: any); `timecode` and `loudness` override the profile's: loudness "profile", a (target,
     ceiling), "off" (measured against the profile's, a note where not met: the user chose levels as spoken) or
-    None (no loudness lines; see loudness_wanted); `facts`: the file's, when already read."""
+    None (no loudness lines; see loudness_wanted); `facts`: the file's, when already read; `captions`: 608 captions
+    must be in it (as a profile's `captions: required` says in any case)."""
     facts = facts or read_facts(path)
     v = profile.video
     out: list[Requirement] = []
@@ -113,7 +116,31 @@ def check_file(path: str | Path, profile: DeliveryProfile, *, size: tuple[int, i
         diff = abs(facts.audio[0].seconds - seconds)
         req("duration A/V", diff <= 1 / float(_rate(video) or 25) + 1e-6, "audio as long as video (one frame)",
             f"video {seconds:.3f} s, audio {facts.audio[0].seconds:.3f} s")
+    _captions(req, Path(path), captions or profile.captions.mode == "required")
     return out
+
+
+def _captions(req, path: Path, wanted: bool) -> None:
+    """The 608 captions as ffmpeg's decoder reads them back: where carried, channel, cues, first and last time."""
+    track = decoded_captions(path)
+    if track is None or not track.captions:
+        measured = "none" if track is None else f"{track.carrier} present, nothing decodes"
+    else:
+        c = track.captions
+        measured = (f"EIA-608 {track.channel} in {track.carrier}: {len(c)} cue{'s' * (len(c) != 1)}, "
+                    f"{c[0].start:.3f}-{c[-1].end:.3f} s")
+    req("captions", not wanted or bool(track and track.captions), "EIA-608 captions" if wanted else "any", measured)
+
+
+@functools.lru_cache(maxsize=8)
+def _decoded(resolved: str, mtime_ns: int, size: int):
+    return read_captions(resolved)
+
+
+def decoded_captions(path: Path):
+    """read_captions of `path`, once per version of the file (closest_profile checks one file many times)."""
+    st = path.stat()
+    return _decoded(str(path.resolve()), st.st_mtime_ns, st.st_size)
 
 
 def closest_profile(path: str | Path) -> tuple[DeliveryProfile, list[Requirement], list[str]]:

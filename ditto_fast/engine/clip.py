@@ -14,6 +14,8 @@ import numpy as np
 from ditto_fast.audio.decode import AUDIO_FILE, DecodedAudio, decode_audio
 from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.store import avatar_signature
+from ditto_fast.captions.plan import CaptionPlan, plan_captions
+from ditto_fast.captions.sidecars import sidecar_path
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.request import RenderRequest
@@ -54,6 +56,7 @@ class Clip:
     loudness: tuple[float, float] | None = None  # (target LUFS, true-peak ceiling dBTP) the audio is leveled to
     soundtrack: Soundtrack | None = None        # the output's audio channels, mixed from the file's
     inputs: tuple[Path, ...] = ()       # every file and folder the render reads (no file it writes may be one)
+    captions: CaptionPlan | None = None         # the captions asked for (captions/plan.py)
 
     @property
     def notes(self) -> list[str]:
@@ -67,10 +70,11 @@ def default_output(avatar: str, audio: Path, codec: str | None = None, suffix: s
 
 
 def request_inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
-    """The files a request reads: its audio, controls, emotion schedule and delivery profile file."""
+    """The files a request reads: its audio, controls, emotion schedule, delivery profile file, captions or script."""
     schedule = schedule_file(request.emotion or default_emotion)
     profile = profile_path(request.delivery) if request.delivery else None
-    return [p for p in (request.audio, request.controls, schedule, profile) if p is not None]
+    return [p for p in (request.audio, request.controls, schedule, profile, request.captions, request.script)
+            if p is not None]
 
 
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
@@ -107,6 +111,11 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     n = frames_for(len(audio.samples), rate)
     if profile is not None and profile.video.field_rate:
         n += n % 2                          # fields come in pairs: the audio is padded to the last one
+    delivered = n // 2 if profile is not None and profile.video.field_rate else n     # frames the file holds
+    captions = plan_captions(request, profile, fmt, fmt.rate if profile is not None else rate, delivered,
+                             audio.seconds)
+    if captions is not None:                    # a sidecar overwrites no input (news.srt beside news.mp4)
+        check_writes([(f"{kind} sidecar", sidecar_path(output, kind)) for kind in captions.sidecars], inputs)
     schedule = read_schedule_file(emotion_file) if emotion_file else None
     per_frame = emotion_schedule(emotion, n, schedule)
     controls = read_control_file(request.controls) if request.controls else None
@@ -114,7 +123,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
                 hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
-                profile, loudness, soundtrack, inputs)
+                profile, loudness, soundtrack, inputs, captions)
 
 
 CODEC_OF_PROFILE = {"prores": "prores", "h264": "h264"}     # a profile codec that --codec also names

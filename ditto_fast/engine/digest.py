@@ -36,6 +36,10 @@ def clip_digest(clip: Clip, settings: dict) -> str:
         parts["delivery"] = {"profile": clip.delivery.sha256, "loudness": clip.loudness,
                              "timecode": clip.format.timecode, "size": list(clip.format.size),
                              "programme": programme_chain(clip.delivery)}    # its DC blocker made other bytes
+    if clip.captions is not None:      # likewise outputs made without captions
+        c = clip.captions
+        parts["captions"] = {"file": c.sha256, "timed": c.cues is not None, "embed": c.embed, "channel": c.channel,
+                             "burn_in": c.burn_in}
     track = clip.soundtrack
     if track is not None and (track.mix is not None or track.channels > 2 or track.gain_db):   # else as before
         parts["soundtrack"] = [track.channels, track.filters()]

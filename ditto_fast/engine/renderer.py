@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -43,6 +44,7 @@ from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.core.errors import QCError, UsageError
 from ditto_fast.core.timing import StageTimer
 from ditto_fast.avatar.store import avatar_signature
+from ditto_fast.engine.captioning import Captioning, caption_cues, needs_alignment
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.open_avatars import OpenAvatars
@@ -138,7 +140,7 @@ class Renderer:
         timer.seconds["load_models"], self._unreported_load = round(self._unreported_load, 4), 0.0
         digest = self.setup.digest(clip)
         with claimed(clip.output):              # one writer per output path, for the whole render
-            mouth, delivery = self._render(clip, digest, timer, progress, commit)
+            mouth, delivery, captions = self._render(clip, digest, timer, progress, commit)
         wall = time.perf_counter() - t_start
         timings = {
             "frames": clip.frames, "audio_seconds": clip.audio.seconds, "wall_seconds": wall,
@@ -153,18 +155,23 @@ class Renderer:
             "stages_cpu": {k: round(v, 4) for k, v in timer.thread_seconds.items()},
         }
         warnings: tuple[str, ...] = ()
+        if captions is not None:
+            timings["captions"] = captions
+            warnings = tuple(f"{clip.output}: caption {late['cue']} goes on air at frame {late['shown_frame']}, not "
+                             f"{late['cue_frame']}: 608 loads one byte pair a frame; start it later or the one before "
+                             "earlier" for late in captions["shown_late"])
         if delivery is not None:
             timings["delivery"] = delivery
-            warnings = tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
+            warnings += tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
                              f"{clip.delivery.name} asks: levels as spoken (--loudness off); `ditto-fast qc` "
                              "without --loudness off fails it" for r in delivery["requirements"] if r["waived"])
         return RenderResult(clip.output, timings, mouth, warnings)
 
     def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None,
                 commit: Callable[[], None] | None
-                ) -> tuple[np.ndarray, dict | None]:
-        """The stages of one checked clip; returns the generated lip opening [N] per output frame and, for a
-        delivery, its record (profile, loudness measured in and out, the QC of the file before its rename)."""
+                ) -> tuple[np.ndarray, dict | None, dict | None]:
+        """The stages of one checked clip; returns the generated lip opening [N] per output frame, for a delivery its
+        record (profile, loudness measured in and out, the QC of the file before its rename), for captions theirs."""
         avatar, tl = clip.avatar, timeline(clip)
         fmt, leveling, check = self.setup.output_format(clip), None, None
         if clip.delivery is not None:
@@ -183,34 +190,47 @@ class Renderer:
         with PlateReader(avatar.plate_source, avatar.n_frames, is_image=avatar.is_image, pix_fmt="planes",
                          order=tl.src_idx) as plate:
             with timer("audio_features"):
-                feats = audio_features(self.hubert, clip, progress)
+                align = needs_alignment(clip)
+                feats, char_logp = audio_features(self.hubert, clip, progress, ctc=True) if align else \
+                    (audio_features(self.hubert, clip, progress), None)
+                cues = caption_cues(clip, char_logp, self.hubert.model_dir)
             with timer("motion"):
                 motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress)
             del feats
             # the plate's own planes (4:2:0 or 4:2:2, 8 or 10 bits) go to the encoder: only the face box is
             # converted and blended
-            with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
-                             crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
-                             fmt=fmt, pix_fmt=plate.layout.pix_fmt, soundtrack=clip.soundtrack,
-                             check=_before_rename(check, commit)) as writer:
-                render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
-                              self.config.render.lookahead, plate, writer, timer, progress)
-                with timer("write"):            # the encoder's last frames, the mux (the QC), the rename
-                    writer.close()
+            with Captioning(clip, cues) if cues is not None else nullcontext() as captioning:
+                wfmt = captioning.format(fmt) if captioning else fmt
+                embed = (lambda path: captioning.embed_into(path, wfmt)) if captioning else None
+                with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
+                                 crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
+                                 fmt=wfmt, pix_fmt=plate.layout.pix_fmt, soundtrack=clip.soundtrack,
+                                 check=_before_rename(check, commit, embed)) as writer:
+                    render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
+                                  self.config.render.lookahead, plate, writer, timer, progress)
+                    with timer("write"):        # the encoder's last frames, the mux (the captions, the QC), the rename
+                        writer.close()
+                if captioning:
+                    captioning.write_sidecars()
+        record = captioning.record() if captioning else None
         if clip.delivery is None:
-            return mouth, None
-        return mouth, _delivery_record(clip, leveling, writer.checked)
+            return mouth, None, record
+        return mouth, _delivery_record(clip, leveling, writer.checked), record
 
 
-def _before_rename(check: Callable[[Path], list] | None, commit: Callable[[], None] | None
-                   ) -> Callable[[Path], list | None] | None:
-    """What the writer runs on the finished temporary file before its rename: the delivery's QC, then `commit`."""
-    if commit is None:
+def _before_rename(check: Callable[[Path], list] | None, commit: Callable[[], None] | None,
+                   embed: Callable[[Path], None] | None = None) -> Callable[[Path], list | None] | None:
+    """What the writer runs on the finished temporary file before its rename: the captions embedded, the delivery's
+    QC, then `commit`."""
+    if commit is None and embed is None:
         return check
 
     def run(path: Path) -> list | None:
+        if embed is not None:
+            embed(path)
         checked = check(path) if check else None
-        commit()
+        if commit is not None:
+            commit()
         return checked
     return run
 
@@ -221,7 +241,8 @@ def _qc_check(clip: Clip, fmt) -> Callable[[Path], list]:
     are notes)."""
     def check(path: Path) -> list:
         return qc.require(path, clip.delivery, clip.output, size=fmt.size, rate=fmt.rate, timecode=fmt.timecode,
-                          loudness=qc.loudness_wanted(clip.delivery, clip.request.loudness))
+                          loudness=qc.loudness_wanted(clip.delivery, clip.request.loudness),
+                          captions=bool(clip.captions and clip.captions.embed))
     return check
 
 

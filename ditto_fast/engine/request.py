@@ -20,7 +20,8 @@ from ditto_fast.core.checks import refuse
 from ditto_fast.core.declare import check_fields, check_value, declared
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import check_path_text, shown
-from ditto_fast.delivery.profiles import LOUDNESS_RANGE, TIMECODE, is_profile_file, load_profile, shipped_profiles
+from ditto_fast.delivery.profiles import (LOUDNESS_RANGE, SIDECAR_KINDS, TIMECODE, is_profile_file, load_profile,
+                                         shipped_profiles)
 from ditto_fast.media.rates import MOTION_FPS, NAMED_RATES, RENDER_RATES, parse_rate, rate_text
 from ditto_fast.motion.emotions import EMOTIONS
 
@@ -38,6 +39,13 @@ DELIVERY_HELP = (f"A delivery profile: a name from configs/delivery ({', '.join(
 LOUDNESS_HELP = (f"With --delivery: off (levels as spoken) or a target in LUFS ({LOUDNESS_RANGE[0]:g}.."
                  f"{LOUDNESS_RANGE[1]:g}) instead of the profile's.")
 TIMECODE_HELP = "With --delivery: start timecode HH:MM:SS:FF (HH:MM:SS;FF drop-frame, at 29.97/59.94 only)."
+CAPTIONS_HELP = ("Timed text to caption the clip with: .srt, .vtt, .scc or .ttml/.dfxp (checked before any work). "
+                 "Embedded as EIA-608 CC1 (MXF ANC, A/53 in H.264/HEVC, a c608 track beside ProRes) unless the "
+                 "delivery profile says captions: none.")
+SCRIPT_HELP = ("The words the voice reads, as plain text: timed from the speech (CTC alignment on the HuBERT the "
+               "render loads) and captioned as --captions would be.")
+CAPTIONS_OUT_HELP = f"Sidecar files beside the output, comma-separated: {','.join(SIDECAR_KINDS)}."
+BURN_IN_HELP = "Draw the captions into the picture too (open captions, for social)."
 BLEND_HELP = ("Putback: seamless (only the face the motion changes, its colour matched to the plate at the edge; "
               "the plate's own pixels elsewhere) or feather (the whole crop square through a feathered edge, as "
               "Ditto does).")
@@ -81,6 +89,14 @@ def _loudness(value: Any, where: str) -> str | float:
     return target
 
 
+def _sidecars(value: Any, where: str) -> str:
+    """A comma-separated list of sidecar kinds, each once."""
+    kinds = [k.strip().lower() for k in value.split(",")] if isinstance(value, str) else None
+    if not kinds or any(k not in SIDECAR_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+        refuse(where, f"must be one or more of {','.join(SIDECAR_KINDS)}, comma-separated, got {shown(value)}")
+    return ",".join(kinds)
+
+
 def _timecode(value: Any, where: str) -> str:
     if not isinstance(value, str) or not TIMECODE.match(value):
         refuse(where, f"must be HH:MM:SS:FF (HH:MM:SS;FF for drop-frame), got {shown(value)}")
@@ -109,6 +125,10 @@ class RenderRequest:
     loudness: str | float | None = declared(kind="loudness", flags=("--loudness",), check=_loudness,
                                             help=LOUDNESS_HELP)
     timecode: str | None = declared(kind="timecode", flags=("--timecode",), check=_timecode, help=TIMECODE_HELP)
+    captions: Path | None = declared(kind="path", flags=("--captions",), help=CAPTIONS_HELP)
+    script: Path | None = declared(kind="path", flags=("--script",), help=SCRIPT_HELP)
+    captions_out: str | None = declared(flags=("--captions-out",), check=_sidecars, help=CAPTIONS_OUT_HELP)
+    burn_in: bool = declared(False, kind="flag", flags=("--burn-in",), help=BURN_IN_HELP)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -63,9 +63,10 @@ def timeline(clip: Clip) -> Timeline:
     return Timeline(src_idx, motion_src, emo_rows, *motion_timeline(n, clip.rate, n_motion))
 
 
-def audio_features(hubert: HubertFeatures, clip: Clip, progress: Progress | None = None) -> np.ndarray:
-    """HuBERT features of the clip's audio: [M, 1024] at 25 fps."""
-    return hubert(clip.audio.samples, progress=_for(progress, AUDIO_FEATURES))
+def audio_features(hubert: HubertFeatures, clip: Clip, progress: Progress | None = None, ctc: bool = False):
+    """HuBERT features of the clip's audio: [M, 1024] at 25 fps; with `ctc`, (features, the character head's
+    log-probabilities [2M, vocab] at 50 Hz) from the same pass (a script to time)."""
+    return hubert.features(clip.audio.samples, progress=_for(progress, AUDIO_FEATURES), ctc=ctc)
 
 
 def sample_motion(lmdm: torch.nn.Module, settings: MotionConfig, clip: Clip, feats: np.ndarray, tl: Timeline,

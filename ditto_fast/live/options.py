@@ -14,7 +14,7 @@ from ditto_fast.core.declare import check_fields, declared
 from ditto_fast.core.errors import UsageError
 
 # the render request's fields that a stream has no use for (it has no audio file, output file or delivery profile)
-NOT_LIVE = ("audio", "output", "delivery", "loudness", "timecode")
+NOT_LIVE = ("audio", "output", "delivery", "loudness", "timecode", "captions", "script", "captions_out", "burn_in")
 LIVE_CODECS = ("h264", "hevc")
 CONTROL_HORIZON = 10**9      # frames a live control file may name (a stream has no last frame)
 

@@ -118,7 +118,8 @@ def confine(path: Path, roots: list[Path], what: str) -> None:
 def request_json(request: RenderRequest) -> dict:
     """A request as the job line that makes it again (paths as given, absolute; defaults left out)."""
     return {f.name: str(v) if isinstance(v, Path) else v
-            for f in dataclasses.fields(request) if (v := getattr(request, f.name)) is not None}
+            for f in dataclasses.fields(request)
+            if (v := getattr(request, f.name)) is not None and not (f.metadata["kind"] == "flag" and v is False)}
 
 
 class DecodedMemo:

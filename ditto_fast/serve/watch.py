@@ -1,7 +1,7 @@
 """A watch folder, as broadcast watch folders work on network shares (where change notifications don't arrive): the
 folder is listed every few seconds, and a speech file is taken once its signature (inode, size, modification time)
 has stayed the same for a settling interval. A sidecar `<stem>.json` may hold request fields; the folder's defaults
-fill the rest. The output goes to the out folder, one file's only: a file of another name whose output is taken is
+fill the rest; a `<stem>.srt` (.vtt, .scc, .ttml) beside it captions the clip, a `<stem>.txt` is its script. The output goes to the out folder, one file's only: a file of another name whose output is taken is
 refused, one dropped again under its own name (a correction) replaces its output. Once the job ends the file it took
 (and its sidecar, if the job read that one) moves to `done/`, or to `failed/` beside a `<stem>.error.txt` with the
 one-line error and exit code; a file that changed since it was taken is a new file, taken in turn. One bad file or
@@ -26,6 +26,7 @@ from ditto_fast.serve.service_thread import ServiceThread
 from ditto_fast.serve.queue import JobQueue
 
 SIDECAR_MAX_BYTES = 64 * KIB
+CAPTION_SUFFIXES = (".srt", ".vtt", ".scc", ".ttml", ".dfxp", ".txt")    # a dropped file's captions or script
 TRANSIENT = (OSError, sqlite3.Error)        # a share gone for a moment, a queue locked by a backup: try again later
 
 
@@ -36,6 +37,16 @@ def _aside(folder: Path, name: str) -> Path:
     while target.exists():
         target, n = folder / f"{Path(name).stem}-{n}{Path(name).suffix}", n + 1
     return target
+
+
+def captions_beside(path: Path) -> dict[str, str]:
+    """The captions of a dropped speech file: {"captions": <stem>.srt/.vtt/.scc/.ttml/.dfxp} or {"script":
+    <stem>.txt} beside it (the first found in that order), or {}."""
+    for suffix in CAPTION_SUFFIXES:
+        side = path.with_suffix(suffix)
+        if side.is_file():
+            return {"script" if suffix == ".txt" else "captions": str(side)}
+    return {}
 
 
 def _same(signature: Any, taken: Any) -> bool:
@@ -106,6 +117,8 @@ class WatchFolder(ServiceThread):
             sidecar, sidecar_signature = self._sidecar(path)
             data = {**self.defaults, **sidecar}
             data["audio"] = str(path)
+            if "captions" not in sidecar and "script" not in sidecar:
+                data.update(captions_beside(path))
             if "output" not in sidecar:
                 self.acceptor.confine_profile(data.get("delivery"))     # before its file is read for the suffix
                 output = self.out / f"{path.stem}{self._suffix(data)}"
@@ -190,6 +203,8 @@ class WatchFolder(ServiceThread):
         side = path.with_suffix(".json")
         if with_side and side.exists():
             os.replace(side, target.with_suffix(".json"))
+        for field, caption_file in captions_beside(path).items():      # its captions or script go along
+            os.replace(caption_file, target.with_suffix(Path(caption_file).suffix))
         return target
 
     def _failed(self, path: Path, error: str, exit_code: int | None, with_side: bool = True) -> None:

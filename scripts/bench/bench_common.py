@@ -22,7 +22,7 @@ def checkpoints(tiny: bool, networks: tuple[str, ...] | None = None, hubert: boo
     root = CACHE / ("ckpt_tiny" if tiny else "ckpt_full")
     wanted = networks or NETWORK_NAMES
     missing = tuple(n for n in wanted if not (root / MODELS_SUBDIR / SPECS[n].filename).is_file())
-    need_hubert = hubert and not (root / "hubert-large-ls960-ft" / "config.json").is_file()
+    need_hubert = hubert and not (root / "hubert-large-ls960-ft" / "vocab.json").is_file()    # (vocab: --script)
     if missing or need_hubert:
         write_random(root, tiny=tiny, seed=0, networks=missing, hubert=need_hubert)
     return root

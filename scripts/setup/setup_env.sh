@@ -70,7 +70,7 @@ if [ ! -f "$stamp" ]; then
         fi
     fi
     "$VPY" -m pip install -q "${pins[@]}" "setuptools>=77" wheel "cython>=3.0,<4" numpy >&2
-    "$VPY" -m pip install -q "${pins[@]}" --no-build-isolation -e ".[register,test,demo]" >&2
+    "$VPY" -m pip install -q "${pins[@]}" --no-build-isolation -e ".[register,test,demo,captions]" >&2
     rm -f .venv/.ditto-fast-installed-*
     touch "$stamp"
 fi

@@ -1,0 +1,290 @@
+"""Captions without a render: timed text read and checked (a malformed file names its line, a cue past the audio is
+refused, text outside EIA-608 mapped or refused), 608 paced one pair a frame with each caption flipped on its cue's
+frame, the A/53 SEI built right, CTC alignment exact on emissions built for a known path, script words grouped into
+whole, ordered 2x32 cues; and 608 embedded into small MP4/MKV (A/53), MXF (436M ANC) and MOV (c608) files decoded
+back by ffmpeg's cc_dec, and by MediaInfo, at the cues' frames."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+
+from ditto_fast.captions.align import TimedWord, align_logp, align_words, viterbi_path
+from ditto_fast.captions.charset import check_608
+from ditto_fast.captions.cues import Cue, read_cues
+from ditto_fast.captions.eia608 import PAD, cue_frame, load_pairs, odd_parity, pace
+from ditto_fast.captions.embed import embed, insert_cc_sei, sei_nal
+from ditto_fast.captions.grouping import MIN_SECONDS, group_words
+from ditto_fast.captions.readback import read_captions
+from ditto_fast.captions.sidecars import caption_text
+from ditto_fast.checkpoints.random_hubert import CTC_VOCAB
+from ditto_fast.core.errors import UsageError
+
+FF = imageio_ffmpeg.get_ffmpeg_exe()
+NTSC = Fraction(30000, 1001)
+SRT = ("1\n00:00:01,500 --> 00:00:03,000\nGood evening, this is café\nthe late news\n\n"
+       "2\n00:00:03,000 --> 00:00:04,200\nThe bridge closes Monday.\n\n"
+       "3\n00:00:05,000 --> 00:00:05,800\nBack to you.\n")
+VOCAB = {s: i for i, s in enumerate(CTC_VOCAB)}
+
+
+def _srt(tmp_path: Path, text: str = SRT, name: str = "c.srt") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------ timed text in
+def test_the_four_formats_read_to_the_same_cues(tmp_path):
+    cues = read_cues(_srt(tmp_path), 6.0)
+    assert [c.rows for c in cues] == [("Good evening, this is café", "the late news"),
+                                      ("The bridge closes Monday.",), ("Back to you.",)]
+    assert [(c.start, c.end) for c in cues] == [(1.5, 3.0), (3.0, 4.2), (5.0, 5.8)]
+    for kind in ("vtt", "ttml", "scc"):
+        other = tmp_path / f"c.{kind}"
+        other.write_text(caption_text(cues, kind))
+        again = read_cues(other, 6.0)
+        assert [c.text for c in again] == [c.text for c in cues], kind
+        # SCC is timed in 29.97 frames: on the cue's frame
+        tolerance = 0.5 / 29.97 if kind == "scc" else 1e-3
+        assert all(abs(a.start - b.start) <= tolerance for a, b in zip(again, cues)), kind
+
+
+@pytest.mark.parametrize("name, text, line", [
+    ("c.srt", "1\n00:00:01,000 --> 00:00:02,000\nHello\n\n2\n00:00:02,5 --> 00:00:03,000\nBye\n", 6),
+    ("c.srt", "1\n00:00:01,000 --> 00:00:02,000\nHello\n\nX\n", 5),
+    ("c.vtt", "WEBVTT\n\n00:01.000 --> 00:02.000\nHello\n\n00:02.000 -> 00:03.000\nBye\n", 6),
+    ("c.vtt", "Hello\n", 1),
+    ("c.scc", "Scenarist_SCC V1.0\n\n00:00:01:00\t9420 9420 zz20\n", 3),
+    ("c.ttml", '<tt xmlns="http://www.w3.org/ns/ttml">\n<body>\n<div><p begin="1s" end="2s">Hi</div>\n</body></tt>\n', 3),
+])
+def test_a_malformed_file_is_refused_naming_its_line(tmp_path, name, text, line):
+    with pytest.raises(UsageError, match=rf"{name}: line {line}:") as e:
+        read_cues(_srt(tmp_path, text, name), 10.0)
+    assert e.value.exit_code == 2
+
+
+def test_a_cue_past_the_audio_is_refused(tmp_path):
+    with pytest.raises(UsageError, match=r"cue 3 .* ends at 5\.800 s, past the audio's end \(5\.500 s\)"):
+        read_cues(_srt(tmp_path), 5.5)
+
+
+def test_text_608_lacks_is_mapped_or_refused(tmp_path):
+    assert check_608("Łódź — “quoted” café ñ", "here") == "Lódz — “quoted” café ñ"        # ó is 608's own; Ł, ź are not
+    with pytest.raises(UsageError, match=r"cue 1: character '字' \(U\+5B57\) has no EIA-608 equivalent"):
+        read_cues(_srt(tmp_path, "1\n00:00:01,000 --> 00:00:02,000\nHello 字\n"), 5.0)
+
+
+def test_a_cue_too_long_for_two_rows_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="does not fit 2 rows of 32 characters"):
+        read_cues(_srt(tmp_path, "1\n00:00:01,000 --> 00:00:02,000\n" + "word " * 20 + "\n"), 5.0)
+
+
+# ------------------------------------------------------------------ 608 pacing and SEI
+def test_pacing_sends_one_pair_a_frame_and_flips_each_caption_on_its_frame(tmp_path):
+    cues = read_cues(_srt(tmp_path), 6.0)
+    paced = pace(cues, NTSC, 200)
+    assert len(paced.pairs) == 200
+    assert all(bin(b).count("1") % 2 == 1 for pair in paced.pairs for b in pair)      # odd parity, every byte
+    assert paced.shown == [cue_frame(c.start, NTSC) for c in cues] == [45, 90, 150]
+    eoc = (odd_parity(0x14), odd_parity(0x2F))
+    assert [f for f, p in enumerate(paced.pairs) if p == eoc] == [45, 46, 90, 91, 150, 151]
+    # cue 1 is replaced by cue 2's flip (no erase), cue 2 and 3 are erased on their ends' frames
+    assert paced.cleared == [None, cue_frame(4.2, NTSC), cue_frame(5.8, NTSC)]
+    loaded = [p for p in paced.pairs[:45] if p != PAD]
+    assert loaded == load_pairs(cues[0].rows)                      # all of cue 1 loaded before its frame
+
+
+def test_a_cue_too_soon_after_the_one_before_is_shown_as_soon_as_it_is_loaded():
+    """One pair a frame: a two-row caption takes some 25 frames to load after the one before flips."""
+    cues = [Cue(1.0, 1.5, ("First",)), Cue(1.5, 3.0, ("The bridge closes,", "starting Monday."))]
+    paced = pace(cues, Fraction(25), 100)
+    need = 2 + len(load_pairs(cues[1].rows))                      # the flip before, then the load
+    assert paced.shown == [25, 25 + need] and need > cue_frame(1.5, Fraction(25)) - 25
+
+
+def test_a_cue_that_cannot_be_loaded_before_the_clip_ends_is_refused():
+    with pytest.raises(UsageError, match="cue 1 .* cannot be loaded and shown before the clip ends"):
+        pace([Cue(0.1, 0.3, ("A caption far too long to load",))], NTSC, 12)
+
+
+def test_the_sei_carries_a53_cc_data_for_its_frame():
+    nal = sei_nal((0x94, 0x20), "h264")
+    assert nal[:5] == b"\x00\x00\x00\x01\x06" and nal[5] == 4            # SEI, user data registered (T.35)
+    assert b"\xb5\x00\x31GA94\x03" in nal and b"\xfc\x94\x20\xfd\x80\x80" in nal
+    assert sei_nal((0x00, 0x00), "h264").count(b"\x00\x00\x03") >= 0    # emulation prevention applied
+    assert b"\x00\x00\x00" not in sei_nal((0x80, 0x80), "h264")[4:]
+    es = b"".join(b"\x00\x00\x00\x01\x09\xf0" + b"\x00\x00\x01\x65\x88\x84" for _ in range(3))     # AUD + IDR x3
+    out = insert_cc_sei(es, [(0x94, 0x20), PAD, PAD], "h264")
+    assert out.count(b"GA94") == 3 and out.index(b"GA94") < out.index(b"\x65\x88")
+    with pytest.raises(ValueError, match="3 access units, the captions 2 frames"):
+        insert_cc_sei(es, [PAD, PAD], "h264")
+
+
+# ------------------------------------------------------------------ CTC alignment and grouping
+def _emissions(words: list[str], gap: int = 6, hold: int = 3, lead: int = 5):
+    """Log-probabilities [T, 32] of a known path: blanks, each letter held `hold` frames (a blank between a doubled
+    letter's two), `gap` blank frames between words; and each word's true (start, end) in seconds."""
+    frames, truth = [0] * lead, []
+    for w in words:
+        start = len(frames)
+        for i, ch in enumerate(w.upper()):
+            if i and w.upper()[i - 1] == ch:
+                frames.append(0)
+            frames += [VOCAB[ch]] * hold
+        truth.append((start * 0.02, len(frames) * 0.02))
+        frames += [0] * gap
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 0.5, (len(frames), len(VOCAB)))
+    logits[np.arange(len(frames)), frames] += 6.0                       # the path's symbol clearly ahead
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    return logp, truth
+
+
+def test_ctc_alignment_recovers_a_known_path_exactly():
+    words = ["Hello", "all", "Cool", "evening's", "news"]               # doubled letters, an apostrophe
+    logp, truth = _emissions(words)
+    timed = align_logp(logp, words, VOCAB)
+    assert [w.text for w in timed] == words
+    assert [(round(w.start, 3), round(w.end, 3)) for w in timed] == [(round(a, 3), round(b, 3)) for a, b in truth]
+
+
+def test_a_word_without_letters_takes_the_time_between_its_neighbours():
+    logp, truth = _emissions(["one", "two"], gap=20)
+    timed = align_logp(logp, ["one", "42", "two"], VOCAB)
+    assert timed[1].start == pytest.approx(truth[0][1]) and timed[1].end == pytest.approx(truth[1][0])
+
+
+def test_viterbi_refuses_more_symbols_than_frames():
+    with pytest.raises(ValueError, match="need 5 frames, the speech has 3"):
+        viterbi_path(np.zeros((3, 32)), [5, 5, 6, 7], 0)
+
+
+def test_words_group_into_whole_ordered_readable_cues():
+    text = ("Good evening. Tonight, the council voted to close the old bridge on Main Street for repairs, "
+            "starting Monday. Drivers should use the ferry.").split()
+    words = [TimedWord(w, 0.4 + 0.35 * i, 0.4 + 0.35 * i + 0.3) for i, w in enumerate(text)]
+    cues = group_words(words, 12.0)
+    assert " ".join(c.text for c in cues).split() == text                # every word once, in order
+    assert all(len(c.rows) <= 2 and all(len(r) <= 32 for r in c.rows) for c in cues)
+    assert cues[0].text == "Good evening."                               # a sentence closes a cue
+    assert all(a.end <= b.start + 1e-9 and a.start < b.start for a, b in zip(cues, cues[1:]))
+    assert all(0 <= c.start < c.end <= 12.0 for c in cues)
+    assert all(c.end - c.start >= MIN_SECONDS - 1e-9 for c in cues[:-1])
+    paced = pace(cues, Fraction(25), 300)                                # 608 can show each on its frame
+    assert paced.shown == [cue_frame(c.start, Fraction(25)) for c in cues]
+
+
+def test_a_script_the_speech_cannot_hold_is_refused():
+    words = [TimedWord(f"word{i}.", 0.01 * i, 0.01 * i + 0.01) for i in range(30)]
+    with pytest.raises(UsageError, match="the script makes 30 captions, more than 1.00 s of speech can show"):
+        group_words(words, 1.0)
+
+
+# ------------------------------------------------------------------ embedded and decoded back
+def _encode(path: Path, video: list[str], fmt: str, frames: int, rate: str = "30000/1001") -> None:
+    audio = ["-c:a", "pcm_s24le"] if fmt in ("mxf", "mov") else ["-c:a", "aac"]
+    subprocess.run([FF, "-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                    f"testsrc=s=320x240:r={rate}", "-f", "lavfi", "-i", "sine=r=48000", "-frames:v", str(frames),
+                    "-t", str(frames / float(Fraction(rate))), *video, *audio, "-f", fmt, str(path)], check=True)
+
+
+CARRIERS = {
+    "mp4": (["-c:v", "libx264", "-bf", "0", "-pix_fmt", "yuv420p"], "mp4", "h264", "A/53 in the video"),
+    "mkv": (["-c:v", "libx265", "-bf", "0", "-x265-params", "log-level=error"], "matroska", "hevc",
+            "A/53 in the video"),
+    "mxf": (["-c:v", "mpeg2video", "-b:v", "20M", "-pix_fmt", "yuv422p"], "mxf", "mpeg2video", "SMPTE 436M ANC"),
+    "mov": (["-c:v", "prores_aw"], "mov", "prores", "c608 track"),
+}
+
+
+@pytest.mark.parametrize("ext", list(CARRIERS))
+def test_embedded_608_decodes_to_the_cues_at_their_frames(tmp_path, ext):
+    video, container, codec, carrier = CARRIERS[ext]
+    cues = read_cues(_srt(tmp_path), 6.5)
+    out = tmp_path / f"a.{ext}"
+    _encode(out, video, container, 200)
+    embed(out, pace(cues, NTSC, 200), NTSC, container, codec, ["-f", container])
+    track = read_captions(out)
+    assert track is not None and track.carrier == carrier and track.channel == "CC1"
+    got = [(cue_frame(c.start, NTSC), c.text) for c in track.captions]
+    assert got == [(cue_frame(c.start, NTSC), c.text) for c in cues]
+    assert [cue_frame(c.end, NTSC) for c in track.captions][1:] == [cue_frame(4.2, NTSC), cue_frame(5.8, NTSC)]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]        # no temporaries left
+
+
+def test_a_file_without_captions_reads_as_none(tmp_path):
+    out = tmp_path / "a.mp4"
+    _encode(out, CARRIERS["mp4"][0], "mp4", 10)
+    assert read_captions(out) is None
+
+
+@pytest.mark.skipif(shutil.which("mediainfo") is None, reason="MediaInfo is not installed (apt-get install mediainfo)")
+def test_mediainfo_reads_the_mxf_caption_track(tmp_path):
+    """MediaInfo (another reader than the writer's ffmpeg) finds the 608 service in the ANC track, spanning the file,
+    with each pop-on caption and its rows (its start times vary with the file's timecode: cc_dec checks the frames)."""
+    cues = read_cues(_srt(tmp_path), 6.5)
+    out = tmp_path / "a.mxf"
+    _encode(out, CARRIERS["mxf"][0], "mxf", 200)
+    embed(out, pace(cues, NTSC, 200), NTSC, "mxf", "mpeg2video", ["-f", "mxf"])
+    text = subprocess.run(["mediainfo", str(out)], capture_output=True, text=True, check=True).stdout
+    section = next(b for b in text.split("\n\n") if b.startswith("Text"))
+    info = {k.strip(): v.strip() for k, _, v in (ln.partition(" : ") for ln in section.splitlines()[1:])}
+    assert info["ID"].endswith("CC1") and info["Format"] == "EIA-608"
+    assert info["Muxing mode"] == "Ancillary data / CDP"
+    assert info["Duration"] == "6 s 673 ms"                              # the 200 frames: a pair in every one
+    assert (info["Count of events"], info["Count of PopOn events"]) == ("3", "3")
+    assert (info["Count of lines"], info["Maximum count of lines per event"]) == ("4", "2")
+
+
+def test_a_job_line_takes_captions_and_a_script_beside_it(tmp_path):
+    from ditto_fast.engine.request import JOB_KEYS, RenderRequest
+
+    assert {"captions", "script", "captions_out", "burn_in"} <= set(JOB_KEYS)
+    line = {"avatar": "ruby", "audio": "a.wav", "output": "a.mp4", "captions": "a.srt", "captions_out": "SRT,vtt",
+            "burn_in": True}
+    request = RenderRequest.from_json(line, tmp_path, "jobs.jsonl:1")
+    assert request.captions == tmp_path / "a.srt" and request.captions_out == "srt,vtt" and request.burn_in
+    assert RenderRequest.from_json({**line, "captions": None, "script": "a.txt"}, tmp_path, "x").script == \
+        tmp_path / "a.txt"
+    with pytest.raises(UsageError, match=r"jobs.jsonl:2: captions_out must be one or more of scc,vtt,srt,ttml"):
+        RenderRequest.from_json({**line, "captions_out": "srt,pdf"}, tmp_path, "jobs.jsonl:2")
+    with pytest.raises(UsageError, match="burn_in must be true or false"):
+        RenderRequest.from_json({**line, "burn_in": "yes"}, tmp_path, "jobs.jsonl:3")
+
+
+def test_the_character_head_rides_on_the_feature_windows(tiny_hubert_dir, tmp_path):
+    """--script's log-probabilities come from the same pass as the features (which they leave unchanged): two 50 Hz
+    frames per feature row, a distribution over init-random's 32-symbol vocab.json each; a HuBERT without the head
+    is refused naming its folder."""
+    import json
+
+    from ditto_fast.audio.hubert import HubertFeatures
+    from ditto_fast.core.errors import CheckpointError
+
+    vocab = json.loads((tiny_hubert_dir / "vocab.json").read_text())
+    assert len(vocab) == 32 == json.loads((tiny_hubert_dir / "config.json").read_text())["vocab_size"]
+    assert vocab["<pad>"] == 0 and vocab["|"] == 4
+    hf = HubertFeatures(tiny_hubert_dir)
+    audio = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    plain = hf.features(audio)
+    feats, logp = hf.features(audio, ctc=True)
+    np.testing.assert_array_equal(feats, plain)
+    assert logp.shape == (2 * len(feats), 32)
+    np.testing.assert_allclose(np.exp(logp).sum(1), 1.0, rtol=1e-5)
+    words = align_words(logp, ("good", "evening"), tiny_hubert_dir)
+    assert [w.text for w in words] == ["good", "evening"] and 0 <= words[0].start <= words[1].start <= 1.0
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_hubert_dir, bare)
+    from safetensors.torch import load_file, save_file
+
+    state = {k: v for k, v in load_file(bare / "model.safetensors").items() if not k.startswith("lm_head")}
+    save_file(state, str(bare / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"bare: this HuBERT has no character head"):
+        HubertFeatures(bare).features(audio, ctc=True)
