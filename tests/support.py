@@ -347,14 +347,17 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
             return r.read().decode()
 
-    def wait(self, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 180) -> dict:
+    def wait(self, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 180,
+             kind: str = "jobs") -> dict:
+        """Poll /v1/{kind}/ID (a job, or a live session) until its state is one of `states`; its view."""
+        key = "status" if kind == "jobs" else "state"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            job = self.call("GET", f"/v1/jobs/{job_id}")[1]
-            if job["status"] in states:
+            job = self.call("GET", f"/v1/{kind}/{job_id}")[1]
+            if job[key] in states:
                 return job
             time.sleep(0.2)
-        raise AssertionError(f"job {job_id} still {job['status']}: " + self.log.read_text()[-2000:])
+        raise AssertionError(f"{kind} {job_id} still {job[key]}: " + self.log.read_text()[-3000:])
 
     def stop(self, sig=signal.SIGTERM) -> int:
         os.killpg(self.proc.pid, sig)

@@ -53,13 +53,7 @@ async def refused(url: str, *messages) -> tuple[dict, int]:
 
 
 def wait_state(server, sid: str, states: tuple[str, ...], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = server.call("GET", f"/v1/live/{sid}")[1]
-        if view["state"] in states:
-            return view
-        time.sleep(0.2)
-    raise AssertionError(f"live session {sid} still {view['state']}: " + server.log.read_text()[-3000:])
+    return server.wait(sid, states, timeout, kind="live")
 
 
 def decoded_audio(path: Path) -> np.ndarray:
