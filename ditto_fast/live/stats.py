@@ -3,6 +3,7 @@ frames that left late, repeated or not at all."""
 
 from __future__ import annotations
 
+import random
 import time
 from fractions import Fraction
 from typing import Callable
@@ -14,6 +15,26 @@ from ditto_fast.live.stream_audio import RATE
 STAGES = ("audio_features", "motion", "stitch", "render", "handoff", "putback", "write")
 MADE = ("stitch", "render", "handoff", "putback")    # stages of the frames made (write: of every frame sent)
 BEHIND_EVERY_S = 5.0        # at most one "behind" line in the log this often
+LATENCIES_KEPT = 20_000     # a uniform sample of the stream's latencies (about 50 a second arrive): bounded memory
+
+
+class Reservoir:
+    """A uniform random sample of at most `size` values of a stream of any length (Vitter's algorithm R, a fixed
+    seed), and the exact maximum: a day-long stream's latency quantiles in bounded memory."""
+
+    def __init__(self, size: int = LATENCIES_KEPT):
+        self.size, self.seen, self.values, self.max = size, 0, [], None
+        self._rng = random.Random(0)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        self.max = value if self.max is None else max(self.max, value)
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            j = self._rng.randrange(self.seen)
+            if j < self.size:
+                self.values[j] = value
 
 
 class LiveStats:
@@ -31,7 +52,7 @@ class LiveStats:
         self.late = 0               # frames made that came after their slot had gone
         self.motion_skipped = 0.0   # seconds of speech whose motion was dropped to catch up with the clock
         self.source_error: str | None = None
-        self.latencies: list[float] = []
+        self.latencies = Reservoir()
         self.first_frame: float | None = None
         self.audio = None           # the session's StreamAudio, once it runs
         self._behind_at, self._behind_from = 0.0, 0
@@ -40,7 +61,8 @@ class LiveStats:
                 samples: tuple[int, int]) -> None:
         """An output frame, made for its slot, left at `sent` carrying the motion of stream samples [a, b): the speech
         that arrived in them, and the first speech of the stream once a frame at or after it leaves."""
-        self.latencies += [sent - t for t in arrivals]
+        for t in arrivals:
+            self.latencies.add(sent - t)
         if self.first_frame is None and first_speech is not None and samples[1] > first_speech[0]:
             self.first_frame = sent - first_speech[1]
 
@@ -56,7 +78,7 @@ class LiveStats:
         """The figures as JSON-ready values: latencies in seconds, each stage's real-time factor (its seconds per
         second of stream), the frame counts."""
         stream_s = self.slots / float(self.rate) if self.slots else 0.0
-        lat = np.array(self.latencies) if self.latencies else None
+        lat = np.array(self.latencies.values) if self.latencies.values else None
         audio = self.audio
         return {
             "stream_seconds": round(stream_s, 3),
@@ -64,7 +86,7 @@ class LiveStats:
             "first_frame_latency_s": None if self.first_frame is None else round(self.first_frame, 4),
             "latency_s": None if lat is None else {"median": round(float(np.median(lat)), 4),
                                                    "p95": round(float(np.percentile(lat, 95)), 4),
-                                                   "max": round(float(lat.max()), 4)},
+                                                   "max": round(float(self.latencies.max), 4)},
             "rtf": self.rtf(stream_s),
             "ms_per_frame": {k: round(1000 * v / max(1, self.rendered if k in MADE else self.slots), 2)
                              for k, v in self.seconds.items() if k not in ("audio_features", "motion")},
