@@ -67,7 +67,8 @@ class DittoFastVideoService(AIService):
     them), or `renderer` shares an engine already loaded; `home` is the avatar store ($DITTO_FAST_HOME, set for
     this process). `emotion`, `seed`, `steps`, `fps`, `blend`, `controls`, `overlap` and `max_latency` are `live`'s
     settings (None: the config's). Bad settings raise UsageError here; an unknown avatar or missing checkpoints are
-    reported when the pipeline sets the service up (the engine loads then).
+    reported when the pipeline sets the service up (the engine loads then: give a `renderer` loaded before, or a
+    `setup_timeout_secs` above the load time, where loading takes longer than the worker's 20 s default).
     """
 
     def __init__(self, avatar: str, *, checkpoints: str | Path | None = None, home: str | Path | None = None,
@@ -370,8 +371,6 @@ async def _in_thread(fn: Callable[[], Any], name: str) -> Any:
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    try:
-        return await future
-    finally:
-        if not thread.is_alive() or future.done():
-            thread.join()
+    value = await future            # cancelled (a setup timeout): the thread finishes on its own, unjoined
+    thread.join()
+    return value
