@@ -6,7 +6,7 @@ avatar saying it, and a recorder writes what an output transport would show to a
 
 In a real agent the stand-in TTS is a TTS service (after an STT and an LLM) and the recorder a WebRTC transport's
 output (Daily, SmallWebRTC): see the README's "Voice agents" section. Needs `pip install 'ditto-fast[pipecat]'`.
-Exit codes as the ditto-fast commands': 2 bad usage, 3 a bad input file, 4 an avatar problem.
+Exit codes as the ditto-fast commands': 2 bad usage, 3 a bad input file, 5 an avatar problem, 6 checkpoints.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.home:
         os.environ["DITTO_FAST_HOME"] = args.home
+    from loguru import logger                       # Pipecat's log: its frame-by-frame DEBUG lines left out
+
+    logger.remove()
+    logger.add(sys.stderr, level="INFO")
 
     from ditto_fast.core.errors import DittoError
 
@@ -51,7 +55,7 @@ async def run(args: argparse.Namespace) -> int:
 
     tts = WavSpeaker(args.audio)                                      # stands in for a TTS service
     renderer = Renderer(args.checkpoints, device=args.device)         # loaded before the pipeline's setup timeout
-    renderer.avatar(args.avatar)                                      # an unknown avatar: one line, exit 4
+    renderer.avatar(args.avatar)                                      # an unknown avatar: one line, exit 5
     video = DittoFastVideoService(args.avatar, renderer=renderer)
     recorder = Mp4Recorder(args.output, rate=lambda: video.rate)      # stands in for a transport's output
     worker = PipelineWorker(Pipeline([tts, video, recorder]), enable_rtvi=False)

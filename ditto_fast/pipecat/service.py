@@ -87,6 +87,7 @@ class DittoFastVideoService(AIService):
             {"avatar": avatar, **{k: v for k, v in fields.items() if v is not None}}, config)
         self._options = LiveOptions(audio_in="pipecat", out="pipecat", max_latency=max_latency, overlap=overlap)
         self._renderer = renderer
+        self._ready = False                                    # set up: the engine loaded, the avatar opened
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
         self._pusher: asyncio.Task | None = None
@@ -108,11 +109,13 @@ class DittoFastVideoService(AIService):
     # -- what the session is doing -----------------------------------------------------------------------------
     @property
     def stats(self) -> dict | None:
-        """The session's figures (as `live --stats` writes them): so far while it runs, final once it ended."""
-        session = self._session
-        if self._summary is None and session is not None:
-            return session.stats.summary(False)
-        return self._summary
+        """The session's figures (as `live --stats` writes them, and `speech_dropped_s`: the speech interruptions
+        dropped): so far while it runs, final once it ended."""
+        session, source = self._session, self._source
+        summary = session.stats.summary(False) if self._summary is None and session is not None else self._summary
+        if summary is not None and source is not None:
+            summary = {**summary, "speech_dropped_s": round(source.dropped / RATE, 3)}
+        return summary
 
     @property
     def size(self) -> tuple[int, int] | None:
@@ -136,13 +139,14 @@ class DittoFastVideoService(AIService):
         avatar = await _in_thread(lambda: renderer.avatar(name), "ditto-fast-avatar")
         self._size = avatar.size
         self._rate = Fraction(avatar.rate if self._request.get("fps") is None else parse_rate(self._request["fps"]))
+        self._ready = True
 
     async def start(self, frame: StartFrame) -> None:
         """Start the session (once the StartFrame has gone on): the avatar idles until speech comes."""
         await super().start(frame)
 
     def _launch(self) -> None:
-        if self._renderer is None or self._thread is not None:
+        if not self._ready or self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
