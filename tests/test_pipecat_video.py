@@ -191,14 +191,15 @@ def test_a_cancel_ends_at_once_without_leaking_threads(engine, tts_wav):
     assert sink.speech_frames() < 3 * FPS
 
 
-def test_an_unknown_avatar_is_one_error_and_the_pipeline_ends(engine, tts_wav):
+def test_an_unknown_avatar_is_one_error_and_the_agent_still_speaks(engine, tts_wav):
     async def drive(worker, sink):
-        await asyncio.sleep(0.5)
-        await worker.queue_frame(EndFrame())
+        await worker.queue_frames([TTSSpeakFrame("hello"), EndFrame()])
 
     sink, video, errors, before, after, _ = run_pipeline(engine, tts_wav[2.0], drive, avatar="nobody")
     assert len(errors) == 1 and "nobody" in errors[0] and "\n" not in errors[0], errors
     assert "image" not in sink.kinds()
+    speech = [v for k, v in sink.seen if k == "speech"]         # the TTS's own frames, passed on as they came
+    assert {v[0] for v in speech} == {TTS_RATE} and sum(len(v[2]) for v in speech) == 2 * TTS_RATE
     assert after == before
 
 

@@ -245,7 +245,7 @@ class DittoFastVideoService(AIService):
             await self.push_frame(frame, direction)
             self._launch()
             return
-        if isinstance(frame, TTSAudioRawFrame) and direction == FrameDirection.DOWNSTREAM:
+        if isinstance(frame, TTSAudioRawFrame) and direction == FrameDirection.DOWNSTREAM and self._streaming():
             self._feed(frame)
             return
         if isinstance(frame, (InterruptionFrame, UserStartedSpeakingFrame)):
@@ -257,9 +257,11 @@ class DittoFastVideoService(AIService):
             return
         await self.push_frame(frame, direction)
 
+    def _streaming(self) -> bool:
+        """A session takes the speech (else it goes on as it came: the agent still speaks without its face)."""
+        return self._source is not None and self._thread is not None and not self._done.is_set()
+
     def _feed(self, frame: TTSAudioRawFrame) -> None:
-        if self._source is None:
-            return
         r = self._resampler
         if r is None or (r.rate, r.channels) != (frame.sample_rate, frame.num_channels):
             self._flush_resampler()
