@@ -35,7 +35,6 @@ from pipecat.frames.frames import (  # noqa: E402
     OutputImageRawFrame,
     TTSAudioRawFrame,
     TTSSpeakFrame,
-    TTSStoppedFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.worker import PipelineWorker  # noqa: E402

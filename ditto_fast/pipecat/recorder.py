@@ -18,7 +18,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import InputError
 from ditto_fast.encoding.writer import check_output_path
-from ditto_fast.live.outputs import StreamOutput
+from ditto_fast.live.outputs import FILE_FIX, StreamOutput
 
 
 class Mp4Recorder(FrameProcessor):
@@ -121,8 +121,8 @@ class Mp4Recorder(FrameProcessor):
                                   "-y", "-i", str(self._ts), "-c", "copy", "-movflags", "+faststart", str(self.path)],
                                  capture_output=True, text=True)
             if res.returncode != 0:
-                self._error = InputError(f"{self.path}: ffmpeg could not write the .mp4: "
-                                         f"{res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
+                said = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
+                self._error = InputError(f"{self.path}: ffmpeg could not write the .mp4 ({said}); {FILE_FIX}")
         self._ts.unlink(missing_ok=True)
         if self._error is not None:
             await self.push_error(f"recording to {self.path} failed: {self._error}", exception=self._error)

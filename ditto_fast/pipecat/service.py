@@ -104,7 +104,6 @@ class DittoFastVideoService(AIService):
         self._held: deque[tuple[int, Frame]] = deque()       # (source samples before it, frame), in order
         self._shown = 0                                        # stream samples sent so far (the last slot's end)
         self._mute_until = 0                                   # stream samples before it go out silent
-        self.frames_out = 0
 
     # -- what the session is doing -----------------------------------------------------------------------------
     @property
@@ -141,11 +140,8 @@ class DittoFastVideoService(AIService):
         self._rate = Fraction(avatar.rate if self._request.get("fps") is None else parse_rate(self._request["fps"]))
         self._ready = True
 
-    async def start(self, frame: StartFrame) -> None:
-        """Start the session (once the StartFrame has gone on): the avatar idles until speech comes."""
-        await super().start(frame)
-
     def _launch(self) -> None:
+        """Start the session (once the StartFrame has gone on): the avatar idles until speech comes."""
         if not self._ready or self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
@@ -338,7 +334,6 @@ class DittoFastVideoService(AIService):
                 await self.push_frame(OutputImageRawFrame(image=image, size=self._size, format="RGB"))
                 audio = TTSAudioRawFrame if speech else OutputAudioRawFrame
                 await self.push_frame(audio(audio=pcm, sample_rate=RATE, num_channels=1))
-                self.frames_out += 1
                 for f in released:
                     await self.push_frame(f)
             elif kind == "frames":
