@@ -4,6 +4,7 @@ out as RGB (FrameOutput, yuv.planes_to_rgb as ffmpeg converts), and PCM at a TTS
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 
 import imageio_ffmpeg
@@ -70,21 +71,36 @@ def test_pushed_speech_is_taken_in_order_and_an_interruption_drops_the_rest():
     src.close()
 
 
-def test_frame_output_hands_on_rgb_and_the_slot_audio():
+def test_frame_output_hands_on_rgb_and_the_slot_audio_in_order():
     got, ended = [], []
     layout = Layout("yuv420p")
     out = FrameOutput((64, 48), "yuv420p", lambda i, rgb, pcm: got.append((i, rgb.shape, len(pcm))), ended.append)
     frame = _random_planes(layout, 64, 48)
-    out.write(frame, np.zeros(640, np.int16))
-    out.write(frame, np.zeros(640, np.int16))
-    assert got == [(0, (48, 64, 3), 640), (1, (48, 64, 3), 640)] and out.alive()
+    for _ in range(10):
+        out.write(frame, np.zeros(640, np.int16))
     with pytest.raises(ValueError, match="yuv420p frame of 64x48"):
         out.write(frame[:-1], np.zeros(640, np.int16))
-    out.close()
+    assert out.alive()
+    out.close()                                         # what was queued is delivered first
     out.abort()
-    assert ended == [True] and not out.alive()
+    assert got == [(i, (48, 64, 3), 640) for i in range(10)] and ended == [True] and not out.alive()
+    assert not any(t.name == "live-frames-rgb" for t in threading.enumerate())
     with pytest.raises(ValueError, match="closed"):
         out.write(frame, np.zeros(640, np.int16))
+
+
+def test_a_consumer_that_fails_fails_the_stream():
+    def deliver(i, rgb, pcm):
+        raise RuntimeError("the pipeline is gone")
+
+    out = FrameOutput((64, 48), "yuv420p", deliver)
+    frame = _random_planes(Layout("yuv420p"), 64, 48)
+    out.write(frame, np.zeros(640, np.int16))
+    with pytest.raises(RuntimeError, match="the pipeline is gone"):
+        for _ in range(50):
+            out.write(frame, np.zeros(640, np.int16))
+            time.sleep(0.01)
+    out.abort()
 
 
 def test_a_tts_rate_stream_resamples_to_16k_in_any_chunking():
