@@ -89,7 +89,8 @@ def tts_wav(tmp_path_factory):
 
 def run_pipeline(engine, wav: Path, drive, avatar: str = "anchor", lead: float = 0.2, **service) -> tuple:
     """Run [WavSpeaker(wav, lead), DittoFastVideoService, Collector] to its end, `drive(worker, sink)` queueing
-    frames; (sink, service, errors, threads before, threads after, seconds)."""
+    frames; (sink, service, errors, threads before, threads after, seconds). `engine` None: the service loads its
+    own (`service` names the checkpoints)."""
     tts = WavSpeaker(wav, lead=lead)
     video = DittoFastVideoService(avatar, renderer=engine, **service)
     sink = Collector()
@@ -178,13 +179,14 @@ def test_an_interruption_drops_the_rest_of_the_speech_and_the_avatar_idles(engin
     assert video.stats["speech_dropped_s"] > 0.5, video.stats
 
 
-def test_a_cancel_ends_at_once_without_leaking_threads(engine, tts_wav):
+def test_a_service_that_loads_its_engine_and_is_cancelled_leaks_no_threads(engine, tiny_checkpoints, tts_wav):
     async def drive(worker, sink):
         await worker.queue_frame(TTSSpeakFrame("a long answer"))
         await wait_until(lambda: sink.speech_frames() >= 5)
         await worker.queue_frame(CancelFrame())
 
-    sink, video, errors, before, after, seconds = run_pipeline(engine, tts_wav[4.0], drive)
+    sink, video, errors, before, after, seconds = run_pipeline(None, tts_wav[4.0], drive,
+                                                               checkpoints=tiny_checkpoints, device="cpu")
     assert not errors, errors
     assert after == before, [t.name for t in threading.enumerate()]
     assert sink.speech_frames() < 3 * FPS
