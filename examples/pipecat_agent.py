@@ -54,10 +54,10 @@ async def run(args: argparse.Namespace) -> int:
     from ditto_fast.pipecat import DittoFastVideoService, Mp4Recorder, WavSpeaker
 
     tts = WavSpeaker(args.audio)                                      # stands in for a TTS service
+    recorder = Mp4Recorder(args.output, rate=lambda: video.rate)      # stands in for a transport's output
     renderer = Renderer(args.checkpoints, device=args.device)         # loaded before the pipeline's setup timeout
     renderer.avatar(args.avatar)                                      # an unknown avatar: one line, exit 5
     video = DittoFastVideoService(args.avatar, renderer=renderer)
-    recorder = Mp4Recorder(args.output, rate=lambda: video.rate)      # stands in for a transport's output
     worker = PipelineWorker(Pipeline([tts, video, recorder]), enable_rtvi=False)
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)

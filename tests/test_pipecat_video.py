@@ -234,3 +234,7 @@ def test_the_example_writes_the_agent_to_an_mp4(engine, session_home, tiny_check
                           "--checkpoints", str(tiny_checkpoints), "--device", "cpu"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 5 and "nobody" in bad.stderr, (bad.returncode, bad.stderr[-800:])
+    missing = subprocess.run([sys.executable, str(REPO / "examples" / "pipecat_agent.py"), "--avatar", "anchor",
+                              "--audio", str(tmp_path / "none.wav"), "-o", str(tmp_path / "y.mp4")],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 3 and "none.wav" in missing.stderr.splitlines()[-1], missing.stderr[-800:]
