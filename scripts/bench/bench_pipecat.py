@@ -3,7 +3,9 @@ frames at the pace it is spoken, `DittoFastVideoService`, a sink at the pipeline
 runner. Figures: first-frame latency (the TTS's first audio frame in to the first image frame carrying its motion at
 the pipeline's end: the image just before the first TTSAudioRawFrame), the same at the session's output (before the
 hop into the event loop), steady latency (each block of speech in to its frame out, the session's), each stage's
-real-time factor, frames repeated or skipped.
+real-time factor, frames repeated or skipped. Where rendering falls behind the clock, the first image of the speech
+may be the last frame shown again (not yet its motion): the session's figure counts only frames made for their slot,
+so it can then be the later of the two.
 
 Tiny networks at 720p on this machine; Ditto's online figures (its authors, TensorRT on a GPU) beside them. Needs
 pipecat-ai (the second stack, `pip install 'ditto-fast[pipecat]'`); the avatar is registered by a Python that has
