@@ -11,7 +11,9 @@ PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
     {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery", "captions"},
-    {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"live"}, {"serve"}, {"doctor"}, {"console"}, {"cli"},
+    {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"live"}, {"serve"},
+    {"pipecat"},    # the Pipecat video service: a live session in the agent's process (above live, beside nothing)
+    {"doctor"}, {"console"}, {"cli"},
 )
 
 

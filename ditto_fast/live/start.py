@@ -23,12 +23,17 @@ ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", Tru
 def check_live(request: dict[str, Any], options: LiveOptions, config: Config) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request's fields and its live settings checked, and the destination and stats path, before anything
     loads: (request, checked settings); UsageError or InputError naming what is wrong."""
-    request = {k: check_field(k, v) for k, v in request.items()}
-    checked = check_live_request(request, config)
+    request, checked = check_live_settings(request, config)
     check_destination(options.out)
     if options.stats is not None and options.stats.is_dir():
         raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
     return request, checked
+
+
+def check_live_settings(request: dict[str, Any], config: Config) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request's fields and its live settings checked (no destination): (request, checked settings)."""
+    request = {k: check_field(k, v) for k, v in request.items()}
+    return request, check_live_request(request, config)
 
 
 def run_live(request: dict[str, Any], options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
@@ -48,16 +53,23 @@ def run_live(request: dict[str, Any], options: LiveOptions, engine: EngineOption
 
 
 def stream_live(renderer, request: dict[str, Any], checked: dict[str, Any], options: LiveOptions, source,
-                stop_at_end: bool, log: Callable[[str], None], started: Callable[[Any], None] | None = None) -> dict:
+                stop_at_end: bool, log: Callable[[str], None], started: Callable[[Any], None] | None = None,
+                output: Callable[[Any, Any], Any] | None = None) -> dict:
     """Run one session on a loaded `renderer` from `source` (not started) to `options.out` (checked by check_live);
-    `started(session)` is called once it exists (to read its stats or stop it from another thread)."""
+    `started(session)` is called once it exists (to read its stats or stop it from another thread). `output(avatar,
+    settings)`, if given, makes the stream's output instead (an object with StreamOutput's write/close/abort: an
+    in-process consumer of the frames, such as the Pipecat service's)."""
     from ditto_fast.live.session import LiveSession
 
     try:
         avatar = renderer.avatar(request["avatar"])
         settings = live_settings(request, checked, options, renderer.config, avatar, stop_at_end)
-        output = StreamOutput(options.out, avatar.size, settings.rate, _plate_pix_fmt(avatar), crf=renderer.setup.crf,
-                              preset=renderer.setup.preset, encoder=ENCODERS[checked["codec"], renderer.setup.nvenc])
+        if output is not None:
+            output = output(avatar, settings)
+        else:
+            output = StreamOutput(options.out, avatar.size, settings.rate, plate_pix_fmt(avatar),
+                                  crf=renderer.setup.crf, preset=renderer.setup.preset,
+                                  encoder=ENCODERS[checked["codec"], renderer.setup.nvenc])
     except BaseException:
         source.close()
         raise
@@ -78,7 +90,7 @@ def stream_live(renderer, request: dict[str, Any], checked: dict[str, Any], opti
     return stats
 
 
-def _plate_pix_fmt(avatar) -> str:
+def plate_pix_fmt(avatar) -> str:
     """The pixel format of the avatar's plate planes (what the putback hands the encoder)."""
     from ditto_fast.avatar.plate import PlateReader
 

@@ -180,3 +180,17 @@ def frame_region(frame: np.ndarray | YuvFrame, x0: int, y0: int, x1: int, y1: in
 def frame_rgb(frame: np.ndarray | YuvFrame) -> np.ndarray:
     """The whole frame as an RGB array [H, W, 3] uint8."""
     return frame.rgb() if isinstance(frame, YuvFrame) else frame
+
+
+def planes_to_rgb(frame: np.ndarray, layout: Layout, matrix: str = "bt709") -> np.ndarray:
+    """A frame in `layout` (limited range, `matrix`: a plate's planes are BT.709) as RGB [H, W, 3] uint8, each chroma
+    sample covering its 2x1 or 2x2 pixels, as ffmpeg's conversion does."""
+    luma, chroma = layout.planes(frame)
+    h, w = luma.shape[1:]
+    y = luma[0]
+    u = cv2.resize(chroma[0], (w, h), interpolation=cv2.INTER_NEAREST)
+    v = cv2.resize(chroma[1], (w, h), interpolation=cv2.INTER_NEAREST)
+    if layout.bits > 8:                 # 10-bit codes to 8-bit levels (the matrix works in levels)
+        yuv = cv2.merge([y, u, v]).astype(np.float32) * (1.0 / layout.scale)
+        return np.clip(cv2.transform(yuv, yuv_to_rgb_matrix(matrix)) + 0.5, 0, 255).astype(np.uint8)
+    return cv2.transform(cv2.merge([y, u, v]), yuv_to_rgb_matrix(matrix))

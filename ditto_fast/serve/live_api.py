@@ -10,9 +10,10 @@ from typing import Any
 
 from fastapi import Body, FastAPI, WebSocket, WebSocketDisconnect
 
+from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.live.stream_audio import RATE
-from ditto_fast.serve.live_sessions import LiveSessions, Resampler, parse_rate
+from ditto_fast.serve.live_sessions import LiveSessions, parse_rate
 
 CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_UNKNOWN, CLOSE_ENDED = 1003, 1008, 4404, 4410
 ENDED_POLL_S = 0.5

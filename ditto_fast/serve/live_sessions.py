@@ -40,24 +40,6 @@ _CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.serv
           "sys.exit(main(sys.argv[1:]))")
 
 
-class Resampler:
-    """s16le mono PCM at `rate` to 16 kHz float32, as it streams (soxr; nothing to do at 16 kHz)."""
-
-    def __init__(self, rate: int):
-        import soxr
-
-        self.rate = rate
-        self._stream = None if rate == RATE else soxr.ResampleStream(rate, RATE, 1, dtype="float32")
-        self._half = b""
-
-    def __call__(self, data: bytes) -> np.ndarray:
-        data, self._half = self._half + data, b""
-        if len(data) % 2:
-            data, self._half = data[:-1], data[-1:]
-        x = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
-        return x if self._stream is None else self._stream.resample_chunk(x)
-
-
 def parse_rate(message: str) -> int:
     """The rate a client's text message `{"rate": N}` declares; UsageError naming what is accepted otherwise."""
     import json

@@ -1,0 +1,125 @@
+"""Speech handed to a live session by the caller, in process (a Pipecat service gives it its TTS's audio): the same
+face to the session as sources.AudioSource (start, take, available, ended, error, close, arrivals), with no reader
+thread, and `clear()` for a listener who interrupts."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from ditto_fast.live.sources import SAMPLE_RATE, Arrivals
+
+TAKES_KEPT = 4096           # takes whose time is kept (the session takes every 20 ms: over a minute)
+
+
+class PushedSource:
+    """16 kHz mono float32 samples `push`ed by the caller, buffered until the session takes them.
+
+    `end()` says no more will come (the session, run to stop at the end, closes its stream after the last);
+    `clear()` drops what is buffered (an interruption). Dropped samples count as taken: the source's sample indices
+    (arrival times, take times) run on over them. `taken_at(index)` is when sample `index` was taken.
+    """
+
+    def __init__(self, name: str = "pushed speech") -> None:
+        self.name = name
+        self.sample_rate = SAMPLE_RATE
+        self.arrivals = Arrivals()
+        self.first_sample_at: float | None = None
+        self.received = 0               # samples pushed (cleared ones included)
+        self.taken = 0                  # the index of the next sample take() returns
+        self.dropped = 0                # samples clear() dropped
+        self._chunks: deque[np.ndarray] = deque()
+        self._available = 0
+        self._takes: deque[tuple[int, float]] = deque(maxlen=TAKES_KEPT)     # (index after the take, time)
+        self._lock = threading.Lock()
+        self._ended = False
+        self._closed = False
+
+    def start(self) -> PushedSource:
+        """Nothing to start (the caller pushes); returns self."""
+        return self
+
+    def push(self, samples: np.ndarray) -> None:
+        """Add float32 samples in [-1, 1) at 16 kHz; ignored after end() or close()."""
+        samples = np.asarray(samples, np.float32).reshape(-1)
+        if not len(samples):
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._ended or self._closed:
+                return
+            start = self.received
+            self._chunks.append(samples.copy())
+            self._available += len(samples)
+            self.received += len(samples)
+            if self.first_sample_at is None:
+                self.first_sample_at = now
+        self.arrivals.note(start, start + len(samples), now)
+
+    def clear(self) -> int:
+        """Drop the samples not yet taken; returns how many."""
+        with self._lock:
+            dropped = self._available
+            self._chunks.clear()
+            self._available = 0
+            self.taken += dropped
+            self.dropped += dropped
+            if dropped:
+                self._takes.append((self.taken, time.monotonic()))
+        return dropped
+
+    def end(self) -> None:
+        """No more speech will come: once what is buffered has been taken, the source has ended."""
+        with self._lock:
+            self._ended = True
+
+    def take(self, n: int) -> np.ndarray:
+        """Up to `n` buffered samples, float32 [<= n], without waiting (empty when none are buffered)."""
+        out, need = [], max(0, int(n))
+        with self._lock:
+            while need and self._chunks:
+                chunk = self._chunks[0]
+                if len(chunk) <= need:
+                    out.append(self._chunks.popleft())
+                else:
+                    out.append(chunk[:need])
+                    self._chunks[0] = chunk[need:]
+                need -= len(out[-1])
+            got = max(0, int(n)) - need
+            self._available -= got
+            self.taken += got
+            if got:
+                self._takes.append((self.taken, time.monotonic()))
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def available(self) -> int:
+        """Samples buffered now."""
+        with self._lock:
+            return self._available
+
+    def taken_at(self, index: int) -> float | None:
+        """time.monotonic() when sample `index` was taken (or dropped); None if not yet, or no longer kept."""
+        with self._lock:
+            i = bisect.bisect_right(self._takes, index, key=lambda take: take[0])
+            return self._takes[i][1] if i < len(self._takes) else None
+
+    @property
+    def ended(self) -> bool:
+        """end() was called (what is buffered can still be taken)."""
+        return self._ended
+
+    @property
+    def error(self) -> str | None:
+        """Always None: pushed speech cannot fail."""
+        return None
+
+    def close(self) -> None:
+        """Drop what is buffered; later pushes are ignored (idempotent)."""
+        with self._lock:
+            self._closed = True
+            self._chunks.clear()
+            self._available = 0

@@ -1,0 +1,116 @@
+"""The pieces a live session uses in process (the Pipecat service's): speech pushed in (PushedSource), frames handed
+out as RGB (FrameOutput, yuv.planes_to_rgb as ffmpeg converts), and PCM at a TTS's rate resampled as it streams."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+
+from ditto_fast.audio.resample import Resampler
+from ditto_fast.live.frame_output import FrameOutput
+from ditto_fast.live.pushed import PushedSource
+from ditto_fast.media.yuv import Layout, planes_to_rgb
+
+
+def _random_planes(layout: Layout, w: int, h: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    frame = np.empty(layout.shape(w, h), layout.dtype)
+    frame[:h] = rng.integers(16 * layout.scale, 236 * layout.scale, (h, w))
+    frame[h:] = rng.integers(16 * layout.scale, 241 * layout.scale, frame[h:].shape)
+    return frame
+
+
+def _ffmpeg_rgb(frame: np.ndarray, pix_fmt: str, w: int, h: int) -> np.ndarray:
+    out = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-f", "rawvideo", "-pix_fmt", pix_fmt,
+                          "-s", f"{w}x{h}", "-colorspace", "bt709", "-i", "-", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                          "-"], input=frame.tobytes(), capture_output=True, check=True).stdout
+    return np.frombuffer(out, np.uint8).reshape(h, w, 3)
+
+
+@pytest.mark.parametrize("pix_fmt", ["yuv420p", "yuv422p"])
+def test_plate_planes_become_rgb_as_ffmpeg_converts_them(pix_fmt):
+    layout, (w, h) = Layout(pix_fmt), (64, 48)
+    frame = _random_planes(layout, w, h)
+    got, ref = planes_to_rgb(frame, layout), _ffmpeg_rgb(frame, pix_fmt, w, h)
+    assert got.shape == (h, w, 3) and got.dtype == np.uint8
+    diff = np.abs(got.astype(int) - ref.astype(int))
+    assert diff.max() <= 4 and diff.mean() < 1.5, (diff.max(), diff.mean())
+
+
+@pytest.mark.parametrize("pix_fmt", ["yuv420p10le", "yuv422p10le"])
+def test_ten_bit_planes_give_the_rgb_of_their_eight_bit_levels(pix_fmt):
+    deep, (w, h) = Layout(pix_fmt), (64, 48)
+    shallow = Layout(pix_fmt.removesuffix("10le"))
+    frame = _random_planes(shallow, w, h)
+    got = planes_to_rgb(frame.astype(np.uint16) * 4, deep)
+    assert np.abs(got.astype(int) - planes_to_rgb(frame, shallow).astype(int)).max() <= 1
+
+
+def test_pushed_speech_is_taken_in_order_and_an_interruption_drops_the_rest():
+    src = PushedSource().start()
+    before = time.monotonic()
+    src.push(np.arange(100, dtype=np.float32) / 1000)
+    src.push(np.arange(100, 250, dtype=np.float32) / 1000)
+    assert src.available() == 250 and src.received == 250
+    assert np.allclose(src.take(120), np.arange(120) / 1000) and src.taken == 120
+    assert before <= src.arrivals.arrival_time(110) <= time.monotonic()
+    assert src.taken_at(119) is not None and src.taken_at(120) is None
+    assert src.clear() == 130 and src.available() == 0 and src.taken == 250 and src.dropped == 130
+    assert len(src.take(50)) == 0                       # nothing left: the stream fills silence
+    assert not src.ended and src.error is None
+    src.push(np.ones(10, np.float32))
+    src.end()
+    assert src.ended and len(src.take(100)) == 10       # what was given before the end is still taken
+    src.push(np.ones(10, np.float32))                    # after the end: ignored
+    assert src.available() == 0
+    src.close()
+
+
+def test_frame_output_hands_on_rgb_and_the_slot_audio_in_order():
+    got, ended = [], []
+    layout = Layout("yuv420p")
+    out = FrameOutput((64, 48), "yuv420p", lambda i, rgb, pcm: got.append((i, rgb.shape, len(pcm))), ended.append)
+    frame = _random_planes(layout, 64, 48)
+    for _ in range(10):
+        out.write(frame, np.zeros(640, np.int16))
+    with pytest.raises(ValueError, match="yuv420p frame of 64x48"):
+        out.write(frame[:-1], np.zeros(640, np.int16))
+    assert out.alive()
+    out.close()                                         # what was queued is delivered first
+    out.abort()
+    assert got == [(i, (48, 64, 3), 640) for i in range(10)] and ended == [True] and not out.alive()
+    assert not any(t.name == "live-frames-rgb" for t in threading.enumerate())
+    with pytest.raises(ValueError, match="closed"):
+        out.write(frame, np.zeros(640, np.int16))
+
+
+def test_a_consumer_that_fails_fails_the_stream():
+    def deliver(i, rgb, pcm):
+        raise RuntimeError("the pipeline is gone")
+
+    out = FrameOutput((64, 48), "yuv420p", deliver)
+    frame = _random_planes(Layout("yuv420p"), 64, 48)
+    out.write(frame, np.zeros(640, np.int16))
+    with pytest.raises(RuntimeError, match="the pipeline is gone"):
+        for _ in range(50):
+            out.write(frame, np.zeros(640, np.int16))
+            time.sleep(0.01)
+    out.abort()
+
+
+def test_a_tts_rate_stream_resamples_to_16k_in_any_chunking():
+    t = np.arange(24000) / 24000
+    stereo = np.stack([np.sin(2 * np.pi * 220 * t), np.sin(2 * np.pi * 220 * t)], 1)
+    pcm = (stereo * 16000).astype("<i2").tobytes()
+    r = Resampler(24000, channels=2)
+    parts = [r(pcm[i:i + 1001]) for i in range(0, len(pcm), 1001)]   # odd byte counts, partial frames
+    out = np.concatenate([*parts, r.flush()])
+    assert abs(len(out) - 16000) <= 1
+    ref = np.sin(2 * np.pi * 220 * np.arange(len(out)) / 16000) * 16000 / 32768
+    assert np.abs(out[200:-200] - ref[200:-200]).max() < 0.01
+    assert len(Resampler(16000)(pcm[:3201])) == 1600    # at 16 kHz: as it is (the odd byte waits)
