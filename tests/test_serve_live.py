@@ -22,14 +22,17 @@ websockets = pytest.importorskip("websockets")
 
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
 CHUNK_S = 0.02
+LEAD_S = 0.5        # the client's lead on the speech it sends
 
 
 def ws_url(server, sid: str) -> str:
     return f"ws://127.0.0.1:{server.port}/v1/live/{sid}/audio"
 
 
-async def send_pcm(url: str, pcm: np.ndarray, rate: int, declare: bool = True, after: float = 0.0) -> None:
-    """Connect, declare the rate, send int16 `pcm` in 20 ms messages at the pace it is spoken, wait `after` s."""
+async def send_pcm(url: str, pcm: np.ndarray, rate: int, declare: bool = True, after: float = 0.0,
+                   lead: float = LEAD_S) -> None:
+    """Connect, declare the rate, send int16 `pcm` in 20 ms messages at the pace it is spoken, `lead` s ahead of it
+    (as a TTS is: the stream's 0.1 s jitter allowance alone is less than a busy test machine's hiccups), wait."""
     async with websockets.connect(url) as ws:
         if declare:
             await ws.send(json.dumps({"rate": rate}))
@@ -37,7 +40,7 @@ async def send_pcm(url: str, pcm: np.ndarray, rate: int, declare: bool = True, a
         t0 = time.monotonic()
         for k, i in enumerate(range(0, len(pcm), step)):
             await ws.send(pcm[i:i + step].tobytes())
-            await asyncio.sleep(max(0.0, t0 + (k + 1) * CHUNK_S - time.monotonic()))
+            await asyncio.sleep(max(0.0, t0 + (k + 1) * CHUNK_S - lead - time.monotonic()))
         await asyncio.sleep(after)
 
 
