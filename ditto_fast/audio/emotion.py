@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from ditto_fast.audio.hf_folder import FolderKind, check_folder, fuse_for_inference, load_encoder, read_tensors
+from ditto_fast.checkpoints import EMOTION_LABELS
 from ditto_fast.core.errors import CheckpointError
 
-LABELS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise")   # FLOAT's id2label, in its order
+LABELS = EMOTION_LABELS     # FLOAT's id2label, in its order
 SAMPLE_RATE = 16000
 MIN_SAMPLES = 400           # the conv front end's receptive field: a shorter signal is zero-padded to it
 NORM_EPS = 1e-7             # Wav2Vec2FeatureExtractor's zero_mean_unit_var_norm
