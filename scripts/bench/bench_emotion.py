@@ -3,7 +3,7 @@
 - classifier: the full-size (random) speech-emotion classifier, the large XLSR wav2vec2 of
   r-f/wav2vec-english-speech-emotion-recognition, over `seconds` of speech in the render's windows (4 s every 2 s,
   batched), beside full-size HuBERT's features of the same speech: seconds of each per minute of speech.
-- render: a tiny-network render (a 640x360 anchor) with `--emotion neutral` and with `--emotion auto` (the full-size
+- render: a tiny-network render (a 960x540 anchor) with `--emotion neutral` and with `--emotion auto` (the full-size
   classifier), the engine warm: what auto adds to its wall time, and the classifier's load in the first one.
 
     python scripts/benchmark.py emotion [--quick]
@@ -83,7 +83,7 @@ def render(quick: bool) -> dict:
                 (root / entry.name).symlink_to(entry)
         (root / EMOTION_DIRNAME).symlink_to(_full_classifier())
         os.environ["DITTO_FAST_HOME"] = str(Path(d) / "home")
-        register_avatar(anchor(25, size=(640, 360), face_px=600.0), name="bench", force=True, checkpoints=root,
+        register_avatar(anchor(25, size=(960, 540)), name="bench", force=True, checkpoints=root,
                         device="cpu")
         engine = Renderer(root, device="cpu")
         audio = speech(seconds)
@@ -101,13 +101,14 @@ def render(quick: bool) -> dict:
 
 def run(out_json: str | None, quick: bool = False) -> dict:
     """The classifier's cost per minute of speech and what auto adds to a tiny render; prints the table."""
-    result = {"classifier": classifier(quick), "render": render(quick)}
-    c, r = result["classifier"], result["render"]
+    result = {"classifier": classifier(quick)}
+    c = result["classifier"]
     print(f"\nspeech-emotion classifier, full size ({c['params_m']}M params), {c['seconds_of_speech']:g} s of speech "
           f"on {c['device']} ({c['threads']} threads), {c['windows']} windows of {c['window_s']:g} s every "
           f"{c['hop_s']:g} s:")
     print(f"  {c['emotion_s_per_min']:.1f} s per minute of speech (HuBERT's features: {c['hubert_s_per_min']:.1f}); "
-          f"load {c['load_s']:.1f} s")
+          f"load {c['load_s']:.1f} s", flush=True)
+    result["render"] = r = render(quick)
     print(f"tiny render of {r['seconds_of_speech']:g} s ({r['frames']} frames), full-size classifier:")
     for name, run_ in r["runs"].items():
         emo = f", emotion {run_['emotion_s']:.2f} s" if run_["emotion_s"] is not None else ""
