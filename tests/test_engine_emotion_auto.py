@@ -54,7 +54,11 @@ def test_timings_carry_the_track_per_second(auto_render):
     assert row["second"] == 0 and row["label"] in EMOTIONS and set(row["probabilities"]) == set(EMOTIONS)
     assert abs(sum(row["probabilities"].values()) - 1) < 0.01 and row["probabilities"]["contempt"] == 0
     assert record["settings"]["window"] == 4.0 and record["model"].endswith(EMOTION_DIRNAME)
+    assert record["random_weights"] is True                          # init-random's classifier: its readings are noise
     json.dumps(auto_render.timings)                 # all of it goes into the --timings file
+    from ditto_fast.engine.renderer import stage_table
+
+    assert f"emotion auto: {row['label']} 0 s (0 switches" in stage_table(auto_render.timings)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import torch
 
 from ditto_fast.audio.hf_folder import FolderKind, check_folder, fuse_for_inference, load_encoder, read_tensors
 from ditto_fast.checkpoints import EMOTION_LABELS
+from ditto_fast.checkpoints.random_hubert import RANDOM_MARK
 from ditto_fast.core.errors import CheckpointError
 
 LABELS = EMOTION_LABELS     # FLOAT's id2label, in its order
@@ -72,9 +73,10 @@ class SpeechEmotion:
     labels = LABELS
 
     def __init__(self, encoder: torch.nn.Module, dense: torch.nn.Linear, out_proj: torch.nn.Linear,
-                 model_dir: Path, device: torch.device):
+                 model_dir: Path, device: torch.device, random_weights: bool = False):
         self.encoder, self.dense, self.out_proj = encoder, dense, out_proj
         self.model_dir, self.device = model_dir, device
+        self.random_weights = random_weights        # written by `checkpoints init-random`: its readings are noise
         self.batch_size = 16 if device.type == "cuda" else 4
 
     @classmethod
@@ -105,7 +107,8 @@ class SpeechEmotion:
             for layer, (w, b) in ((dense, HEAD_KEYS[:2]), (out_proj, HEAD_KEYS[2:])):
                 layer.weight.copy_(head[w])
                 layer.bias.copy_(head[b])
-        return cls(encoder, dense.to(device).eval(), out_proj.to(device).eval(), folder, device)
+        return cls(encoder, dense.to(device).eval(), out_proj.to(device).eval(), folder, device,
+                   bool(cfg.get(RANDOM_MARK)))
 
     @torch.inference_mode()
     def logits(self, windows: np.ndarray) -> np.ndarray:

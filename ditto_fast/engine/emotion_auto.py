@@ -40,12 +40,13 @@ def with_auto_emotion(clip: Clip, track: EmotionTrack) -> Clip:
     return dataclasses.replace(clip, emotion=neutral_blend(per_frame, clip.emotion_strength))
 
 
-def emotion_record(track: EmotionTrack, windows: EmotionWindows, seconds: float, model_dir,
+def emotion_record(track: EmotionTrack, windows: EmotionWindows, seconds: float, model: SpeechEmotion,
                    settings: AutoEmotion = AUTO_SETTINGS) -> dict:
     """The timings JSON's "emotion": how the track was read, what it cost, and each second's label and
     probabilities (Ditto's eight classes; contempt, which the classifier does not know, stays 0)."""
     silent = int(np.count_nonzero(windows.rms_db < settings.silence_db))
-    return {"source": "auto", "model": str(model_dir), "settings": settings.as_dict(), "windows": len(windows.starts),
+    return {"source": "auto", "model": str(model.model_dir), "random_weights": model.random_weights,
+            "settings": settings.as_dict(), "windows": len(windows.starts),
             "silent_windows": silent, "seconds": round(seconds, 4), "switches": track.switches(),
             "per_second": track.per_second()}
 

@@ -85,6 +85,16 @@ def stage_table(timings: dict) -> str:
                  f"{timings['device']} {timings['precision']}, {timings['steps']} steps, {timings['rate']} fps "
                  f"{timings['container']} {timings['encoder']}, batch {timings['batch_size']}"
                  + (" — RANDOM WEIGHTS: the face region is noise" if timings["random_weights"] else ""))
+    if timings.get("emotion"):
+        e, runs = timings["emotion"], []
+        for row in e["per_second"]:             # "happy 0-4 s, sad 5-9 s"
+            if runs and runs[-1][0] == row["label"]:
+                runs[-1][2] = row["second"]
+            else:
+                runs.append([row["label"], row["second"], row["second"]])
+        lines.append(f"emotion auto: {', '.join(f'{lab} {a}-{b} s' if b > a else f'{lab} {a} s' for lab, a, b in runs)}"
+                     f" ({e['switches']} switches; classifier {e['seconds']:.2f} s over {e['windows']} windows)"
+                     + (" — RANDOM classifier" if e.get("random_weights") else ""))
     if timings.get("delivery"):
         d, ld = timings["delivery"], timings["delivery"].get("loudness")
         level_text = "levels as spoken" if ld is None else (
@@ -220,7 +230,7 @@ class Renderer:
                     track, windows = read_emotion(self.speech_emotion(), clip, progress and (
                         lambda done, total: progress(EMOTION, done, total)))
                     clip = with_auto_emotion(clip, track)
-                    emotion = (emotion_record(track, windows, time.perf_counter() - t0, self.checkpoints.emotion_dir),
+                    emotion = (emotion_record(track, windows, time.perf_counter() - t0, self.speech_emotion()),
                                track.probabilities)
             with timer("motion"):
                 motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress)
