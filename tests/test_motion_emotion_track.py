@@ -124,3 +124,14 @@ def test_strength_blends_toward_neutral():
     np.testing.assert_allclose(neutral_blend(happy, 0.0), emotion_vector("neutral"), atol=1e-7)
     np.testing.assert_allclose(neutral_blend(happy, 0.25), 0.25 * happy + 0.75 * emotion_vector("neutral"),
                                atol=1e-7)
+
+
+def test_live_takes_a_strength_and_refuses_auto():
+    from ditto_fast.core.config import load_config
+    from ditto_fast.live.options import check_live_request
+
+    config = load_config(None)
+    got = check_live_request({"emotion": "happy", "emotion_strength": 0.5}, config)["emotion"]
+    np.testing.assert_allclose(got, neutral_blend(emotion_vector("happy"), 0.5))
+    with pytest.raises(UsageError, match="goes with renders"):
+        check_live_request({"emotion": "auto"}, config)
