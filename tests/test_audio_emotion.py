@@ -97,3 +97,15 @@ def test_folders_it_refuses(tmp_path, vectors, tiny_hubert_dir):
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="not FLOAT's"):
         SpeechEmotion.load(other)
+
+
+def test_a_legacy_pickle_bin_loads_the_same(vectors, models, tmp_path):
+    """A pytorch_model.bin in torch's pre-zip format (older downloads) cannot be memory-mapped: read whole."""
+    import torch
+
+    folder = tmp_path / "legacy"
+    shutil.copytree(EMOTION_PARITY / "ser0", folder)
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    torch.save(state, folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    audio = vectors["ser0_1.3s_audio"]
+    np.testing.assert_array_equal(SpeechEmotion.load(folder).scores(audio), models["ser0"].scores(audio))

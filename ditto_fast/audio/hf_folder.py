@@ -97,7 +97,10 @@ def read_tensors(model_dir: str | os.PathLike, names: tuple[str, ...], kind: Fol
                 if all(n in f.keys() for n in names):
                     return {n: f.get_tensor(n).float() for n in names}
         elif bin_path.is_file():
-            state = torch.load(bin_path, map_location="cpu", weights_only=True, mmap=True)
+            try:
+                state = torch.load(bin_path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:        # a legacy (pre-zip) pickle cannot be memory-mapped: read it whole
+                state = torch.load(bin_path, map_location="cpu", weights_only=True)
             if all(n in state for n in names):
                 return {n: state[n].float() for n in names}
     except Exception as exc:            # unreadable weights: named, as load_encoder names them
