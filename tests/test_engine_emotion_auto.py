@@ -133,3 +133,20 @@ def test_serve_accepts_auto_and_refuses_it_without_the_classifier(serve_parts, c
     with pytest.raises(CheckpointError, match="speech-emotion model directory missing"):
         parts.acceptor.check({"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "b.mp4"),
                               "emotion": "auto"}, "request")
+
+
+@pytest.mark.slow
+def test_render_writes_the_track_into_its_timings_and_preview(run_cli, clips, tmp_path, tiny_checkpoints,
+                                                              session_home, video_avatar):
+    env = {"DITTO_FAST_HOME": str(session_home), "DITTO_FAST_CHECKPOINTS": str(tiny_checkpoints)}
+    out, timings, preview = tmp_path / "a.mp4", tmp_path / "t.json", tmp_path / "p.png"
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(clips[2]), "-o", str(out), "--emotion", "auto+sad",
+                 "--emotion-strength", "0.8", "--timings", str(timings), "--preview", str(preview), "--device",
+                 "cpu"], env)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(timings.read_text())["emotion"]
+    assert record["per_second"][0]["label"] in EMOTIONS and "emotion auto:" in r.stderr
+    plain = tmp_path / "plain.png"
+    r = run_cli(["render", "--avatar", "anchor", "--audio", str(clips[2]), "-o", str(tmp_path / "b.mp4"),
+                 "--preview", str(plain), "--device", "cpu", "--quiet"], env)
+    assert r.returncode == 0 and cv2.imread(str(preview)).shape[0] > cv2.imread(str(plain)).shape[0]
