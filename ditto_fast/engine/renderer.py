@@ -69,8 +69,8 @@ class RenderResult:
     output: Path
     timings: dict
     mouth: np.ndarray | None = None     # [N] generated lip opening per output frame (for the render preview)
-    emotion: np.ndarray | None = None   # [N, 8] `--emotion auto`'s smoothed probabilities per frame (the preview)
     warnings: tuple[str, ...] = ()      # what the caller should tell the user (speech too quiet to level)
+    emotion: np.ndarray | None = None   # [N, 8] `--emotion auto`'s smoothed probabilities per frame (the preview)
 
 
 def stage_table(timings: dict) -> str:
