@@ -399,7 +399,8 @@ def checkpoints():
 @click.option("--tiny", is_flag=True, help="Tiny widths of the same architectures (fast CPU tests).")
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 def checkpoints_init_random(directory, tiny, seed):
-    """Write random weights for all six networks and HuBERT into DIRECTORY (outputs are labelled random)."""
+    """Write random weights for all six networks, HuBERT and the speech-emotion classifier into DIRECTORY (outputs
+    are labelled random)."""
     from ditto_fast.checkpoints.random_weights import write_random
 
     root = write_random(directory, tiny=tiny, seed=seed)
@@ -420,6 +421,11 @@ def checkpoints_info(checkpoints):
         n = sum(p.numel() for p in net.parameters())
         click.echo(f"{name:<22} {prints[name]}  {n / 1e6:8.2f}M params  {path}")
     click.echo(f"{'hubert':<22} {prints['hubert']}  {cs.hubert_dir}")
+    if cs.has_emotion():
+        click.echo(f"{'speech-emotion':<22} {cs.emotion_fingerprint()}  {cs.emotion_dir}")
+    else:
+        click.echo(f"{'speech-emotion':<22} {'(none)':<16}  {cs.emotion_dir} not found: optional, --emotion auto "
+                   "needs it")
     if cs.random_weights:
         click.echo("these are RANDOM weights (ditto-fast checkpoints init-random): outputs are noise")
 

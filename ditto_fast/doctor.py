@@ -64,8 +64,10 @@ def _mediapipe() -> Check:
 
 
 def _checkpoints(directory) -> Check:
-    """Find the checkpoints and load each network and HuBERT on the CPU, as a render would."""
+    """Find the checkpoints and load each network, HuBERT and (when there) the speech-emotion classifier on the CPU,
+    as a render would; the classifier is optional (`--emotion auto` needs it)."""
     from ditto_fast import models
+    from ditto_fast.audio.emotion import SpeechEmotion
     from ditto_fast.audio.hubert import load_hubert_encoder
     from ditto_fast.checkpoints import find_checkpoints, resolve_root
 
@@ -75,6 +77,8 @@ def _checkpoints(directory) -> Check:
         for name, path in cs.files.items():
             models.load(name, path, "cpu", fuse=False)
         load_hubert_encoder(cs.hubert_dir)
+        if cs.has_emotion():
+            SpeechEmotion.load(cs.emotion_dir)
     except DittoError as e:
         return Check("checkpoints", False, str(e), exit_code=e.exit_code)
     except Exception as e:  # noqa: BLE001 - doctor reports anything; a file it cannot load is a checkpoint problem
@@ -82,7 +86,10 @@ def _checkpoints(directory) -> Check:
         return Check("checkpoints", False, f"{root}: not loaded ({type(e).__name__}: {first}); re-download the "
                      "checkpoints", exit_code=6)
     kind = "RANDOM weights" if cs.random_weights else "weights"
-    return Check("checkpoints", True, f"{cs.root}: six networks + HuBERT loaded ({kind})")
+    if cs.has_emotion():
+        return Check("checkpoints", True, f"{cs.root}: six networks + HuBERT + speech-emotion loaded ({kind})")
+    return Check("checkpoints", True, f"{cs.root}: six networks + HuBERT loaded ({kind}); no speech-emotion "
+                 f"classifier at {cs.emotion_dir} (optional: --emotion auto needs it)")
 
 
 def _writable_dir(path: Path) -> tuple[bool, Path]:

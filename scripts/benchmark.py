@@ -13,6 +13,7 @@
     python scripts/benchmark.py plate    [--quick]          a grainy 720p camera clip: plate size, decode cost, error
     python scripts/benchmark.py delivery [--quick]          per profile: 10 s render and its QC, encoder cost, loudness
     python scripts/benchmark.py captions [--quick]          caption display frame vs cue (MXF/MP4/MOV), alignment cost
+    python scripts/benchmark.py emotion  [--quick]          --emotion auto: the classifier per minute of speech, what auto adds to a render
     python scripts/benchmark.py cpu      [--quick]          full-size warp+decode: default render vs plain fp32
     python scripts/benchmark.py precision [--quick]         fp32 vs bf16 per CPU kind: is --precision auto's rule the faster
     python scripts/benchmark.py all      [--quick]
@@ -45,6 +46,7 @@ SUITES = {
     "plate": ["bench_plate"],
     "delivery": ["bench_delivery"],
     "captions": ["bench_captions"],
+    "emotion": ["bench_emotion"],
     "batch": ["bench_batch"],
     "serve": ["bench_serve"],
     "live": ["bench_live"],

@@ -48,7 +48,8 @@ def test_the_options_and_job_keys_are_the_request_fields():
     # each field's default and range come from the config's declarations
     cfg_backed = {f.name: f.metadata["setting"] for f in FIELDS if f.metadata["setting"]}
     assert cfg_backed == {"steps": ("motion", "steps"), "seed": ("clip", "seed"), "emotion": ("clip", "emotion"),
-                          "codec": ("clip", "codec"), "blend": ("render", "blend")}
+                          "codec": ("clip", "codec"), "blend": ("render", "blend"),
+                          "emotion_strength": ("clip", "emotion_strength")}
 
 
 def test_the_config_gives_what_a_request_leaves_out(tmp_path):
@@ -56,7 +57,8 @@ def test_the_config_gives_what_a_request_leaves_out(tmp_path):
 
     (tmp_path / "c.yaml").write_text("clip:\n  seed: 9\n  codec: hevc\nmotion:\n  steps: 7\n")
     filled = RenderRequest("ruby", "a.wav", seed=2).with_defaults(load_config(tmp_path / "c.yaml"))
-    assert filled == {"steps": 7, "seed": 2, "emotion": "neutral", "codec": "hevc", "blend": "seamless"}
+    assert filled == {"steps": 7, "seed": 2, "emotion": "neutral", "codec": "hevc", "blend": "seamless",
+                      "emotion_strength": 1.0}
     (tmp_path / "bad.yaml").write_text("clip:\n  seed: -3\n")
     with pytest.raises(UsageError, match=r"bad.yaml: clip.seed must be in 0..9223372036854775807, got -3"):
         load_config(tmp_path / "bad.yaml")

@@ -15,7 +15,6 @@ that are exact multiples of 640 (e.g. 4480, 8960), a float artefact not reproduc
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 
 from ditto_fast.audio.decode import frame_count
+from ditto_fast.audio.hf_folder import FolderKind, fuse_for_inference, load_encoder, read_tensors
 from ditto_fast.core.errors import CheckpointError
 
 WINDOW = 6480          # samples per window: int((3 + 5 + 2) * 0.04 * 16000) + 80
@@ -46,63 +46,16 @@ def pad_signal(audio_16k: np.ndarray) -> np.ndarray:
     return out
 
 
-def _check_dir(model_dir: Path) -> dict:
-    if not model_dir.exists():
-        raise CheckpointError(f"{model_dir}: HuBERT model directory not found; "
-                              "give the hubert-large-ls960-ft directory or run `ditto-fast checkpoints init-random`")
-    if not model_dir.is_dir():
-        raise CheckpointError(f"{model_dir}: is a file; give the HuBERT model directory (config.json + weights)")
-    cfg_path = model_dir / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{model_dir}: no config.json; give a transformers HuBERT directory "
-                              "(facebook/hubert-large-ls960-ft layout)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{cfg_path}: unreadable config ({exc.__class__.__name__}); "
-                              "re-download the HuBERT directory") from None
-    if not isinstance(cfg, dict) or cfg.get("model_type") != "hubert":
-        kind = cfg.get("model_type") if isinstance(cfg, dict) else None
-        raise CheckpointError(f"{cfg_path}: model_type is {kind!r}, not 'hubert'; "
-                              "give the facebook/hubert-large-ls960-ft directory")
-    if not any((model_dir / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")):
-        raise CheckpointError(f"{model_dir}: no model.safetensors or pytorch_model.bin; "
-                              "re-download the HuBERT weights")
-    return cfg
+HUBERT = FolderKind("HuBERT", "hubert", "facebook/hubert-large-ls960-ft",
+                    "give the hubert-large-ls960-ft directory or run `ditto-fast checkpoints init-random`")
 
 
 def load_hubert_encoder(model_dir: str | os.PathLike, device: str | torch.device = "cpu",
                         dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Load a local transformers HuBERT directory (HubertModel or HubertForCTC) as the encoder, eval mode."""
     from transformers import HubertModel
-    from transformers.utils import logging as hf_logging
 
-    model_dir = Path(model_dir)
-    _check_dir(model_dir)
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # the dropped CTC head is expected; report problems ourselves
-    hf_logging.disable_progress_bar()  # transformers 5 draws a "Loading weights" bar on stderr
-    try:
-        model, info = HubertModel.from_pretrained(model_dir, local_files_only=True,
-                                                  output_loading_info=True, dtype=torch.float32)
-    except Exception as exc:  # corrupt/truncated weights, shape mismatch, bad config values
-        if "Weights only load failed" in str(exc):      # the pickle asks for code, not just tensors
-            raise CheckpointError(f"{model_dir}: pytorch_model.bin is not a plain weights file; refused to load it; "
-                                  "re-download the HuBERT directory") from None
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        raise CheckpointError(f"{model_dir}: HuBERT weights cannot be loaded ({msg[:160]}); "
-                              "re-download the HuBERT directory") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-    missing = [k for k in info.get("missing_keys", []) if k != "masked_spec_embed"]
-    if missing or info.get("mismatched_keys"):
-        what = missing[:3] or [k[0] if isinstance(k, tuple) else k for k in info["mismatched_keys"][:3]]
-        raise CheckpointError(f"{model_dir}: HuBERT weights are incomplete (missing e.g. {', '.join(what)}); "
-                              "re-download the HuBERT directory")
-    return model.to(device=device, dtype=dtype).eval()
+    return load_encoder(HubertModel, model_dir, HUBERT, device, dtype)
 
 
 def read_ctc_head(model_dir: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,39 +63,11 @@ def read_ctc_head(model_dir: str | os.PathLike) -> tuple[torch.Tensor, torch.Ten
     (model.safetensors, or pytorch_model.bin read as plain tensors); CheckpointError when it has none."""
     model_dir = Path(model_dir)
     names = ("lm_head.weight", "lm_head.bias")
-    st_path, bin_path = model_dir / "model.safetensors", model_dir / "pytorch_model.bin"
-    try:
-        if st_path.is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(st_path), framework="pt") as f:
-                if all(n in f.keys() for n in names):
-                    return f.get_tensor(names[0]).float(), f.get_tensor(names[1]).float()
-        elif bin_path.is_file():
-            state = torch.load(bin_path, map_location="cpu", weights_only=True, mmap=True)
-            if all(n in state for n in names):
-                return state[names[0]].float(), state[names[1]].float()
-    except Exception as exc:            # unreadable weights: named, as load_hubert_encoder names them
-        raise CheckpointError(f"{model_dir}: HuBERT's character head cannot be read ({str(exc)[:120]}); "
-                              "re-download the HuBERT directory") from None
-    raise CheckpointError(f"{model_dir}: this HuBERT has no character head (lm_head: HubertForCTC, as "
-                          "facebook/hubert-large-ls960-ft); --script needs it, or give timed text with --captions")
-
-
-def fuse_for_inference(model: torch.nn.Module) -> torch.nn.Module:
-    """Fold the positional conv's weight norm into a plain weight (same numbers, computed once)."""
-    from torch.nn.utils import parametrize
-
-    conv = model.encoder.pos_conv_embed.conv
-    if parametrize.is_parametrized(conv, "weight"):
-        with torch.no_grad():
-            weight = conv.weight.detach().clone()  # g * v / ||v||, as every forward computes it
-            parametrize.remove_parametrizations(conv, "weight", leave_parametrized=True)
-            delattr(conv, "weight")
-            conv.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
-    elif hasattr(conv, "weight_g"):
-        torch.nn.utils.remove_weight_norm(conv)
-    return model
+    got = read_tensors(model_dir, names, HUBERT, "HuBERT's character head")
+    if got is None:
+        raise CheckpointError(f"{model_dir}: this HuBERT has no character head (lm_head: HubertForCTC, as "
+                              "facebook/hubert-large-ls960-ft); --script needs it, or give timed text with --captions")
+    return got[names[0]], got[names[1]]
 
 
 class HubertFeatures:

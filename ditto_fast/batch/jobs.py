@@ -14,6 +14,7 @@ from ditto_fast.avatar.store import NAME_RE, avatars_dir
 from ditto_fast.core.errors import DittoError, InputError, UsageError, one_line
 from ditto_fast.core.files import MIB, read_input
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
+from ditto_fast.engine.emotion_auto import check_emotion_model
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.render_setup import RenderSetup
@@ -144,10 +145,12 @@ def jobs_from_dir(avatar: str, audio_dir: str | Path, out_dir: str | Path, defau
 
 
 def record_result(job: Job, timings: dict, warnings: tuple[str, ...] = ()) -> None:
-    """A rendered job's report entries: done, its frames and stages, and for a delivery its profile, QC and the
-    loudness measured in and out."""
+    """A rendered job's report entries: done, its frames and stages, for a delivery its profile, QC and the
+    loudness measured in and out, for `--emotion auto` the emotion track."""
     job.status, job.frames = "done", timings["frames"]
     job.extra["stages"] = timings["stages"]
+    if "emotion" in timings:
+        job.extra["emotion"] = timings["emotion"]
     if "delivery" in timings:
         d = timings["delivery"]
         job.extra["delivery"] = {"profile": d["profile"], "qc": d["qc"], "loudness": d["loudness"]}
@@ -205,6 +208,7 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
             if out in inputs - own or others & set(out.parents):   # the job's own inputs: check_clip says so
                 raise UsageError(f"{request.output}: is an input of this batch; choose another output path")
             clip = check_clip(request, avatar, setup.config)
+            check_emotion_model(clip, setup.checkpoints)
             if out in outputs:
                 raise UsageError(f"{request.output}: also the output of job {outputs[out]}; give each job its own "
                                  "output")

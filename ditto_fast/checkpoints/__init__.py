@@ -14,6 +14,11 @@ from ditto_fast.models import NETWORK_NAMES, SPECS, is_random, load
 
 MODELS_SUBDIR = Path("ditto_pytorch") / "models"
 HUBERT_DIRNAMES = ("hubert-large-ls960-ft", "hubert")
+# the speech-emotion classifier `--emotion auto` reads (FLOAT's Audio2Emotion): optional, beside HuBERT
+EMOTION_DIRNAME = "wav2vec-english-speech-emotion-recognition"
+EMOTION_LABELS = ("angry", "disgust", "fear", "happy", "neutral", "sad", "surprise")    # its seven, FLOAT's order
+GET_EMOTION = ("download r-f/wav2vec-english-speech-emotion-recognition into it, or run "
+               "`ditto-fast checkpoints init-random DIR`")
 RANDOM_MARKER = "RANDOM_WEIGHTS.json"
 GET_THEM = ("download the Ditto PyTorch release (ditto_pytorch/models/*.pth) and "
             "facebook/hubert-large-ls960-ft into it, or run `ditto-fast checkpoints init-random DIR`")
@@ -38,6 +43,27 @@ class CheckpointSet:
             fp["hubert"] = file_fingerprint(weights[0]) if weights else "missing"
             self._fingerprints = fp
         return dict(self._fingerprints)
+
+    @property
+    def emotion_dir(self) -> Path:
+        """Where the speech-emotion classifier's folder is (present or not)."""
+        return self.root / EMOTION_DIRNAME
+
+    def has_emotion(self) -> bool:
+        """Whether the speech-emotion classifier's folder is there (its config.json)."""
+        return (self.emotion_dir / "config.json").is_file()
+
+    def require_emotion(self) -> Path:
+        """The speech-emotion classifier's folder; CheckpointError naming it when it is missing (`--emotion auto`)."""
+        if not self.has_emotion():
+            raise CheckpointError(f"{self.emotion_dir}: speech-emotion model directory missing (config.json not "
+                                  f"found); --emotion auto needs it: {GET_EMOTION}")
+        return self.emotion_dir
+
+    def emotion_fingerprint(self) -> str:
+        """A short content fingerprint of the speech-emotion weights ("missing" without them)."""
+        weights = sorted(self.emotion_dir.glob("*.safetensors")) + sorted(self.emotion_dir.glob("*.bin"))
+        return file_fingerprint(weights[0]) if weights else "missing"
 
     def avatar_fingerprints(self) -> dict[str, str]:
         """Fingerprints of the networks an avatar cache depends on (registration side)."""

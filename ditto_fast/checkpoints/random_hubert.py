@@ -84,13 +84,13 @@ def hubert_config_dict(tiny: bool) -> dict:
     return cfg
 
 
-def _legacy_name(key: str) -> str:
+def legacy_name(key: str) -> str:
     """Name the positional conv's weight norm as the published checkpoint does (weight_g / weight_v)."""
     return (key.replace("parametrizations.weight.original0", "weight_g")
                .replace("parametrizations.weight.original1", "weight_v"))
 
 
-def _random_tensor(key: str, shape: tuple[int, ...], gen: torch.Generator, hidden: int) -> torch.Tensor:
+def random_tensor(key: str, shape: tuple[int, ...], gen: torch.Generator, hidden: int) -> torch.Tensor:
     """One parameter: norms ~1, biases small, conv/linear weights scaled by 1/sqrt(fan_in)."""
     t = torch.randn(shape, generator=gen, dtype=torch.float32)
     if key.endswith("masked_spec_embed"):
@@ -120,8 +120,8 @@ def write_random_hubert(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Pa
     hidden = int(cfg_dict["hidden_size"])
     state = {}
     for key in sorted(shapes):
-        name = _legacy_name(key)
-        state[name] = _random_tensor(name, shapes[key], gen, hidden).contiguous()
+        name = legacy_name(key)
+        state[name] = random_tensor(name, shapes[key], gen, hidden).contiguous()
     tmp = out_dir / "model.safetensors.tmp"
     save_file(state, str(tmp), metadata={"format": "pt"})
     give_usual_mode(tmp)                    # safetensors writes 0600; the set's other files follow the umask

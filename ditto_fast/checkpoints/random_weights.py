@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ditto_fast.checkpoints import HUBERT_DIRNAMES, MODELS_SUBDIR, RANDOM_MARKER
+from ditto_fast.checkpoints import EMOTION_DIRNAME, HUBERT_DIRNAMES, MODELS_SUBDIR, RANDOM_MARKER
+from ditto_fast.checkpoints.random_emotion import write_random_emotion
 from ditto_fast.checkpoints.random_hubert import write_random_hubert
 from ditto_fast.core.errors import InputError
 from ditto_fast.models import NETWORK_NAMES, SPECS, build
@@ -63,21 +64,22 @@ def random_state_dict(name: str, tiny: bool, seed: int) -> dict[str, torch.Tenso
 
 
 def write_random(out_dir: str | os.PathLike, tiny: bool = False, seed: int = 0,
-                 networks: tuple[str, ...] = NETWORK_NAMES, hubert: bool = True) -> Path:
-    """Write the six .pth files in the published layout and wrappings plus a HuBERT dir, random weights.
+                 networks: tuple[str, ...] = NETWORK_NAMES, hubert: bool = True, emotion: bool | None = None) -> Path:
+    """Write the six .pth files in the published layout and wrappings plus a HuBERT dir and the speech-emotion
+    classifier's dir, random weights.
 
-    `networks` / `hubert` select a subset (benchmarks); returns the checkpoint root. InputError (exit 3) naming the
+    `networks` / `hubert` / `emotion` (default: as `hubert`) select a subset (benchmarks); returns the checkpoint root. InputError (exit 3) naming the
     folder when it cannot be written (under a file, a read-only disk, a full one).
     """
     root = Path(out_dir)
     try:
-        _write_random(root, tiny, seed, networks, hubert)
+        _write_random(root, tiny, seed, networks, hubert, hubert if emotion is None else emotion)
     except OSError as e:
         raise _unwritable(root, e) from None
     return root
 
 
-def _write_random(root: Path, tiny: bool, seed: int, networks: tuple[str, ...], hubert: bool) -> None:
+def _write_random(root: Path, tiny: bool, seed: int, networks: tuple[str, ...], hubert: bool, emotion: bool) -> None:
     models_dir = root / MODELS_SUBDIR
     models_dir.mkdir(parents=True, exist_ok=True)
     meta = {"random_weights": True, "tiny": tiny, "seed": seed, "writer": "ditto-fast checkpoints init-random"}
@@ -99,6 +101,8 @@ def _write_random(root: Path, tiny: bool, seed: int, networks: tuple[str, ...], 
             tmp.unlink(missing_ok=True)
     if hubert:
         write_random_hubert(root / HUBERT_DIRNAMES[0], tiny=tiny, seed=seed)
+    if emotion:
+        write_random_emotion(root / EMOTION_DIRNAME, tiny=tiny, seed=seed)
     (models_dir / RANDOM_MARKER).write_text(json.dumps(meta, indent=2) + "\n")
 
 

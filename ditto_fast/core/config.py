@@ -74,7 +74,8 @@ class ClipConfig:
     """Each clip's own settings (a render request's fields); per render they come from options or job lines."""
 
     seed: int = setting(int, 0, 2**63 - 1)            # the LMDM's noise: the same seed gives the same output
-    emotion: str = setting(str)                       # a label, a mix (happy+surprise), or a schedule file
+    emotion: str = setting(str)                       # a label, a mix (happy+surprise), auto, or a schedule file
+    emotion_strength: float = setting(float, 0.0, 1.0)    # the emotion blended toward neutral: 1 as given, 0 neutral
     codec: str = setting(str, choices=CODECS)         # video codec; the output's extension picks the container
 
 

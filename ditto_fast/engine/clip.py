@@ -23,7 +23,7 @@ from ditto_fast.media.claims import check_unclaimed
 from ditto_fast.media.inputs import check_input_file
 from ditto_fast.media.outputs import check_writes
 from ditto_fast.media.rates import frames_for, parse_rate
-from ditto_fast.motion.conditions import emotion_schedule, read_schedule_file, schedule_file
+from ditto_fast.motion.conditions import emotion_plan, neutral_blend, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
 from ditto_fast.delivery.format import DeliveryFormat
 from ditto_fast.encoding.formats import Format, default_suffix, output_format
@@ -46,7 +46,7 @@ class Clip:
     format: Format
     steps: int
     seed: int
-    emotion: np.ndarray                 # [N, 8]
+    emotion: np.ndarray                 # [N, 8] (with emotion_auto: the fixed part, before the strength)
     emotion_source: str                 # the emotion as given, or the sha256 of its schedule file
     controls: Controls | None
     controls_sha256: str | None
@@ -57,6 +57,8 @@ class Clip:
     soundtrack: Soundtrack | None = None        # the output's audio channels, mixed from the file's
     inputs: tuple[Path, ...] = ()       # every file and folder the render reads (no file it writes may be one)
     captions: CaptionPlan | None = None         # the captions asked for (captions/plan.py)
+    emotion_auto: np.ndarray | None = None      # [N] each frame's share of the speech's emotion (`auto`); None: none
+    emotion_strength: float = 1.0               # the emotion blended toward neutral (1: as given, 0: neutral)
 
     @property
     def notes(self) -> list[str]:
@@ -117,13 +119,16 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     if captions is not None:                    # a sidecar overwrites no input (news.srt beside news.mp4)
         check_writes([(f"{kind} sidecar", sidecar_path(output, kind)) for kind in captions.sidecars], inputs)
     schedule = read_schedule_file(emotion_file) if emotion_file else None
-    per_frame = emotion_schedule(emotion, n, schedule)
+    per_frame, auto = emotion_plan(emotion, n, schedule)
+    strength = float(settings["emotion_strength"])
+    if auto is None:
+        per_frame = neutral_blend(per_frame, strength)
     controls = read_control_file(request.controls) if request.controls else None
     return Clip(request, avatar, output, audio, n, rate, fmt, settings["steps"], settings["seed"], per_frame,
                 hashlib.sha256(schedule).hexdigest() if schedule is not None else emotion,
                 load_controls(request.controls, n, controls) if controls is not None else None,
                 hashlib.sha256(controls).hexdigest() if controls is not None else None, key, settings["blend"],
-                profile, loudness, soundtrack, inputs, captions)
+                profile, loudness, soundtrack, inputs, captions, auto, strength)
 
 
 CODEC_OF_PROFILE = {"prores": "prores", "h264": "h264"}     # a profile codec that --codec also names

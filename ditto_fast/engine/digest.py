@@ -30,6 +30,8 @@ def clip_digest(clip: Clip, settings: dict) -> str:
         "codec": clip.format.codec, "controls": clip.controls_sha256, "avatar": _avatar_record_hash(clip.avatar),
         **settings,
     }
+    if clip.emotion_strength != 1.0:   # likewise outputs made before the strength was a setting
+        parts["emotion_strength"] = clip.emotion_strength
     if clip.blend != "feather":        # outputs made before the blend was a setting keep their digests
         parts["blend"] = clip.blend
     if clip.delivery is not None:      # likewise outputs made without a delivery profile

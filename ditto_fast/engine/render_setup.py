@@ -16,6 +16,7 @@ from ditto_fast.encoding.formats import OutputFormat, nvenc_works
 from ditto_fast.engine.batch_size import auto_batch_size
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.digest import clip_digest
+from ditto_fast.engine.emotion_auto import AUTO_SETTINGS
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.precision import choose_precision
 
@@ -68,6 +69,9 @@ class RenderSetup:
                     "precision": str(self.dtype), "batch_size": self.batch_size, "crf": self.crf,
                     "preset": self.preset, "encoder": self.output_format(clip).encoder,
                     "motion": dataclasses.asdict(self.config.motion)}
+        if clip.emotion_auto is not None:       # what read the speech, and how (outputs without auto keep theirs)
+            settings["emotion_auto"] = {"model": self.checkpoints.emotion_fingerprint(),
+                                        "track": AUTO_SETTINGS.as_dict()}
         return clip_digest(clip, settings)
 
 

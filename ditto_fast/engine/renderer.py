@@ -9,9 +9,10 @@ in turn (see engine/stages.py), and the stage timings into the result's timings.
 
 Stage keys of the timings and the table (wall seconds each):
   load_models     finding the checkpoints and loading the networks and HuBERT (in an engine's first render;
-                  0 in the ones after it, which load nothing)
+                  0 in the ones after it, which load nothing; the speech-emotion classifier in the first `auto` one)
   load_avatar     opening the avatar cache (0 for a Clip checked before: its avatar is open already)
-  audio_features  HuBERT features of the decoded audio
+  audio_features  HuBERT features of the decoded audio (and with `--emotion auto` the speech-emotion classifier
+                  over the same audio: its own seconds are the timings' emotion.seconds)
   motion          conditions and LMDM sampling (the 25 fps motion of the whole clip)
   stitch          each output frame's keypoints: motion mixed into the source, controls, stitching network
   render          fused warp + decode on the device, crops back on the host
@@ -36,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ditto_fast import models
+from ditto_fast.audio.emotion import SpeechEmotion
 from ditto_fast.audio.hubert import HubertFeatures
 from ditto_fast.delivery.leveling import Leveling, level
 from ditto_fast.avatar import Avatar
@@ -46,11 +48,12 @@ from ditto_fast.core.timing import StageTimer
 from ditto_fast.avatar.store import avatar_signature
 from ditto_fast.engine.captioning import Captioning, caption_cues, needs_alignment
 from ditto_fast.engine.clip import Clip, check_clip
+from ditto_fast.engine.emotion_auto import emotion_record, read_emotion, with_auto_emotion
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
-from ditto_fast.engine.stages import Progress, audio_features, render_frames, sample_motion, timeline
+from ditto_fast.engine.stages import EMOTION, Progress, audio_features, render_frames, sample_motion, timeline
 from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
 from ditto_fast.delivery import qc
@@ -67,6 +70,7 @@ class RenderResult:
     timings: dict
     mouth: np.ndarray | None = None     # [N] generated lip opening per output frame (for the render preview)
     warnings: tuple[str, ...] = ()      # what the caller should tell the user (speech too quiet to level)
+    emotion: np.ndarray | None = None   # [N, 8] `--emotion auto`'s smoothed probabilities per frame (the preview)
 
 
 def stage_table(timings: dict) -> str:
@@ -81,6 +85,16 @@ def stage_table(timings: dict) -> str:
                  f"{timings['device']} {timings['precision']}, {timings['steps']} steps, {timings['rate']} fps "
                  f"{timings['container']} {timings['encoder']}, batch {timings['batch_size']}"
                  + (" — RANDOM WEIGHTS: the face region is noise" if timings["random_weights"] else ""))
+    if timings.get("emotion"):
+        e, runs = timings["emotion"], []
+        for row in e["per_second"]:             # "happy 0-4 s, sad 5-9 s"
+            if runs and runs[-1][0] == row["label"]:
+                runs[-1][2] = row["second"]
+            else:
+                runs.append([row["label"], row["second"], row["second"]])
+        lines.append(f"emotion auto: {', '.join(f'{lab} {a}-{b} s' if b > a else f'{lab} {a} s' for lab, a, b in runs)}"
+                     f" ({e['switches']} switches; classifier {e['seconds']:.2f} s over {e['windows']} windows)"
+                     + (" — RANDOM classifier" if e.get("random_weights") else ""))
     if timings.get("delivery"):
         d, ld = timings["delivery"], timings["delivery"].get("loudness")
         level_text = "levels as spoken" if ld is None else (
@@ -114,12 +128,22 @@ class Renderer:
         self.hubert = HubertFeatures(self.checkpoints.hubert_dir, device=self.device)
         self.random_weights = self.checkpoints.any_random(self.lmdm, self.stitch_net)
         self._avatars = OpenAvatars(self.checkpoints)
+        self._speech_emotion: SpeechEmotion | None = None      # loaded by the first clip that asks for `auto`
         self.load_seconds = time.perf_counter() - t0
         self._unreported_load = self.load_seconds      # goes into the first render's timings
 
     def avatar(self, name: str) -> Avatar:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
         return self._avatars.get(name)
+
+    def speech_emotion(self) -> SpeechEmotion:
+        """The speech-emotion classifier (`--emotion auto`), loaded once on first use; CheckpointError (exit 6)
+        naming its folder when the checkpoints have none."""
+        if self._speech_emotion is None:
+            t0 = time.perf_counter()
+            self._speech_emotion = SpeechEmotion.load(self.checkpoints.require_emotion(), device=self.device)
+            self._unreported_load += time.perf_counter() - t0
+        return self._speech_emotion
 
     def render(self, clip: RenderRequest | Clip, progress: Progress | None = None,
                commit: Callable[[], None] | None = None) -> RenderResult:
@@ -137,10 +161,12 @@ class Renderer:
             with timer("load_avatar"):
                 avatar = self.avatar(clip.request.avatar)
             clip = check_clip(clip.request, avatar, self.config, audio=clip.audio)
+        if clip.emotion_auto is not None:       # before any work: no classifier, no render
+            self.speech_emotion()
         timer.seconds["load_models"], self._unreported_load = round(self._unreported_load, 4), 0.0
         digest = self.setup.digest(clip)
         with claimed(clip.output):              # one writer per output path, for the whole render
-            mouth, delivery, captions = self._render(clip, digest, timer, progress, commit)
+            mouth, delivery, captions, emotion = self._render(clip, digest, timer, progress, commit)
         wall = time.perf_counter() - t_start
         timings = {
             "frames": clip.frames, "audio_seconds": clip.audio.seconds, "wall_seconds": wall,
@@ -160,18 +186,22 @@ class Renderer:
             warnings = tuple(f"{clip.output}: caption {late['cue']} goes on air at frame {late['shown_frame']}, not "
                              f"{late['cue_frame']}: 608 loads one byte pair a frame; start it later or the one before "
                              "earlier" for late in captions["shown_late"])
+        if emotion is not None:
+            timings["emotion"] = emotion[0]
         if delivery is not None:
             timings["delivery"] = delivery
             warnings += tuple(f"{clip.output}: {r['name']} {r['measured']}, not {r['expected']} as "
                              f"{clip.delivery.name} asks: levels as spoken (--loudness off); `ditto-fast qc` "
                              "without --loudness off fails it" for r in delivery["requirements"] if r["waived"])
-        return RenderResult(clip.output, timings, mouth, warnings)
+        return RenderResult(clip.output, timings, mouth, warnings=warnings,
+                            emotion=emotion[1] if emotion is not None else None)
 
     def _render(self, clip: Clip, digest: str, timer: StageTimer, progress: Progress | None,
                 commit: Callable[[], None] | None
-                ) -> tuple[np.ndarray, dict | None, dict | None]:
+                ) -> tuple[np.ndarray, dict | None, dict | None, tuple[dict, np.ndarray] | None]:
         """The stages of one checked clip; returns the generated lip opening [N] per output frame, for a delivery its
-        record (profile, loudness measured in and out, the QC of the file before its rename), for captions theirs."""
+        record (profile, loudness measured in and out, the QC of the file before its rename), for captions theirs,
+        for `--emotion auto` its record and smoothed probabilities [N, 8]."""
         avatar, tl = clip.avatar, timeline(clip)
         fmt, leveling, check = self.setup.output_format(clip), None, None
         if clip.delivery is not None:
@@ -194,6 +224,14 @@ class Renderer:
                 feats, char_logp = audio_features(self.hubert, clip, progress, ctc=True) if align else \
                     (audio_features(self.hubert, clip, progress), None)
                 cues = caption_cues(clip, char_logp, self.hubert.model_dir)
+                emotion = None
+                if clip.emotion_auto is not None:   # the same decoded samples, read for their emotion
+                    t0 = time.perf_counter()
+                    track, windows = read_emotion(self.speech_emotion(), clip, progress and (
+                        lambda done, total: progress(EMOTION, done, total)))
+                    clip = with_auto_emotion(clip, track)
+                    emotion = (emotion_record(track, windows, time.perf_counter() - t0, self.speech_emotion()),
+                               track.probabilities)
             with timer("motion"):
                 motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress)
             del feats
@@ -214,8 +252,8 @@ class Renderer:
                     captioning.write_sidecars()
         record = captioning.record() if captioning else None
         if clip.delivery is None:
-            return mouth, None, record
-        return mouth, _delivery_record(clip, leveling, writer.checked), record
+            return mouth, None, record, emotion
+        return mouth, _delivery_record(clip, leveling, writer.checked), record, emotion
 
 
 def _before_rename(check: Callable[[Path], list] | None, commit: Callable[[], None] | None,

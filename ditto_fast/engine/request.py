@@ -27,8 +27,11 @@ from ditto_fast.motion.emotions import EMOTIONS
 
 _WHOLE_RATES = [rate_text(r) for r in RENDER_RATES if r.denominator == 1]
 _NTSC_RATES = {name: rate for name, rate in NAMED_RATES.items() if rate in RENDER_RATES}
-EMOTION_HELP = (f"{'|'.join(EMOTIONS)}, a mix like happy+surprise, or a per-frame schedule: a JSON file, or inline "
-                "JSON like '{\"default\": \"neutral\", \"frames\": {\"0-49\": \"happy\"}}'.")
+EMOTION_HELP = (f"{'|'.join(EMOTIONS)}, a mix like happy+surprise, auto (read from the speech, frame by frame: needs "
+                "the speech-emotion checkpoint), a mix like auto+happy, or a per-frame schedule (its labels may be "
+                "auto too): a JSON file, or inline JSON like '{\"default\": \"neutral\", \"frames\": "
+                "{\"0-49\": \"happy\"}}'.")
+EMOTION_STRENGTH_HELP = "The emotion blended toward neutral: 1 as given (or as read from the speech), 0 neutral."
 FPS_HELP = (f"Output frame rate: {', '.join(_WHOLE_RATES)} or the NTSC rates {', '.join(_NTSC_RATES)} (also as "
             f"{', '.join(rate_text(r) for r in _NTSC_RATES.values())}) [default: the avatar's own rate; {MOTION_FPS} "
             "for image avatars].")
@@ -129,6 +132,8 @@ class RenderRequest:
     script: Path | None = declared(kind="path", flags=("--script",), help=SCRIPT_HELP)
     captions_out: str | None = declared(flags=("--captions-out",), check=_sidecars, help=CAPTIONS_OUT_HELP)
     burn_in: bool = declared(False, kind="flag", flags=("--burn-in",), help=BURN_IN_HELP)
+    emotion_strength: float | None = declared(setting=("clip", "emotion_strength"), flags=("--emotion-strength",),
+                                              help=EMOTION_STRENGTH_HELP)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -164,7 +169,8 @@ class RenderRequest:
             raise UsageError(f"{where}: {e}") from None
 
     def with_defaults(self, config) -> dict[str, Any]:
-        """The declared settings with the config's defaults filled in: {seed, steps, emotion, codec, blend}."""
+        """The declared settings with the config's defaults filled in: {seed, steps, emotion, codec, blend,
+        emotion_strength}."""
         return settings_with_defaults({f.name: getattr(self, f.name) for f in FIELDS}, config)
 
 

@@ -11,6 +11,7 @@ from ditto_fast.avatar import load_avatar
 from ditto_fast.core.memory import reuse_freed_memory
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.clip import Clip, check_clip
+from ditto_fast.engine.emotion_auto import check_emotion_model
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.renderer import Renderer, RenderResult
@@ -31,6 +32,7 @@ def render_one(request: RenderRequest, options: EngineOptions, *, timings: Path 
     checkpoints = options.find_checkpoints()
     config = options.settings()
     clip = check_clip(request, load_avatar(request.avatar, checkpoints=checkpoints), config)
+    check_emotion_model(clip, checkpoints)
     for text in clip.notes if note else ():
         note(text)
     if preview is not None:
@@ -52,9 +54,10 @@ def render_one(request: RenderRequest, options: EngineOptions, *, timings: Path 
 
 def write_preview(path: Path, result: RenderResult, clip: Clip) -> Path:
     """The preview PNG of a finished render of `clip`: thumbnails of the output, the waveform, the generated lip
-    opening and the face close-ups."""
+    opening, the face close-ups, and with `--emotion auto` the emotion read from the speech."""
     from ditto_fast.preview.render_strip import write_render_preview
 
     return write_render_preview(path, result.output, clip.request.audio, result.timings["frames"],
                                 result.timings["rate"], mouth=result.mouth, M_c2o=clip.avatar.M_c2o,
-                                size=clip.avatar.size, random_weights=result.timings["random_weights"])
+                                size=clip.avatar.size, random_weights=result.timings["random_weights"],
+                                emotion=result.emotion)

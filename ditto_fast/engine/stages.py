@@ -30,9 +30,10 @@ from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.render.putback import YuvPutback
 from ditto_fast.encoding.writer import VideoWriter
 
-# (stage, done, total): AUDIO_FEATURES and MOTION count the clip's 25 fps motion frames, FRAMES its output frames
+# (stage, done, total): AUDIO_FEATURES and MOTION count the clip's 25 fps motion frames, FRAMES its output frames,
+# EMOTION (`--emotion auto` only, after AUDIO_FEATURES) the speech-emotion classifier's windows
 Progress = Callable[[str, int, int], None]
-AUDIO_FEATURES, MOTION, FRAMES = "audio features", "motion", "frames"
+AUDIO_FEATURES, MOTION, FRAMES, EMOTION = "audio features", "motion", "frames", "emotion"
 
 
 def _for(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:

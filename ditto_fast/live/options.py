@@ -49,9 +49,10 @@ LIVE_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(LiveOptions)
 
 def check_live_request(request: dict[str, Any], config: Config) -> dict[str, Any]:
     """The request's live settings (its values, or the config's defaults) checked before anything loads, the emotion as
-    one vector and the controls read; refused where a stream cannot take them (a per-frame emotion schedule, ProRes)."""
+    one vector (at its strength) and the controls read; refused where a stream cannot take them (a per-frame emotion
+    schedule, `auto`, which reads a whole clip's speech, ProRes)."""
     from ditto_fast.engine.request import settings_with_defaults
-    from ditto_fast.motion.conditions import emotion_vector, schedule_file
+    from ditto_fast.motion.conditions import emotion_vector, neutral_blend, schedule_file
     from ditto_fast.motion.controls import load_controls
 
     settings = settings_with_defaults(request, config)
@@ -62,7 +63,8 @@ def check_live_request(request: dict[str, Any], config: Config) -> dict[str, Any
     if settings["codec"] not in LIVE_CODECS:
         raise UsageError(f"--codec {settings['codec']}: a stream is {' or '.join(LIVE_CODECS)}")
     controls = load_controls(request["controls"], CONTROL_HORIZON) if request.get("controls") else None
-    return {**settings, "emotion": emotion_vector(emotion), "controls": controls}
+    vector = neutral_blend(emotion_vector(emotion), settings["emotion_strength"])
+    return {**settings, "emotion": vector, "controls": controls}
 
 
 def live_settings(request: dict[str, Any], checked: dict[str, Any], options: LiveOptions, config: Config, avatar,

@@ -17,6 +17,7 @@ PART_DIMS = {"emotion": 8, "eye_open": 2, "eye_ball": 6, "sc": 63}
 PART_ORDER = ("emotion", "eye_open", "eye_ball", "sc")
 SCHEDULE_MAX_BYTES = 16 * MIB       # a schedule with a label per frame of a long programme stays far under this
 SCHEDULE_FILE = "an emotion schedule (a JSON file)"
+AUTO = "auto"                       # the emotion read from the speech (motion/emotion_track.py), alone or in a mix
 
 
 def condition_parts(cond_dim: int, audio_dim: int) -> tuple[str, ...]:
@@ -38,7 +39,11 @@ def emotion_vector(label: str) -> np.ndarray:
     """softmax over 8 logits: 8 at the chosen classes ('happy' or 'happy+surprise'), 0 elsewhere -> [8]."""
     names = _label_names(label)
     if names is None:
-        raise UsageError(f"unknown emotion {label!r}; use one of {', '.join(EMOTIONS)} or a mix like happy+surprise")
+        raise UsageError(f"unknown emotion {label!r}; use one of {', '.join(EMOTIONS)}, {AUTO} (read from the "
+                         "speech) or a mix like happy+surprise")
+    if AUTO in names:
+        raise UsageError(f"emotion {label!r} reads the speech: `{AUTO}` goes with renders (render, batch, serve "
+                         "jobs), not here; name a label or a mix like happy+surprise")
     logits = np.zeros(8, np.float64)
     logits[[EMOTIONS.index(n) for n in names]] = 8.0
     e = np.exp(logits - logits.max())
@@ -46,9 +51,29 @@ def emotion_vector(label: str) -> np.ndarray:
 
 
 def _label_names(label: str) -> list[str] | None:
-    """The classes of an emotion label or mix ('happy', 'happy+surprise'); None when it is none."""
+    """The classes of an emotion label or mix ('happy', 'happy+surprise', 'auto+happy'); None when it is none."""
     names = [p.strip().lower() for p in label.split("+") if p.strip()]
-    return names if names and all(n in EMOTIONS for n in names) else None
+    return names if names and all(n in EMOTIONS or n == AUTO for n in names) and names.count(AUTO) <= 1 else None
+
+
+def _label_row(label: str) -> tuple[np.ndarray, float]:
+    """(the fixed part [8], the auto track's share) of one label: a mix weighs its parts alike, so auto+happy is
+    half the speech's emotion and half happy; a label without auto is all fixed."""
+    names = _label_names(label)
+    if names is None or AUTO not in names:
+        return emotion_vector(label), 0.0
+    rest = [n for n in names if n != AUTO]
+    share = 1.0 / (len(rest) + 1)
+    fixed = emotion_vector("+".join(rest)) * (1 - share) if rest else np.zeros(8, np.float32)
+    return fixed.astype(np.float32), share
+
+
+def neutral_blend(vectors: np.ndarray, strength: float) -> np.ndarray:
+    """[.., 8] emotion vectors moved toward neutral's: strength 1 leaves them, 0 gives neutral."""
+    if strength >= 1.0:
+        return np.asarray(vectors, np.float32)
+    neutral = emotion_vector("neutral")
+    return (strength * np.asarray(vectors, np.float64) + (1 - strength) * neutral).astype(np.float32)
 
 
 def _parse_range(spec: str, n: int, path: Path) -> range:
@@ -91,7 +116,18 @@ def read_schedule_file(p: Path) -> bytes:
 def emotion_schedule(emotion: str, n: int, file_bytes: bytes | None = None) -> np.ndarray:
     """[n,8] per-frame emotion: one label for all frames, or a schedule, given inline or as a JSON file:
     {"default": "neutral", "frames": {"0-49": "happy", "120-": "sad"}}. `file_bytes`: the schedule file's
-    contents when the caller has read them already."""
+    contents when the caller has read them already. UsageError where it says `auto` (see emotion_plan)."""
+    fixed, share = emotion_plan(emotion, n, file_bytes)
+    if share is not None:
+        raise UsageError(f"--emotion {shown(emotion)}: `{AUTO}` reads the speech, which only a render does; name "
+                         "labels")
+    return fixed
+
+
+def emotion_plan(emotion: str, n: int, file_bytes: bytes | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(fixed [n,8], auto share [n] or None) of an --emotion value: a label, a mix, `auto`, a mix with auto
+    (auto+happy), or a schedule (inline or a file) whose labels may be any of them. A frame's emotion is
+    fixed + share * the speech's (motion/emotion_track.py); share is None when no frame says auto."""
     if emotion.lstrip().startswith("{"):
         try:
             data = json.loads(emotion)
@@ -102,7 +138,8 @@ def emotion_schedule(emotion: str, n: int, file_bytes: bytes | None = None) -> n
         return _schedule(data, n, "--emotion", UsageError)
     p = schedule_file(emotion)
     if p is None:
-        return np.repeat(emotion_vector(emotion)[None], n, axis=0)
+        row, share = _label_row(emotion)
+        return np.repeat(row[None], n, axis=0), (np.full(n, share, np.float32) if share else None)
     try:
         data = json.loads(read_schedule_file(p) if file_bytes is None else file_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
@@ -111,8 +148,9 @@ def emotion_schedule(emotion: str, n: int, file_bytes: bytes | None = None) -> n
     return _schedule(data, n, str(p), InputError)
 
 
-def _schedule(data: object, n: int, where: str, error: type) -> np.ndarray:
-    """[n,8] from a decoded schedule; `error` (UsageError inline, InputError for a file) names `where`."""
+def _schedule(data: object, n: int, where: str, error: type) -> tuple[np.ndarray, np.ndarray | None]:
+    """(fixed [n,8], auto share [n] or None) from a decoded schedule; `error` (UsageError inline, InputError for a
+    file) names `where`."""
     unknown = set(data) - {"default", "frames"} if isinstance(data, dict) else {"<not an object>"}
     if unknown:
         raise error(f"{where}: unknown key(s) {sorted(unknown)}; an emotion schedule has 'default' and 'frames'")
@@ -122,12 +160,14 @@ def _schedule(data: object, n: int, where: str, error: type) -> np.ndarray:
         raise error(f"{where}: 'default' must be an emotion and 'frames' an object of \"A-B\": emotion; "
                     "fix the emotion schedule")
     try:
-        out = np.repeat(emotion_vector(labels[0])[None], n, axis=0)
+        row, share = _label_row(labels[0])
+        out, auto = np.repeat(row[None], n, axis=0), np.full(n, share, np.float32)
         for spec, label in frames.items():
-            out[_parse_range(str(spec), n, Path(where))] = emotion_vector(label)
+            rows = _parse_range(str(spec), n, Path(where))
+            out[rows], auto[rows] = _label_row(label)
     except (UsageError, InputError) as e:
         raise error(f"{where}: {e}" if not str(e).startswith(where) else str(e)) from None
-    return out
+    return out, (auto if auto.any() else None)
 
 
 def build_conditions(audio_feat: np.ndarray, parts: tuple[str, ...], emotion: np.ndarray,

@@ -1,8 +1,9 @@
 """`render --preview OUT.png` (and batch's --previews): one picture of a finished render.
 
 A strip of thumbnails of the output at evenly spaced times, face close-ups under them, then on one
-time axis the audio waveform and the generated lip opening over the speech's loudness, so lip
-activity can be checked against the speech at a glance.
+time axis the audio waveform, with `--emotion auto` the emotion read from the speech (a stacked band per class),
+and the generated lip opening over the speech's loudness, so lip activity can be checked against the speech at a
+glance.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ from ditto_fast.face.crop import params_to_matrix, warp_crop
 from ditto_fast.preview.avatar_sheet import crop_corners
 from ditto_fast.preview.canvas import (BLUE, GREY, INK, MARGIN, RED, WIDTH, Box, TimePlot, evenly_spaced, nice_step, page, paste,
                      text, write_png)
+from ditto_fast.motion.emotions import EMOTIONS
 from ditto_fast.preview.video_frames import video_frames
 
 THUMBS = 6
 HEADER = 56
 LABEL = 22
-WAVE_H, MOUTH_H, AXIS_H = 130, 170, 38
+WAVE_H, MOUTH_H, AXIS_H, EMOTION_H = 130, 170, 38, 110
+# BGR of each emotion class's band, in EMOTIONS' order
+EMOTION_COLOURS = ((50, 50, 210), (60, 140, 100), (150, 70, 140), (40, 190, 240), (195, 195, 195), (190, 110, 40),
+                   (190, 120, 240), (70, 100, 150))
 LOUDNESS = (215, 215, 215)      # BGR of the speech loudness area
 
 
@@ -62,12 +67,30 @@ def _waveform(plot: TimePlot, audio: np.ndarray, peak: float) -> None:
         cv2.line(plot.img, (plot.left + c, int(lo)), (plot.left + c, int(hi)), BLUE, 1)
 
 
+def _emotion_bands(plot: TimePlot, t_frames: np.ndarray, probs: np.ndarray) -> None:
+    """Each class's probability stacked on the ones before it (EMOTIONS' order), one filled band per class."""
+    probs = np.clip(np.asarray(probs, np.float64)[:len(t_frames)], 0, None)
+    if len(probs) == 0:
+        return
+    cum = np.concatenate([np.zeros((len(probs), 1)), np.cumsum(probs / np.maximum(probs.sum(1, keepdims=True), 1e-9),
+                                                               axis=1)], axis=1)   # [N, 9]
+    xs = plot.px(t_frames[:len(probs)])
+    if len(xs) == 1:
+        xs = np.array([xs[0], plot.right - 1])
+        cum = np.repeat(cum, 2, axis=0)
+    for c, colour in enumerate(EMOTION_COLOURS):
+        upper = np.stack([xs, plot.py(cum[:, c + 1])], -1)
+        lower = np.stack([xs, plot.py(cum[:, c])], -1)[::-1]
+        cv2.fillPoly(plot.img, [np.concatenate([upper, lower]).astype(np.int32).reshape(-1, 1, 2)], colour)
+
+
 def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int, rate: Fraction, *,
                  mouth: np.ndarray | None = None, face: np.ndarray | None = None, title: str = "",
-                 random_weights: bool = False) -> np.ndarray:
+                 random_weights: bool = False, emotion: np.ndarray | None = None) -> np.ndarray:
     """The preview page of a finished render: BGR uint8 [H, 1600, 3].
 
     frames, rate: the output's frame count and rate; mouth: the generated lip opening per frame [frames];
+    emotion: `--emotion auto`'s smoothed probabilities per frame [frames, 8] (a band under the waveform);
     face: (cx, cy, side, 0) of the face close-ups in frame pixels (see face_square), none when not given;
     random_weights: say in the header that the face is noise.
     """
@@ -79,7 +102,8 @@ def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int
     thumb_h = int(round(cell_w * h / w))
     close_h = cell_w if face is not None else 0
     y_plots = HEADER + LABEL + thumb_h + (8 + close_h if close_h else 0) + MARGIN
-    img = page(y_plots + WAVE_H + AXIS_H + MOUTH_H + AXIS_H + MARGIN)
+    emo_h = EMOTION_H + AXIS_H if emotion is not None else 0
+    img = page(y_plots + WAVE_H + AXIS_H + emo_h + MOUTH_H + AXIS_H + MARGIN)
     seconds = max(frames, 1) / float(rate)
     text(img, title or f"render {Path(video).name}", MARGIN, 24, 0.65, INK, bold=True)
     text(img, f"{frames} frames at {rate} fps, {seconds:.2f} s; audio {Path(audio).name}; thumbnails at the "
@@ -100,7 +124,14 @@ def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int
                     "audio waveform (scaled to its peak)")
     lo_m, hi_m = (0.0, 1.0) if mouth is None or len(mouth) == 0 else (float(np.min(mouth)), float(np.max(mouth)))
     pad = max((hi_m - lo_m) * 0.1, 1e-6)
-    lips = TimePlot(img, Box(MARGIN, y_plots + WAVE_H + AXIS_H, WIDTH - 2 * MARGIN, MOUTH_H), seconds,
+    plots = [wave]
+    if emotion is not None:
+        band = TimePlot(img, Box(MARGIN, y_plots + WAVE_H + AXIS_H, WIDTH - 2 * MARGIN, EMOTION_H), seconds, 0.0, 1.0,
+                        "emotion read from the speech")
+        _emotion_bands(band, t_frames, emotion)
+        band.legend(list(zip(EMOTIONS, EMOTION_COLOURS)))
+        plots.append(band)
+    lips = TimePlot(img, Box(MARGIN, y_plots + WAVE_H + AXIS_H + emo_h, WIDTH - 2 * MARGIN, MOUTH_H), seconds,
                     lo_m - pad, hi_m + pad, "generated lip opening")
     loud = _loudness(audio_16k, frames, rate)
     if frames and loud.max() > 0:       # speech loudness behind the lips, scaled to the panel
@@ -108,7 +139,7 @@ def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int
         xs = lips.px(t_frames)
         poly = np.concatenate([np.stack([xs, y], -1), [[xs[-1], lips.bottom - 1], [xs[0], lips.bottom - 1]]])
         cv2.fillPoly(img, [poly.astype(np.int32).reshape(-1, 1, 2)], LOUDNESS, cv2.LINE_AA)
-    for plot in (wave, lips):
+    for plot in (*plots, lips):
         for k in shown:
             plot.vmark(int(k) / float(rate))
         _time_axis(plot, seconds)
@@ -126,11 +157,13 @@ def render_strip(video: str | os.PathLike, audio: str | os.PathLike, frames: int
 
 def write_render_preview(path: str | os.PathLike, video: str | os.PathLike, audio: str | os.PathLike, frames: int,
                          rate: Fraction | str, *, mouth: np.ndarray | None = None, M_c2o: np.ndarray | None = None,
-                         size: tuple[int, int] | None = None, title: str = "", random_weights: bool = False) -> Path:
+                         size: tuple[int, int] | None = None, title: str = "", random_weights: bool = False,
+                         emotion: np.ndarray | None = None) -> Path:
     """Draw a finished render's preview and write it as a PNG at `path` (atomically); returns the path.
 
-    M_c2o [N, 3, 3] and size (w, h): the avatar's crops and frame size, for the face close-ups.
+    M_c2o [N, 3, 3] and size (w, h): the avatar's crops and frame size, for the face close-ups; emotion [N, 8]: the
+    auto emotion track's probabilities.
     """
     face = face_square(M_c2o, size) if M_c2o is not None and size is not None else None
     return write_png(render_strip(video, audio, frames, Fraction(rate), mouth=mouth, face=face, title=title,
-                                  random_weights=random_weights), path)
+                                  random_weights=random_weights, emotion=emotion), path)

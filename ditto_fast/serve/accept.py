@@ -22,6 +22,7 @@ from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.core.files import check_path_text, file_signature, printable, shown
 from ditto_fast.delivery.profiles import is_profile_file, profile_path
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
+from ditto_fast.engine.emotion_auto import check_emotion_model
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.serve.callbacks import CallbackPolicy, redact
 from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
@@ -183,6 +184,7 @@ class Acceptor:
         request = RenderRequest.from_json(fields, self.roots[0], where)
         self.confine_request(request)
         clip = check_clip(request, self.avatars(request.avatar), self.config)
+        check_emotion_model(clip, self.setup.checkpoints)
         if not overwrite:
             check_not_replacing(clip, self.setup)
         self.decoded.put(request.audio, clip.audio)

@@ -24,7 +24,7 @@ def checkpoints(tiny: bool, networks: tuple[str, ...] | None = None, hubert: boo
     missing = tuple(n for n in wanted if not (root / MODELS_SUBDIR / SPECS[n].filename).is_file())
     need_hubert = hubert and not (root / "hubert-large-ls960-ft" / "vocab.json").is_file()    # (vocab: --script)
     if missing or need_hubert:
-        write_random(root, tiny=tiny, seed=0, networks=missing, hubert=need_hubert)
+        write_random(root, tiny=tiny, seed=0, networks=missing, hubert=need_hubert, emotion=False)
     return root
 
 
