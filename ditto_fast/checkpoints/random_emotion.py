@@ -10,15 +10,13 @@ torch.Generator seeded with `seed` only.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
 from ditto_fast.checkpoints import EMOTION_LABELS
-from ditto_fast.checkpoints.random_hubert import RANDOM_MARK, legacy_name, random_tensor
-from ditto_fast.media.filemode import give_usual_mode
+from ditto_fast.checkpoints.random_hubert import RANDOM_MARK, TINY_OVERRIDES, write_random_folder
 
 # the large XLSR wav2vec2 shape, as r-f/wav2vec-english-speech-emotion-recognition's config.json gives it
 SER_LARGE_CONFIG: dict = {
@@ -61,16 +59,6 @@ SER_LARGE_CONFIG: dict = {
     "vocab_size": 33,
 }
 
-TINY_OVERRIDES: dict = {
-    "conv_dim": [16, 16, 16, 16, 16, 16, 16],
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 2,
-    "num_conv_pos_embeddings": 16,
-    "num_conv_pos_embedding_groups": 4,
-}
-
 
 def emotion_config_dict(tiny: bool) -> dict:
     """The config.json content for the full (large XLSR) or tiny random classifier."""
@@ -83,7 +71,6 @@ def emotion_config_dict(tiny: bool) -> dict:
 
 def write_random_emotion(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Path:
     """Write config.json + model.safetensors (a random speech-emotion classifier) into out_dir; returns out_dir."""
-    from safetensors.torch import save_file
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
     out_dir = Path(out_dir)
@@ -96,16 +83,5 @@ def write_random_emotion(out_dir: str | os.PathLike, tiny: bool, seed: int) -> P
     hidden, labels = int(cfg_dict["hidden_size"]), len(EMOTION_LABELS)
     shapes.update({"classifier.dense.weight": (hidden, hidden), "classifier.dense.bias": (hidden,),
                    "classifier.out_proj.weight": (labels, hidden), "classifier.out_proj.bias": (labels,)})
-    gen = torch.Generator().manual_seed(int(seed) * 1000 + 77)
-    state = {}
-    for key in sorted(shapes):
-        name = legacy_name(key)
-        state[name] = random_tensor(name, shapes[key], gen, hidden).contiguous()
-    tmp = out_dir / "model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    give_usual_mode(tmp)                    # safetensors writes 0600; the set's other files follow the umask
-    tmp.replace(out_dir / "model.safetensors")
-    cfg_out = dict(cfg_dict)
-    cfg_out["transformers_version"] = __import__("transformers").__version__
-    (out_dir / "config.json").write_text(json.dumps(cfg_out, indent=2, sort_keys=True) + "\n")
+    write_random_folder(out_dir, cfg_dict, shapes, int(seed) * 1000 + 77)
     return out_dir

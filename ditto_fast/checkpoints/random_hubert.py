@@ -105,18 +105,13 @@ def random_tensor(key: str, shape: tuple[int, ...], gen: torch.Generator, hidden
     return t / math.sqrt(fan_in)
 
 
-def write_random_hubert(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Path:
-    """Write config.json + model.safetensors (random HubertForCTC) into out_dir; returns out_dir."""
+def write_random_folder(out_dir: Path, cfg_dict: dict, shapes: dict[str, tuple[int, ...]], gen_seed: int) -> None:
+    """Fill `shapes` (the model's keys, in its own naming) with seeded random values under the published checkpoint's
+    names and write them as model.safetensors, with `cfg_dict` as config.json, into `out_dir` (HuBERT's and the
+    speech-emotion classifier's folders alike)."""
     from safetensors.torch import save_file
-    from transformers import HubertConfig, HubertForCTC
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg_dict = hubert_config_dict(tiny)
-    config = HubertConfig(**{k: v for k, v in cfg_dict.items() if k not in ("model_type", RANDOM_MARK)})
-    with torch.device("meta"):  # shapes only: no memory, no global RNG
-        shapes = {k: tuple(v.shape) for k, v in HubertForCTC(config).state_dict().items()}
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = torch.Generator().manual_seed(gen_seed)
     hidden = int(cfg_dict["hidden_size"])
     state = {}
     for key in sorted(shapes):
@@ -129,5 +124,18 @@ def write_random_hubert(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Pa
     cfg_out = dict(cfg_dict)
     cfg_out["transformers_version"] = __import__("transformers").__version__
     (out_dir / "config.json").write_text(json.dumps(cfg_out, indent=2, sort_keys=True) + "\n")
+
+
+def write_random_hubert(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Path:
+    """Write config.json + model.safetensors (random HubertForCTC) into out_dir; returns out_dir."""
+    from transformers import HubertConfig, HubertForCTC
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_dict = hubert_config_dict(tiny)
+    config = HubertConfig(**{k: v for k, v in cfg_dict.items() if k not in ("model_type", RANDOM_MARK)})
+    with torch.device("meta"):  # shapes only: no memory, no global RNG
+        shapes = {k: tuple(v.shape) for k, v in HubertForCTC(config).state_dict().items()}
+    write_random_folder(out_dir, cfg_dict, shapes, int(seed))
     (out_dir / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(CTC_VOCAB)}) + "\n")
     return out_dir

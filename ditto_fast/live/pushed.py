@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from ditto_fast.live.sources import SAMPLE_RATE, Arrivals
+from ditto_fast.live.sources import SAMPLE_RATE, Arrivals, take_chunks
 
 TAKES_KEPT = 4096           # takes whose time is kept (the session takes every 20 ms: over a minute)
 
@@ -79,22 +79,13 @@ class PushedSource:
 
     def take(self, n: int) -> np.ndarray:
         """Up to `n` buffered samples, float32 [<= n], without waiting (empty when none are buffered)."""
-        out, need = [], max(0, int(n))
         with self._lock:
-            while need and self._chunks:
-                chunk = self._chunks[0]
-                if len(chunk) <= need:
-                    out.append(self._chunks.popleft())
-                else:
-                    out.append(chunk[:need])
-                    self._chunks[0] = chunk[need:]
-                need -= len(out[-1])
-            got = max(0, int(n)) - need
-            self._available -= got
-            self.taken += got
-            if got:
+            out = take_chunks(self._chunks, n)
+            self._available -= len(out)
+            self.taken += len(out)
+            if len(out):
                 self._takes.append((self.taken, time.monotonic()))
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+        return out
 
     def available(self) -> int:
         """Samples buffered now."""

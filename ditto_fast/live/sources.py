@@ -65,6 +65,20 @@ class Arrivals:
             return self._reads[i][2]
 
 
+def take_chunks(chunks: deque, n: int) -> np.ndarray:
+    """Up to `n` samples off the front of a queue of float32 chunks (a partly taken chunk keeps its rest)."""
+    out, need = [], max(0, int(n))
+    while need and chunks:
+        chunk = chunks[0]
+        if len(chunk) <= need:
+            out.append(chunks.popleft())
+        else:
+            out.append(chunk[:need])
+            chunks[0] = chunk[need:]
+        need -= len(out[-1])
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
 class AudioSource:
     """Samples read by a thread from ffmpeg's output (`command`: ffmpeg's arguments after the global ones), from a
     file descriptor (`fd`, duplicated: the caller's stays open) or from a named pipe (`fifo`), buffered until taken.
@@ -168,20 +182,11 @@ class AudioSource:
     # ------------------------------------------------------------------ taking
     def take(self, n: int) -> np.ndarray:
         """Up to `n` buffered samples, float32 [<= n] in [-1, 1), without waiting (empty when none are buffered)."""
-        out, need = [], max(0, int(n))
         with self._lock:
-            while need and self._chunks:
-                chunk = self._chunks[0]
-                if len(chunk) <= need:
-                    out.append(self._chunks.popleft())
-                else:
-                    out.append(chunk[:need])
-                    self._chunks[0] = chunk[need:]
-                need -= len(out[-1])
-            got = max(0, int(n)) - need
-            self._available -= got
-            self.taken += got
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+            out = take_chunks(self._chunks, n)
+            self._available -= len(out)
+            self.taken += len(out)
+        return out
 
     def available(self) -> int:
         """Samples buffered now."""
