@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ditto_fast.checkpoints import EMOTION_LABELS
-from ditto_fast.checkpoints.random_hubert import RANDOM_MARK, TINY_OVERRIDES, write_random_folder
+from ditto_fast.checkpoints.random_hubert import RANDOM_MARK, random_config, write_random_folder
 
 # the large XLSR wav2vec2 shape, as r-f/wav2vec-english-speech-emotion-recognition's config.json gives it
 SER_LARGE_CONFIG: dict = {
@@ -62,11 +62,7 @@ SER_LARGE_CONFIG: dict = {
 
 def emotion_config_dict(tiny: bool) -> dict:
     """The config.json content for the full (large XLSR) or tiny random classifier."""
-    cfg = dict(SER_LARGE_CONFIG)
-    if tiny:
-        cfg.update(TINY_OVERRIDES)
-    cfg[RANDOM_MARK] = True
-    return cfg
+    return random_config(SER_LARGE_CONFIG, tiny)
 
 
 def write_random_emotion(out_dir: str | os.PathLike, tiny: bool, seed: int) -> Path:

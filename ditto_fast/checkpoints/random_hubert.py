@@ -75,13 +75,14 @@ TINY_OVERRIDES: dict = {
 }
 
 
+def random_config(full: dict, tiny: bool) -> dict:
+    """A random folder's config.json content: `full`, or its tiny widths, marked random."""
+    return {**full, **(TINY_OVERRIDES if tiny else {}), RANDOM_MARK: True}
+
+
 def hubert_config_dict(tiny: bool) -> dict:
     """The config.json content for the full (hubert-large-ls960-ft) or tiny random model."""
-    cfg = dict(HUBERT_LARGE_CONFIG)
-    if tiny:
-        cfg.update(TINY_OVERRIDES)
-    cfg[RANDOM_MARK] = True
-    return cfg
+    return random_config(HUBERT_LARGE_CONFIG, tiny)
 
 
 def legacy_name(key: str) -> str:
