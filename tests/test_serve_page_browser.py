@@ -37,6 +37,15 @@ def _row(job_id: str) -> str:
     return f'#queue .job[data-job="{job_id}"]'
 
 
+def _until(page, function: str, arg=None, timeout: float = 60) -> None:
+    """Wait until the JavaScript `function` (called with `arg`) is true in the page (polled from here: the page's
+    Content-Security-Policy forbids the string evaluation Playwright's wait_for_function uses)."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(function, arg):
+        assert time.monotonic() < deadline, f"still not true after {timeout} s: {function}"
+        time.sleep(0.1)
+
+
 def _sample(page, job_id: str) -> dict | None:
     """What the page shows of a job now: its state, progress bar value and stage text."""
     return page.evaluate("""(sel) => { const r = document.querySelector(sel); if (!r) return null;
@@ -64,7 +73,7 @@ def test_a_producer_s_whole_path_in_a_browser(serving, browser, tmp_path):
     assert page.is_hidden("#newsroom")
     page.fill("#token", "a-wrong-token-of-some-length")
     page.click("#token-form button")
-    page.wait_for_function("document.getElementById('token-error').textContent.includes('refused')")
+    _until(page, "() => document.getElementById('token-error').textContent.includes('refused')")
     page.fill("#token", SERVE_TOKEN)
     page.click("#token-form button")
     page.wait_for_selector("#avatar option[value=anchor]", state="attached")
@@ -78,8 +87,7 @@ def test_a_producer_s_whole_path_in_a_browser(serving, browser, tmp_path):
     page.select_option("#delivery", "web-h264")
     page.check("#breaking")
     page.click("#submit")
-    page.wait_for_function("document.getElementById('form-status').textContent.startsWith('Queued as')",
-                           timeout=60_000)
+    _until(page, "() => document.getElementById('form-status').textContent.startsWith('Queued as')")
     breaking = re.search(r"Queued as (\w+)", page.inner_text("#form-status")).group(1)
     job = server.call("GET", f"/v1/jobs/{breaking}")[1]
     assert job["priority"] == 100 and job["request"]["delivery"] == "web-h264"
@@ -109,8 +117,8 @@ def test_a_producer_s_whole_path_in_a_browser(serving, browser, tmp_path):
                         clip={"x": 0, "y": 0, "width": 1400, "height": 700})
 
     # its preview appears, its QC line, and its file downloads
-    page.wait_for_function(f"(() => {{ const i = document.querySelector('{_row(breaking)} img.preview'); "
-                           "return i && i.complete && i.naturalWidth > 0; })()", timeout=60_000)
+    _until(page, "(sel) => { const i = document.querySelector(sel); return i && i.complete && i.naturalWidth > 0; }",
+           f"{_row(breaking)} img.preview")
     assert "QC:" in page.inner_text(_row(breaking))
     with page.expect_download() as download:
         page.click(f"{_row(breaking)} button.download")

@@ -67,8 +67,9 @@ async function start() {
     await json("/v1/settings").then((s) => { state.settings = s; });
   } catch (e) {
     if (e instanceof Unauthorized) {
+      const tried = Boolean(sessionStorage.getItem(TOKEN_KEY));
       sessionStorage.removeItem(TOKEN_KEY);
-      askToken(headers().Authorization ? "That token was refused." : "");
+      askToken(tried ? "That token was refused." : "");
       return;
     }
     $("server-state").textContent = "cannot reach the server: " + e.message;
