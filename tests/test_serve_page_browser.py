@@ -102,19 +102,20 @@ def test_a_producer_s_whole_path_in_a_browser(serving, browser, tmp_path):
     page.wait_for_selector(f'{_row(victim)}[data-status="cancelled"]', timeout=60_000)
 
     # the progress bar moves as the breaking job renders, without a reload
-    samples, deadline = [], time.monotonic() + 300
+    samples, deadline, shots = [], time.monotonic() + 300, os.environ.get("DITTO_FAST_SCREENSHOTS")
     while (s := _sample(page, breaking)) is None or s["status"] not in ("done", "failed"):
         assert time.monotonic() < deadline, samples[-5:]
         if s:
             samples.append(s)
+            if shots and s["status"] == "running" and s["stage"].startswith("frames") and 0.2 < s["value"] < 0.9:
+                page.screenshot(path=str(Path(shots) / "newsroom_running.png"),
+                                clip={"x": 0, "y": 0, "width": 1400, "height": 560})
+                shots = None
         time.sleep(0.1)
     assert s["status"] == "done" and s["value"] == 1, (s, server.log.read_text()[-2000:])
     running = [x for x in samples if x["status"] == "running" and re.fullmatch(r"\w+ \d+ / \d+", x["stage"])]
     assert running, samples
     assert len({x["value"] for x in samples + [s]}) >= 2, samples
-    if os.environ.get("DITTO_FAST_SCREENSHOTS"):
-        page.screenshot(path=str(Path(os.environ["DITTO_FAST_SCREENSHOTS"]) / "newsroom_form.png"),
-                        clip={"x": 0, "y": 0, "width": 1400, "height": 700})
 
     # its preview appears, its QC line, and its file downloads
     _until(page, "(sel) => { const i = document.querySelector(sel); return i && i.complete && i.naturalWidth > 0; }",
