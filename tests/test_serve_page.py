@@ -169,3 +169,12 @@ def test_a_rendered_job_gets_its_preview_and_the_page_its_link(page_api, clips, 
     r = client.get(view["links"]["preview"])
     assert r.status_code == 200 and r.content[:4] == b"\x89PNG"
     assert client.get(f"/v1/jobs/{job['id']}/preview", headers={"Authorization": ""}).status_code == 401
+
+
+def test_serve_refuses_an_uploads_folder_outside_the_roots(tmp_path, tmp_path_factory, run_cli):
+    from support import free_port
+
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    r = run_cli(["serve", "--root", str(tmp_path), "--uploads", str(elsewhere), "--port", str(free_port())])
+    assert r.returncode == 2 and "--uploads folder is outside" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

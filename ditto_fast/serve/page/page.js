@@ -200,7 +200,9 @@ function updateRow(r, job) {
   if (req.emotion) bits.push("emotion " + req.emotion);
   bits.push("→ " + base(job.output));
   const end = job.finished || (job.status === "running" || job.status === "queued" ? Date.now() / 1000 : null);
-  if (end && job.created) bits.push((job.finished ? "turnaround " : "waiting ") + seconds(end - job.created));
+  const said = job.finished ? "turnaround " : job.status === "running" ? "submitted " : "waiting ";
+  if (end && job.created) bits.push(said + seconds(end - job.created) + (job.finished ? "" : job.status === "running"
+    ? " ago" : ""));
   r.meta.textContent = bits.join(" · ");
   // progress: by stage while running, full once done
   const p = job.progress;
@@ -278,7 +280,8 @@ function showLive(sessions) {
   body.replaceChildren();
   for (const s of sessions) {
     const row = el("tr");
-    for (const v of [s.id, s.avatar, s.state, s.output]) row.append(el("td", null, v === undefined ? "" : String(v)));
+    const state = s.state + (s.client_connected ? ", client connected" : "") + (s.error ? ": " + s.error : "");
+    for (const v of [s.id, s.avatar, state, s.out]) row.append(el("td", null, v === undefined ? "" : String(v)));
     body.append(row);
   }
 }
