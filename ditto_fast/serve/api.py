@@ -1,5 +1,6 @@
 """The job API (FastAPI): submit, look up, list and cancel jobs; health, Prometheus metrics and the OpenAPI
-description (/openapi.json; no /docs page, whose scripts would come from the internet). Its request model is made
+description (/openapi.json; no /docs page, whose scripts would come from the internet); the newsroom page and its
+routes (serve/page_api.py). Its request model is made
 from RenderRequest's fields, so the settings stay declared once; a job is checked (as `render` checks) before it
 is queued. Every refusal is `{"error", "exit_code"}`: a bad job, an unknown route, a body over the limit however it
 is sent, a missing token (checked before a body is read) and an internal error alike."""
