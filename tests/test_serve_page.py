@@ -181,3 +181,12 @@ def test_serve_refuses_an_uploads_folder_outside_the_roots(tmp_path, tmp_path_fa
     r = run_cli(["serve", "--root", str(tmp_path), "--uploads", str(elsewhere), "--port", str(free_port())])
     assert r.returncode == 2 and "--uploads folder is outside" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_uploads_go_under_the_first_root_else_the_out_folder_never_a_watch_folder(tmp_path):
+    from ditto_fast.serve.options import ServeOptions
+    from ditto_fast.serve.server import uploads_default
+
+    assert uploads_default(ServeOptions(roots=[tmp_path / "a", tmp_path / "b"])) == tmp_path / "a" / "uploads"
+    watched = ServeOptions(watch=tmp_path / "in", out=tmp_path / "out")
+    assert uploads_default(watched) == tmp_path / "out" / "uploads"

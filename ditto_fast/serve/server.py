@@ -88,6 +88,11 @@ def roots_of(opts: ServeOptions) -> list[Path]:
     return [*opts.roots, *([opts.watch, opts.out] if opts.watch else [])] or [Path.cwd()]
 
 
+def uploads_default(opts: ServeOptions) -> Path:
+    """Where uploads go without --uploads: uploads/ in the first --root, else in --out (never in a watch folder)."""
+    return (opts.roots[0] if opts.roots else opts.out or Path.cwd()) / "uploads"
+
+
 def json_log(stream: TextIO, quiet: bool) -> Callable[[dict], None]:
     """One JSON line per event on `stream` (a station's log shipper reads them); `quiet`: errors only."""
     lock = threading.Lock()
@@ -239,7 +244,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     heartbeat = Heartbeat(queue.heartbeat, log)
     live = LiveSessions(setup, roots, avatars.get, log, opts.max_live, opts.live_idle_timeout,
                         network_outputs=opts.live_outputs == "any") if opts.max_live else None
-    files = PageFiles(acceptor.roots, (opts.uploads or roots[0] / "uploads").absolute(),
+    files = PageFiles(acceptor.roots, (opts.uploads or uploads_default(opts)).absolute(),
                       store_root() / "serve" / "previews", opts.max_upload_mb << 20)
     dispatcher = Dispatcher(handles, queue, metrics, log, avatars, setup, audio=acceptor.decoded, callbacks=callbacks,
                             max_crashes=opts.max_crashes, at_start=acceptor.at_start,
