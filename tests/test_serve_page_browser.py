@@ -81,6 +81,15 @@ def test_a_producer_s_whole_path_in_a_browser(serving, browser, tmp_path):
     assert page.evaluate("document.querySelector('#avatars .card img').naturalWidth") > 0
     assert "web-h264" in page.inner_text("#profiles")
 
+    # a file that is not audio is refused in one line, and not kept
+    notes = tmp_path.parent / "notes.wav"
+    notes.write_text("not a recording\n" * 50)
+    page.set_input_files("#audio-file", str(notes))
+    page.click("#submit")
+    _until(page, "() => document.getElementById('form-status').textContent.includes('notes.wav:')")
+    assert not list((tmp_path / "uploads").glob("*notes*"))
+    assert server.call("GET", "/v1/jobs")[1]["jobs"][0]["id"] == normal          # nothing queued
+
     # upload, choose, submit as breaking
     page.set_input_files("#audio-file", str(booth))
     page.select_option("#avatar", "anchor")

@@ -295,6 +295,29 @@ function outputFor(audio, avatar, delivery) {
   return folder + stem + "_" + avatar + "_" + pad(t.getHours()) + pad(t.getMinutes()) + pad(t.getSeconds()) + ext;
 }
 
+// an upload with its progress shown (fetch cannot report an upload's progress; XMLHttpRequest can)
+function upload(file, status) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest(), form = new FormData();
+    form.append("file", file, file.name);
+    xhr.open("POST", "/v1/uploads");
+    for (const [k, v] of Object.entries(headers())) xhr.setRequestHeader(k, v);
+    xhr.responseType = "json";
+    xhr.upload.onprogress = (e) => {
+      if (!e.lengthComputable) return;
+      status.textContent = "Uploading " + file.name + "… " + Math.floor(100 * e.loaded / e.total) + " %";
+    };
+    xhr.onload = () => {
+      if (xhr.status === 401) reject(new Unauthorized("token"));
+      else if (xhr.status === 201 && xhr.response) resolve(xhr.response.path);
+      else reject(new Error((xhr.response && xhr.response.error) || "upload refused: " + xhr.status));
+    };
+    xhr.onerror = () => reject(new Error("the upload failed: the server could not be reached"));
+    status.textContent = "Uploading " + file.name + "…";
+    xhr.send(form);
+  });
+}
+
 async function submitJob(event) {
   event.preventDefault();
   const status = $("form-status"), button = $("submit");
@@ -304,10 +327,7 @@ async function submitJob(event) {
   try {
     let audio = typed;
     if (file) {
-      status.textContent = "Uploading " + file.name + "…";
-      const form = new FormData();
-      form.append("file", file, file.name);
-      audio = (await json("/v1/uploads", { method: "POST", body: form })).path;
+      audio = await upload(file, status);
     }
     const avatar = $("avatar").value, delivery = $("delivery").value, emotion = $("emotion").value;
     const job = { avatar: avatar, audio: audio, output: outputFor(audio, avatar, delivery),
