@@ -25,10 +25,13 @@ if pyx.exists():
 # editable install is then a plain path entry, without setuptools' "Editable installation" warning box, which any
 # package_dir mapping of its own brings
 CONFIG_PACKAGES = ("ditto_fast.configs", "ditto_fast.configs.delivery")
+# the newsroom page's files (serve's GET /): a data directory declared a package too, for the same reason
+PAGE_PACKAGE = "ditto_fast.serve.page"
 
 setup(
     ext_modules=ext_modules,
-    packages=[*find_packages(include=["ditto_fast*"]), *CONFIG_PACKAGES],
+    packages=[*find_packages(include=["ditto_fast*"]), *CONFIG_PACKAGES, PAGE_PACKAGE],
     package_dir={"": "."},
-    package_data={"ditto_fast": ["render/*.pyx"], **{name: ["*.yaml"] for name in CONFIG_PACKAGES}},
+    package_data={"ditto_fast": ["render/*.pyx"], **{name: ["*.yaml"] for name in CONFIG_PACKAGES},
+                  PAGE_PACKAGE: ["*.html", "*.css", "*.js"]},
 )

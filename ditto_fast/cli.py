@@ -227,10 +227,11 @@ def batch(jobs_file, avatar, audio_dir, out_dir, report, force, fail_fast, previ
 @CONFIG
 def serve(quiet, config_path, **values):
     """Keep one engine loaded and render jobs from a durable queue: an HTTP job API (POST /v1/jobs, GET
-    /v1/jobs/ID, DELETE, /healthz, /metrics, /openapi.json) and an optional watch folder (it needs --avatar). One
-    JSON log line per job state."""
+    /v1/jobs/ID, DELETE, /healthz, /metrics, /openapi.json), the newsroom page at / (uploads, previews, the queue)
+    and an optional watch folder (it needs --avatar). One JSON log line per job state."""
     try:
         import fastapi  # noqa: F401
+        import python_multipart  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise click.UsageError('serve needs the [serve] extra: pip install -e ".[serve]"') from None

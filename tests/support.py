@@ -312,6 +312,7 @@ class Server:
                      "--root", str(root), *extra]
         self.env = {**os.environ, **env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         self.proc: subprocess.Popen | None = None
+        self.token: str | None = None          # sent as the bearer token by call() when set (--token-file)
 
     def start(self) -> "Server":
         self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"),
@@ -333,7 +334,8 @@ class Server:
 
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
                                      data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read() or b"null")

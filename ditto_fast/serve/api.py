@@ -1,5 +1,6 @@
 """The job API (FastAPI): submit, look up, list and cancel jobs; health, Prometheus metrics and the OpenAPI
-description (/openapi.json; no /docs page, whose scripts would come from the internet). Its request model is made
+description (/openapi.json; no /docs page, whose scripts would come from the internet); the newsroom page and its
+routes (serve/page_api.py). Its request model is made
 from RenderRequest's fields, so the settings stay declared once; a job is checked (as `render` checks) before it
 is queued. Every refusal is `{"error", "exit_code"}`: a bad job, an unknown route, a body over the limit however it
 is sent, a missing token (checked before a body is read) and an internal error alike."""
@@ -25,10 +26,12 @@ from ditto_fast.serve.accept import Acceptor
 from ditto_fast.serve.metrics import Metrics
 from ditto_fast.serve.queue import STATES, JobQueue, job_view
 from ditto_fast.serve.dispatch import Dispatcher
+from ditto_fast.serve.page_api import PAGE_FILES, UPLOAD_PATH, PageFiles, add_page_routes, job_links
 
 BODY_LIMIT = 64 << 10           # a job is a few hundred bytes
 DRAIN_LIMIT = 64 << 20          # a refused body is read (and dropped) up to this, so its client sees the answer
-OPEN_PATHS = ("/healthz", "/openapi.json")      # answered without the token
+OPEN_PATHS = ("/healthz", "/openapi.json", *PAGE_FILES)      # answered without the token (the page shows nothing
+#                                                             until it has the token)
 
 
 def job_model() -> type:
@@ -85,7 +88,8 @@ class RequestGate:
     """ASGI middleware before every route: with a token, a request without it is 401 before its body is read or
     parsed; then the body is read whole, at most `limit` bytes (413 over it, with Content-Length or chunked). A
     refused request's body is read on to its end (up to DRAIN_LIMIT) and dropped, so that its client gets the
-    answer rather than a reset connection."""
+    answer rather than a reset connection. An upload's body (UPLOAD_PATH) is passed on as it comes: its route
+    streams it to a file under its own limit."""
 
     def __init__(self, app, token: str | None = None, limit: int = BODY_LIMIT):
         self.app, self.token, self.limit = app, token, limit
@@ -98,6 +102,8 @@ class RequestGate:
                 await _drain(receive)
                 return await _refusal("missing or wrong bearer token", 401,
                                       headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        if scope["path"] == UPLOAD_PATH and scope["method"] == "POST":
+            return await self.app(scope, receive, send)
         body, more = b"", True
         while more:
             message = await receive()
@@ -136,15 +142,22 @@ def _error(e: DittoError, status: int = 400) -> Answer:
 
 
 def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metrics: Metrics, token: str | None = None,
-             engines: dict[str, Any] | None = None, watch: Any = None, live: Any = None) -> FastAPI:
+             engines: dict[str, Any] | None = None, watch: Any = None, live: Any = None,
+             files: PageFiles | None = None) -> FastAPI:
     """The API over one server's queue, acceptor and dispatch threads; with `token`, every request but /healthz and
     /openapi.json needs `Authorization: Bearer TOKEN`. `engines`: what /healthz says of the engines beside their
     states (the device, or Ray's address); `watch`: the watch folder, whose thread /healthz watches too; `live`: the
-    live sessions (serve/live_sessions.py), whose routes are added (serve/live_api.py)."""
+    live sessions (serve/live_sessions.py), whose routes are added (serve/live_api.py); `files`: where the newsroom
+    page's uploads and previews go (serve/page_api.py; default: uploads/ under the first root, previews under the
+    home)."""
     app = FastAPI(title="ditto-fast serve", version="1", description="Lip-synced anchor renders as jobs: one warm "
                   "engine, a durable queue, breaking news first.", docs_url=None, redoc_url=None,
                   default_response_class=Answer)
     app.add_middleware(RequestGate, token=token)
+    if files is None:
+        from ditto_fast.core.home import store_root
+
+        files = PageFiles(acceptor.roots, acceptor.roots[0] / "uploads", store_root() / "serve" / "previews")
 
     @app.exception_handler(HTTPException)
     async def http_refusal(request: Request, exc: HTTPException):
@@ -181,13 +194,13 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
     @app.get("/v1/jobs/{job_id}")
     def look_up(job_id: str):
         job = queue.get(job_id)
-        return job_view(job) if job else _refusal(f"no job {job_id}", 404)
+        return job_links(job_view(job), files) if job else _refusal(f"no job {job_id}", 404)
 
     @app.get("/v1/jobs")
     def list_jobs(status: Optional[str] = None, limit: int = 100):
         if status is not None and status not in STATES:
             return _error(UsageError(f"status must be one of {', '.join(STATES)}"))
-        jobs = {"jobs": [job_view(j) for j in queue.list(status, max(1, min(limit, 1000)))]}
+        jobs = {"jobs": [job_links(job_view(j), files) for j in queue.list(status, max(1, min(limit, 1000)))]}
         return {**jobs, "live": [s.view() for s in live.list()]} if live is not None else jobs
 
     @app.delete("/v1/jobs/{job_id}")
@@ -235,6 +248,8 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
         from ditto_fast.serve.live_api import add_live_routes
 
         add_live_routes(app, live, token, Answer, _refusal, _error)
+
+    add_page_routes(app, queue, files, _refusal, _error)
 
     @app.get("/metrics")
     def prometheus():

@@ -45,14 +45,16 @@ class Dispatcher:
                  log: Callable[[dict], None], avatars: OpenAvatars, setup: RenderSetup,
                  audio: DecodedMemo | None = None, callbacks: CallbackSender | None = None,
                  max_crashes: int = MAX_CRASHES, at_start: Callable[[dict, RenderRequest], None] | None = None,
-                 hold: Callable[[], bool] | None = None):
+                 hold: Callable[[], bool] | None = None, previews: Path | None = None):
         """`callbacks` sends the final states the queue's outbox holds; a job whose engine died under it
         `max_crashes` times is failed; `at_start(job, request)` checks a job again as it starts (its paths within
         the roots, a watch folder's file unchanged: Acceptor.at_start); while `hold()` is true (a live session
-        streams), no job starts."""
+        streams), no job starts; `previews`: a folder each rendered job's preview PNG is drawn into (<job id>.png)
+        before it is marked done."""
         self.handles, self.queue, self.metrics, self.log = list(handles), queue, metrics, log
         self.avatars, self.setup, self.audio = avatars, setup, audio
         self.callbacks, self.max_crashes, self.at_start, self.hold = callbacks, max_crashes, at_start, hold
+        self.previews = previews
         self._queued = threading.Condition()
         self._notified = 0                          # how many times a job was queued (a thread that found none
         #                                             waits for this to change)
@@ -216,6 +218,7 @@ class Dispatcher:
                 engine_job = EngineJob(clip.request, clip.audio, clip.avatar_key, label=job["id"])
                 result = handle.render(engine_job, progress=self._progress(job["id"]),
                                        commit=self._commit(job["id"]))
+                self._preview(job["id"], result, clip)
                 done = self.queue.finish(job["id"], "done", output=str(result.output), exit_code=0,
                                          seconds=round(time.perf_counter() - t0, 3), timings=result.timings)
                 self.metrics.rendered(result.timings)
@@ -250,6 +253,19 @@ class Dispatcher:
                       "is gone"})
             return
         self.ended(done)
+
+    def _preview(self, job_id: str, result, clip: Clip) -> None:
+        """Draw a rendered job's preview PNG (render --preview's) into the previews folder; a failure is logged, the
+        job stays done."""
+        if self.previews is None:
+            return
+        try:
+            from ditto_fast.engine.single import write_preview
+
+            self.previews.mkdir(parents=True, exist_ok=True)
+            write_preview(self.previews / f"{job_id}.png", result, clip)
+        except Exception as e:  # noqa: BLE001 - a preview is a courtesy: the render stands
+            self.log({"job": job_id, "event": "preview failed", "error": one_line(f"{type(e).__name__}: {e}", 300)})
 
     def ended(self, job: dict) -> None:
         """A job reached its final state: metrics, the log line and its callback (from the queue's outbox)."""

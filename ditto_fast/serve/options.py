@@ -67,6 +67,12 @@ class ServeOptions:
     live_outputs: str = declared("files", flags=("--live-outputs",), choices=("files", "any"),
                                  help="Where live sessions may stream: files (a .ts or .m3u8 under the roots) or "
                                       "any (also srt://, udp:// and rtmp:// URLs).")
+    uploads: Path | None = declared(flags=("--uploads",), kind="path",
+                                    help="Where the newsroom page's uploads (POST /v1/uploads) are stored; inside "
+                                         "the roots [default: uploads/ in the first --root, else in --out].")
+    max_upload_mb: int = declared(500, flags=("--max-upload-mb",), kind="int", range=(1, 100_000),
+                                  help="The largest upload (POST /v1/uploads) taken, in MB; larger ones are refused "
+                                       "(413) and nothing of them is kept.")
     defaults: dict[str, Any] = field(default_factory=dict)     # a watch folder's request fields
     quiet: bool = False
 

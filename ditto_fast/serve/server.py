@@ -68,6 +68,10 @@ def check_options(opts: ServeOptions) -> str | None:
         if not root.is_dir():
             raise UsageError(f"{root}: --root must be an existing folder")
     parse_networks(opts.callback_allow)
+    if opts.uploads is not None:
+        from ditto_fast.serve.accept import confine
+
+        confine(opts.uploads, [r.resolve() for r in roots_of(opts)], "--uploads folder")
     token = read_token(opts.token_file) if opts.token_file else None
     with socket.socket(socket.AF_INET6 if ":" in opts.host else socket.AF_INET) as probe:
         try:
@@ -77,6 +81,16 @@ def check_options(opts: ServeOptions) -> str | None:
             raise UsageError(f"cannot listen on {opts.host}:{opts.port} ({e.strerror or e}); choose another --port "
                              "or --host") from None
     return token
+
+
+def roots_of(opts: ServeOptions) -> list[Path]:
+    """The folders a server's jobs may use: --root (default: the current folder) and the watch folders."""
+    return [*opts.roots, *([opts.watch, opts.out] if opts.watch else [])] or [Path.cwd()]
+
+
+def uploads_default(opts: ServeOptions) -> Path:
+    """Where uploads go without --uploads: uploads/ in the first --root, else in --out (never in a watch folder)."""
+    return (opts.roots[0] if opts.roots else opts.out or Path.cwd()) / "uploads"
 
 
 def json_log(stream: TextIO, quiet: bool) -> Callable[[dict], None]:
@@ -99,7 +113,7 @@ def serve(options: EngineOptions, opts: ServeOptions, stream: TextIO = sys.stder
     queued again) and return."""
     token = check_options(opts)
     log = json_log(stream, opts.quiet)
-    roots = [*opts.roots, *([opts.watch, opts.out] if opts.watch else [])] or [Path.cwd()]
+    roots = roots_of(opts)
     if opts.out is not None:
         opts.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -209,6 +223,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     from ditto_fast.serve.lease import Heartbeat
     from ditto_fast.serve.live_sessions import LiveSessions
     from ditto_fast.serve.metrics import Metrics
+    from ditto_fast.serve.page_api import PageFiles
     from ditto_fast.serve.queue import JobQueue
     from ditto_fast.serve.watch import WatchFolder
 
@@ -229,13 +244,15 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     heartbeat = Heartbeat(queue.heartbeat, log)
     live = LiveSessions(setup, roots, avatars.get, log, opts.max_live, opts.live_idle_timeout,
                         network_outputs=opts.live_outputs == "any") if opts.max_live else None
+    files = PageFiles(acceptor.roots, (opts.uploads or uploads_default(opts)).absolute(),
+                      store_root() / "serve" / "previews", opts.max_upload_mb << 20)
     dispatcher = Dispatcher(handles, queue, metrics, log, avatars, setup, audio=acceptor.decoded, callbacks=callbacks,
                             max_crashes=opts.max_crashes, at_start=acceptor.at_start,
-                            hold=(lambda: live.active) if live else None)
+                            hold=(lambda: live.active) if live else None, previews=files.previews)
     metrics.live_sessions = live
     watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, dispatcher.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
-    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live)
+    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live, files=files)
     server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     heartbeat.start()

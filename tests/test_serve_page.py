@@ -1,0 +1,192 @@
+"""The newsroom page's routes in process: the page open, its JSON under the token; uploads streamed into the
+uploads folder (names made safe and unique, the audio checked, the size limited, nothing half-written left); a
+job's preview drawn by the dispatcher; outputs and previews served only from the roots and the server's own folder,
+path traversal refused."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("python_multipart")
+
+from conftest import SERVE_TOKEN  # noqa: E402
+
+
+@pytest.fixture()
+def page_api(serve_parts, tmp_path):
+    """The API with the page's files set: (client with the token, parts, PageFiles); uploads limited to 1 MB."""
+    from fastapi.testclient import TestClient
+
+    from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.page_api import PageFiles
+
+    parts = serve_parts
+    files = PageFiles([tmp_path.resolve()], tmp_path / "uploads", tmp_path / "previews", max_upload=1 << 20)
+    client = TestClient(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics, token=SERVE_TOKEN,
+                                 files=files))
+    client.headers["Authorization"] = "Bearer " + SERVE_TOKEN
+    return client, parts, files
+
+
+def test_the_page_loads_without_the_token_but_its_json_needs_it(page_api):
+    client, _, _ = page_api
+    for path, kind in (("/", "text/html"), ("/page/page.js", "javascript"), ("/page/page.css", "text/css")):
+        r = client.get(path, headers={"Authorization": ""})
+        assert r.status_code == 200 and kind in r.headers["content-type"], path
+        assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert "newsroom" in client.get("/").text
+    for path in ("/", "/page/page.js", "/page/page.css"):       # nothing fetched from elsewhere
+        assert not re.search(r"https?:|//[a-z]|@import", client.get(path).text), path
+    for path in ("/v1/avatars", "/v1/profiles", "/v1/settings", "/v1/jobs", "/v1/avatars/anchor/preview"):
+        assert client.get(path, headers={"Authorization": ""}).status_code == 401, path
+    assert client.post("/v1/uploads", files={"file": ("a.wav", b"RIFF")}, headers={"Authorization": ""}).status_code \
+        == 401
+
+
+def test_avatars_profiles_and_settings_to_choose_from(page_api, tmp_path):
+    client, _, _ = page_api
+    avatars = client.get("/v1/avatars").json()["avatars"]
+    anchor = next(a for a in avatars if a["name"] == "anchor")
+    assert anchor["frames"] > 0 and "x" in anchor["resolution"]
+    profiles = {p["name"]: p for p in client.get("/v1/profiles").json()["profiles"]}
+    assert profiles["web-h264"]["extension"] == ".mp4" and profiles["web-h264"]["loudness"]["lufs"] == -16
+    settings = client.get("/v1/settings").json()
+    assert settings["uploads"] == str(tmp_path / "uploads") and "neutral" in settings["emotions"]
+    r = client.get("/v1/avatars/anchor/preview")
+    assert r.status_code == 200 and r.content[:8] == b"\x89PNG\r\n\x1a\n"
+    assert client.get("/v1/avatars/anchor/preview").content == r.content       # drawn once, kept
+
+
+def test_an_upload_is_stored_under_a_safe_unique_name_and_checked_as_audio(page_api, clips, tmp_path):
+    client, _, files = page_api
+    wav = clips[0].read_bytes()
+    paths = []
+    for sent in ("../../etc/evil name;rm -rf.wav", "..\\..\\x.wav", ".hidden.wav", ""):
+        r = client.post("/v1/uploads", files={"file": (sent, wav, "audio/wav")})
+        assert r.status_code == 201, r.text
+        path = r.json()["path"]
+        paths.append(path)
+        stored = files.uploads / os.path.basename(path)
+        assert os.path.dirname(path) == str(files.uploads) and stored.read_bytes() == wav
+        assert all(c.isalnum() or c in "._-" for c in stored.name) and not stored.name.startswith(".")
+    assert len(set(paths)) == 4 and paths[0].endswith("_evil_name_rm_-rf.wav")
+    # the path it gives is one a job takes
+    r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": paths[0], "output": str(tmp_path / "o.mp4")})
+    assert r.status_code == 202, r.text
+
+
+def test_a_bad_upload_is_refused_in_one_line_and_nothing_is_left(page_api, tmp_path):
+    client, _, files = page_api
+    before = set(files.uploads.iterdir()) if files.uploads.exists() else set()
+    r = client.post("/v1/uploads", files={"file": ("speech.wav", b"not audio at all " * 100, "audio/wav")})
+    assert r.status_code == 400 and r.json()["exit_code"] != 0 and "\n" not in r.json()["error"], r.text
+    r = client.post("/v1/uploads", files={"other": ("speech.wav", b"RIFF")})
+    assert r.status_code == 400 and '"file"' in r.json()["error"]
+    r = client.post("/v1/uploads", content=b"{}", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "multipart" in r.json()["error"]
+    r = client.post("/v1/uploads", files={"file": ("big.wav", b"\0" * (2 << 20), "audio/wav")})
+    assert r.status_code == 413 and "--max-upload-mb" in r.json()["error"]
+    assert set(files.uploads.iterdir()) == before           # no temporary, no refused file
+
+
+def test_an_upload_over_the_limit_without_a_length_is_cut_off(page_api):
+    client, _, files = page_api
+
+    def body():
+        yield b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+        for _ in range(40):
+            yield b"\0" * (64 << 10)
+        yield b"\r\n--b--\r\n"
+
+    r = client.post("/v1/uploads", content=body(), headers={"Content-Type": "multipart/form-data; boundary=b"})
+    assert r.status_code == 413, r.text
+    assert not files.uploads.exists() or list(files.uploads.iterdir()) == []
+
+
+def _done_job(queue, tmp_path, output) -> str:
+    """A job the queue holds as done with `output` (written straight into the queue, as another server might have)."""
+    job = queue.submit({"avatar": "anchor", "audio": str(tmp_path / "a.wav"), "output": str(output)})
+    queue.take()
+    queue.finish(job["id"], "done", output=str(output), exit_code=0)
+    return job["id"]
+
+
+def test_outputs_are_served_only_from_the_roots(page_api, tmp_path, tmp_path_factory):
+    client, parts, _ = page_api
+    inside = tmp_path / "out" / "clip.mp4"
+    inside.parent.mkdir()
+    inside.write_bytes(b"the clip's bytes")
+    job = _done_job(parts.queue, tmp_path, inside)
+    r = client.get(f"/v1/jobs/{job}/output")
+    assert r.status_code == 200 and r.content == b"the clip's bytes"
+    assert 'filename="clip.mp4"' in r.headers["content-disposition"]
+    assert client.get(f"/v1/jobs/{job}").json()["links"] == {"output": f"/v1/jobs/{job}/output"}
+    # a job whose output lies outside the roots (a queue written by a server with other roots), or a link out
+    secret = tmp_path_factory.mktemp("elsewhere") / "secret.mp4"
+    secret.write_bytes(b"not for the page")
+    (tmp_path / "out" / "link.mp4").symlink_to(secret)
+    for output in (secret, tmp_path / "out" / "link.mp4", tmp_path / ".." / secret.parent.name / "secret.mp4"):
+        job = _done_job(parts.queue, tmp_path, output)
+        r = client.get(f"/v1/jobs/{job}/output")
+        assert r.status_code == 403 and b"not for the page" not in r.content, (output, r.text)
+        assert "outside the folders" in r.json()["error"]
+    # not done yet: nothing served
+    queued = parts.queue.submit({"avatar": "anchor", "audio": str(tmp_path / "a.wav"), "output": str(inside)})
+    assert client.get(f"/v1/jobs/{queued['id']}/output").status_code == 409
+
+
+def test_path_traversal_on_the_routes_finds_nothing(page_api, tmp_path):
+    client, _, files = page_api
+    files.previews.mkdir(parents=True)
+    (tmp_path / "x.png").write_bytes(b"\x89PNG secret")
+    for path in ("/v1/jobs/..%2F..%2Fx/preview", "/v1/jobs/..%2Fx/output", "/v1/jobs/%2E%2E/preview",
+                 "/v1/jobs/../../x.png", "/v1/avatars/..%2F..%2Fetc/preview", "/v1/avatars/.%2E/preview",
+                 "/page/..%2F..%2Fapi.py", "/page/../api.py", "/v1/jobs/0123456789abcdef/preview"):
+        r = client.get(path)
+        assert r.status_code in (404, 400), (path, r.status_code)
+        assert b"secret" not in r.content and b"import" not in r.content, path
+
+
+def test_a_rendered_job_gets_its_preview_and_the_page_its_link(page_api, clips, tmp_path):
+    client, parts, files = page_api
+    parts.dispatcher.previews = files.previews
+    audio = shutil.copy(clips[0], tmp_path / "a.wav")
+    job = client.post("/v1/jobs", json={"avatar": "anchor", "audio": str(audio),
+                                        "output": str(tmp_path / "a.mp4")}).json()
+    parts.dispatcher.start()
+    try:
+        deadline = time.monotonic() + 180
+        while (view := client.get(f"/v1/jobs/{job['id']}").json())["status"] not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        parts.dispatcher.stop()
+    assert view["status"] == "done", view
+    assert view["links"]["preview"] == f"/v1/jobs/{job['id']}/preview"
+    r = client.get(view["links"]["preview"])
+    assert r.status_code == 200 and r.content[:4] == b"\x89PNG"
+    assert client.get(f"/v1/jobs/{job['id']}/preview", headers={"Authorization": ""}).status_code == 401
+
+
+def test_serve_refuses_an_uploads_folder_outside_the_roots(tmp_path, tmp_path_factory, run_cli):
+    from support import free_port
+
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    r = run_cli(["serve", "--root", str(tmp_path), "--uploads", str(elsewhere), "--port", str(free_port())])
+    assert r.returncode == 2 and "--uploads folder is outside" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_uploads_go_under_the_first_root_else_the_out_folder_never_a_watch_folder(tmp_path):
+    from ditto_fast.serve.options import ServeOptions
+    from ditto_fast.serve.server import uploads_default
+
+    assert uploads_default(ServeOptions(roots=[tmp_path / "a", tmp_path / "b"])) == tmp_path / "a" / "uploads"
+    watched = ServeOptions(watch=tmp_path / "in", out=tmp_path / "out")
+    assert uploads_default(watched) == tmp_path / "out" / "uploads"
