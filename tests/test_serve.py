@@ -161,8 +161,8 @@ def test_the_watch_folder_takes_settled_files_with_their_sidecars(engine, sessio
     assert job["request"]["steps"] == 2 and job["output"] == str(out / "news.mp4") and job["watch_path"] == str(growing)
     assert sorted(p.name for p in (inbox / "failed").iterdir()) == ["bad.error.txt", "bad.json", "bad.wav"]
     assert (inbox / "failed" / "bad.error.txt").read_text() == (
-        "unknown emotion 'grumpy'; use one of angry, disgust, fear, happy, neutral, sad, surprise, contempt or a mix "
-        "like happy+surprise\nexit code 2\n")
+        "unknown emotion 'grumpy'; use one of angry, disgust, fear, happy, neutral, sad, surprise, contempt, "
+        "auto (read from the speech) or a mix like happy+surprise\nexit code 2\n")
     watch.poll(now=30)
     assert queue.counts()["queued"] == 1           # queued already: not taken twice
     queue.take()

@@ -5,16 +5,18 @@ HuBERT reads, not decoded again) in overlapping windows, batched; the windows sm
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ditto_fast.audio.emotion import EmotionWindows, SpeechEmotion
-from ditto_fast.checkpoints import CheckpointSet
 from ditto_fast.engine.clip import Clip
 from ditto_fast.motion.conditions import emotion_vector, neutral_blend
 from ditto_fast.motion.emotion_track import AutoEmotion, EmotionTrack, emotion_track
 from ditto_fast.motion.emotions import EMOTIONS
+
+if TYPE_CHECKING:       # the classifier (torch, transformers) loads where the engine runs, not where jobs are checked
+    from ditto_fast.audio.emotion import EmotionWindows, SpeechEmotion
+    from ditto_fast.checkpoints import CheckpointSet
 
 AUTO_SETTINGS = AutoEmotion()       # windows, smoothing and hysteresis of every auto track (see emotion_track.py)
 
