@@ -81,6 +81,24 @@ def test_an_upload_is_stored_under_a_safe_unique_name_and_checked_as_audio(page_
     assert r.status_code == 202, r.text
 
 
+def test_a_job_on_an_upload_decodes_it_no_more(page_api, clips, tmp_path, monkeypatch):
+    """The upload's check decoded the audio; the job's check (and its render) take that decoding."""
+    import ditto_fast.engine.clip as clip_module
+
+    client, _, _ = page_api
+    path = client.post("/v1/uploads", files={"file": ("news.wav", clips[0].read_bytes(), "audio/wav")}).json()["path"]
+    decodes = []
+    real = clip_module.decode_audio
+    monkeypatch.setattr(clip_module, "decode_audio", lambda p: decodes.append(p) or real(p))
+    r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": path, "output": str(tmp_path / "n.mp4")})
+    assert r.status_code == 202, r.text
+    assert decodes == []
+    os.utime(path, ns=(1, 1))                       # the file changed since: decoded again
+    r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": path, "output": str(tmp_path / "m.mp4")})
+    assert r.status_code == 202, r.text
+    assert [str(p) for p in decodes] == [path]
+
+
 def test_a_bad_upload_is_refused_in_one_line_and_nothing_is_left(page_api, tmp_path):
     client, _, files = page_api
     before = set(files.uploads.iterdir()) if files.uploads.exists() else set()

@@ -249,7 +249,7 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
 
         add_live_routes(app, live, token, Answer, _refusal, _error)
 
-    add_page_routes(app, queue, files, _refusal, _error)
+    add_page_routes(app, queue, files, _refusal, _error, acceptor.decoded)
 
     @app.get("/metrics")
     def prometheus():

@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ditto_fast.core.errors import DittoError, UsageError
-from ditto_fast.serve.accept import confine
+from ditto_fast.serve.accept import DecodedMemo, confine
 from ditto_fast.serve.queue import JobQueue
 from ditto_fast.serve.uploads import UploadTooLarge, check_upload, receive_upload
 
@@ -92,9 +92,11 @@ class AvatarSheets:
         return path
 
 
-def add_page_routes(app: FastAPI, queue: JobQueue, files: PageFiles, refusal: Callable, error: Callable) -> None:
+def add_page_routes(app: FastAPI, queue: JobQueue, files: PageFiles, refusal: Callable, error: Callable,
+                    decoded: DecodedMemo) -> None:
     """The page, its JSON (avatars, profiles, settings), the job preview and output files, avatar contact sheets and
-    uploads, on `app` (whose RequestGate checks the token and streams UPLOAD_PATH's body)."""
+    uploads, on `app` (whose RequestGate checks the token and streams UPLOAD_PATH's body); an upload's decoded audio
+    is kept in `decoded` (the acceptor's), for the job that names it."""
     sheets = AvatarSheets(files.previews / "avatars")
 
     def page_file(path: str) -> Callable:
@@ -174,7 +176,7 @@ def add_page_routes(app: FastAPI, queue: JobQueue, files: PageFiles, refusal: Ca
             length = request.headers.get("content-length", "")
             stored = await receive_upload(request.receive, request.headers.get("content-type", ""), files.uploads,
                                           files.max_upload, int(length) if length.isdigit() else None)
-            await run_in_threadpool(check_upload, stored)
+            decoded.put(stored, await run_in_threadpool(check_upload, stored))
         except UploadTooLarge as e:
             return refusal(str(e), 413, e.exit_code)
         except DittoError as e:

@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 from python_multipart import MultipartParser
 from python_multipart.multipart import parse_options_header
 
-from ditto_fast.audio.decode import decode_audio
+from ditto_fast.audio.decode import DecodedAudio, decode_audio
 from ditto_fast.core.errors import DittoError, UsageError
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -116,10 +116,11 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
         raise
 
 
-def check_upload(path: Path) -> None:
-    """The audio check every job's audio has (it decodes, whole); the file is removed if it fails (DittoError)."""
+def check_upload(path: Path) -> DecodedAudio:
+    """The audio check every job's audio has (it decodes, whole): its decoding, which the job's own check then takes
+    instead of decoding again; the file is removed if it fails (DittoError)."""
     try:
-        decode_audio(path)
+        return decode_audio(path)
     except DittoError:
         path.unlink(missing_ok=True)
         raise
