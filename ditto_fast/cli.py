@@ -19,7 +19,7 @@ from ditto_fast.core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SOME_F
                                     Terminated, one_line)
 from ditto_fast.core.version import __version__
 from ditto_fast.engine.request import FIELDS, JOB_KEYS, RenderRequest
-from ditto_fast.live.options import LIVE_FIELDS, NOT_LIVE, LiveOptions
+from ditto_fast.live.options import LIVE_FIELDS, LIVE_REQUEST_FIELDS, LiveOptions, LiveRequest
 from ditto_fast.serve.options import SERVE_FIELDS, ServeOptions
 
 
@@ -244,7 +244,7 @@ def serve(quiet, config_path, **values):
 # ----------------------------------------------------------------------------- live
 @cli.command()
 @field_options(LIVE_FIELDS)
-@request_options(skip=NOT_LIVE)
+@field_options(LIVE_REQUEST_FIELDS)
 @engine_options
 @click.option("--stop-at-end", is_flag=True,
               help="End the stream once the source ends and its frames are out (rehearsal, tests); otherwise it runs "
@@ -256,7 +256,9 @@ def live(stop_at_end, quiet, config_path, **values):
     at the nominal rate by the wall clock, picture and the same audio in one stream. Exit 0 when ended by the
     source's end (--stop-at-end), Ctrl-C or SIGTERM."""
     options = LiveOptions(**take(values, LIVE_FIELDS))
-    request = {f.name: values.pop(f.name) for f in FIELDS if f.name not in NOT_LIVE}
+    request = LiveRequest(**take(values, LIVE_REQUEST_FIELDS))
+    if request.out is None:
+        raise click.UsageError("Missing option '--out'.")
     engine = take_engine_options(values, config_path)
     from ditto_fast.live.start import run_live
     from ditto_fast.live.stats import LiveStats

@@ -128,10 +128,10 @@ def test_strength_blends_toward_neutral():
 
 def test_live_takes_a_strength_and_refuses_auto():
     from ditto_fast.core.config import load_config
-    from ditto_fast.live.options import check_live_request
+    from ditto_fast.live.options import LiveRequest
 
     config = load_config(None)
-    got = check_live_request({"emotion": "happy", "emotion_strength": 0.5}, config)["emotion"]
+    got = LiveRequest(avatar="anchor", emotion="happy", emotion_strength=0.5).settings(config).emotion
     np.testing.assert_allclose(got, neutral_blend(emotion_vector("happy"), 0.5))
     with pytest.raises(UsageError, match="goes with renders"):
-        check_live_request({"emotion": "auto"}, config)
+        LiveRequest(avatar="anchor", emotion="auto").settings(config)

@@ -11,7 +11,10 @@ PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
     {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery", "captions"},
-    {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"live"}, {"serve"},
+    {"preview"}, {"engine"},
+    {"live"},       # the online session: the same stages on a frame clock
+    {"handles"},    # the engine host: every process that loads the networks, carrying render jobs and live sessions
+    {"batch"}, {"serve"},
     {"pipecat"},    # the Pipecat video service: a live session in the agent's process (above live, beside nothing)
     {"doctor"}, {"console"}, {"cli"},
 )

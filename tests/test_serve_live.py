@@ -173,7 +173,7 @@ def test_token_rules_hold_for_live(serve_parts, tmp_path):
     from ditto_fast.serve.live_sessions import LiveSessions
 
     p = serve_parts
-    live = LiveSessions(p.acceptor.setup, [tmp_path], p.acceptor.avatars, p.events.append)
+    live = LiveSessions(p.dispatcher.handles, p.acceptor.setup, [tmp_path], p.acceptor.avatars, p.events.append)
     client = TestClient(make_app(p.queue, p.acceptor, p.dispatcher, p.metrics, token=SERVE_TOKEN, live=live))
     assert client.post("/v1/live", json={"avatar": "anchor", "out": str(tmp_path / "x.ts")}).status_code == 401
     with pytest.raises(WebSocketDisconnect) as refused_ws:

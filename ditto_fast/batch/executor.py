@@ -111,8 +111,8 @@ class EngineExecutor:
 
     def _note(self, handle: EngineHandle, error: str | None) -> None:
         """A Ray node's record in the report: its actors, and why one could not render (said once a node)."""
-        info = getattr(handle, "info", None)
-        if self._nodes is None or not info:
+        info = handle.info
+        if self._nodes is None or "node_id" not in info:
             return
         node = self._nodes.setdefault(info["node_id"], {"node": info["node"], "node_id": info["node_id"],
                                                          "actors": 0, "error": None})
@@ -141,7 +141,7 @@ class EngineExecutor:
         if self.progress and len(self.handles) > 1 and not self._done_frames:
             self.progress("frames of finished jobs", 0, self._total)
         attempts, alive = job.extra.get("attempts", 0) + 1, True
-        engine_job = EngineJob(clip.request, clip.audio, clip.avatar_key, label=f"job {job.index}")
+        engine_job = EngineJob(clip.request, clip.audio, label=f"job {job.index}")
         try:
             run_job(job, lambda: handle.render(engine_job, progress=self._tick(book)),
                     then=(lambda result: self.then(job, result, clip)) if self.then else None)
@@ -157,7 +157,7 @@ class EngineExecutor:
                 return self._restart(handle)
             alive = self._restart(handle)
             job.fail(f"{e}, on each of its {attempts} attempts; render it alone to see why", EXIT_INTERNAL)
-        info = getattr(handle, "info", None)
+        info = handle.info if "node_id" in handle.info else None       # a Ray actor's node
         if info or attempts > 1:
             job.extra["attempts"] = attempts
         if info:

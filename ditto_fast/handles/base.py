@@ -1,5 +1,6 @@
-"""What crosses an engine handle: a checked job going out (`EngineJob`), its result or the reason it has none coming
-back; the interface every handle has (`EngineHandle`) and what it says of its engine (`EngineState`)."""
+"""What crosses an engine handle: a checked render job going out (`EngineJob`), its result or the reason it has none
+coming back; a live session going out (`LiveJob`) and the link to it coming back (`LiveLink`); the interface every
+handle has (`EngineHandle`) and what it says of its engine (`EngineState`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
     from ditto_fast.engine.renderer import RenderResult
     from ditto_fast.engine.request import RenderRequest
     from ditto_fast.engine.stages import Progress
-
-STATES = ("starting", "idle", "busy", "restarting", "dead")
+    from ditto_fast.handles.live_link import LiveLink
+    from ditto_fast.live.options import LiveRequest
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,18 @@ class EngineJob:
 
     request: RenderRequest
     audio: DecodedAudio
-    avatar: tuple | None = None
     label: str = ""                     # what the job is called where it came from (a serve job's id)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)      # names this render for a cancel
+
+
+@dataclass(frozen=True)
+class LiveJob:
+    """A live session for an engine to carry beside its render jobs: the session's checked request; `id` names it in
+    every message about it."""
+
+    request: LiveRequest
+    label: str = ""                     # what the session is called where it came from (serve's session id)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
 class JobCancelled(Exception):
@@ -70,17 +80,14 @@ class EngineState:
 
     name: str
     kind: str                           # process or ray
-    state: str = "starting"             # one of STATES
+    state: str = "starting"             # starting, idle, busy (a job), restarting or dead
     where: str = ""                     # pid N on this host, or a Ray node
     job: str | None = None              # the job it renders (busy)
+    sessions: list[str] = field(default_factory=list)      # the live sessions it carries (beside any job)
     last_beat: float | None = None      # when the engine last said it is alive (time.time())
     restarts: int = 0
     last_death: str | None = None       # why its previous engine died
     error: str | None = None            # why it cannot render (dead)
-
-    @property
-    def can_render(self) -> bool:
-        return self.state in ("idle", "busy")
 
     def as_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -93,6 +100,7 @@ class EngineHandle(Protocol):
 
     name: str
     setup: RenderSetup | None           # what its outputs' digests are made with (known once started)
+    info: dict[str, Any]                # what the engine said when it started (a Ray actor: node, node_id, threads)
 
     def start(self) -> None:
         """Start the engine and load its networks; DittoError if it cannot render."""
@@ -102,6 +110,10 @@ class EngineHandle(Protocol):
         """Render `job`; `progress(stage, done, total)` hears it and may raise JobCancelled to stop it, as may
         `commit()`, called once the output is complete, just before its rename (after it, the job is done). Raises
         EngineError (the render's own refusal), JobCancelled, or EngineDied (then call restart())."""
+
+    def open_live(self, job: LiveJob, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
+        """Start the live session `job` on this engine, beside any job it renders; its link (`heard(event, detail)`
+        hears ready, log, ended and failed). UsageError where this kind of engine carries no session."""
 
     def restart(self) -> None:
         """A fresh engine for one that died (counted in the state's restarts); DittoError if none can start."""

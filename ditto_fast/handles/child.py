@@ -1,11 +1,14 @@
 """The engine process (`python -m ditto_fast.handles.child FD PARENT_PID`): loads the networks once, then renders the
-jobs its parent sends over the socket FD, one at a time, saying how far it is and that it is alive (a heartbeat each
-second). It dies with its parent; out of memory, it says so and exits, so that its parent starts a fresh one.
+jobs its parent sends over the socket FD, one at a time, and carries the live sessions it sends beside them (each on
+a thread of its own: engine_sessions.py), saying how far it is and that it is alive (a heartbeat each second). It
+dies with its parent; out of memory, it says so and exits, so that its parent starts a fresh one.
 
-Messages in: ("start", setup, memory_bytes), ("render", job), ("cancel", token), ("go", token), ("stop",).
+Messages in: ("start", setup, memory_bytes), ("render", job), ("cancel", token), ("go", token), ("stop",), and a
+live session's (live_link.py).
 Messages out: ("beat", time), ("ready", info), ("failed", line, exit_code), ("progress", token, stage, done, total),
-("commit", token) (the file is complete: answered go or cancel before its rename), ("done", token, result),
-("error", token, line, exit_code), ("cancelled", token), ("fatal", token, why)."""
+("commit", token) (the file is complete: answered go or cancel before its rename), then the job's outcome
+(outcome.py) with its token: ("done", token, result), ("error", token, line, exit_code), ("cancelled", token),
+("fatal", token, why); and a live session's."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ditto_fast.handles.base import at_memory_cap      # imported before the memory cap applies
+from ditto_fast.handles.outcome import out_of_memory, run_job      # imported before the memory cap applies
 
 BEAT_S = 1.0                # how often the engine says it is alive
 PROGRESS_EVERY_S = 0.2      # the most often a render's progress is sent
@@ -49,16 +52,6 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    """Whether `e` is an allocation that failed: numpy's MemoryError, torch's allocator, a fork refused, or any
-    error of native code (oneDNN: "could not create a primitive") while this process is at its memory cap."""
-    text = str(e).lower()
-    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
-        "can't allocate memory" in text or "out of memory" in text)) or (
-        isinstance(e, OSError) and e.errno == 12) or (
-        isinstance(e, (RuntimeError, OSError)) and at_memory_cap(os.getpid()) is not None)
-
-
 def _limit_memory(limit: int | None) -> None:
     """Cap this process's address space at `limit` bytes (None: no cap): past it an allocation fails here, and the
     engine exits saying so, instead of the host's OOM killer choosing a process."""
@@ -66,9 +59,9 @@ def _limit_memory(limit: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelled: set[str]) -> None:
-    """Read the parent's messages: cancels take effect at once, answers to a commit go to `answers`, jobs wait in
-    `inbox`. The parent gone: exit."""
+def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelled: set[str], sessions) -> None:
+    """Read the parent's messages: cancels take effect at once, answers to a commit go to `answers`, a live
+    session's to `sessions`, jobs wait in `inbox`. The parent gone: exit."""
     while True:
         try:
             message = conn.recv()
@@ -78,6 +71,8 @@ def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelle
             cancelled.add(message[1])
         if message[0] in ("cancel", "go"):
             answers.put(message)
+        elif message[0].startswith("live"):
+            sessions.hear(message)
         else:
             inbox.put(message)
 
@@ -92,10 +87,7 @@ def _beat(channel: _Channel) -> None:
 
 
 def _render(renderer: Any, job: Any, channel: _Channel, answers: queue.Queue, cancelled: set[str]) -> None:
-    """Check the job against the avatar as this process sees the store, render it (its rename only once the parent
-    says go), send the outcome."""
-    from ditto_fast.core.errors import DittoError, one_line
-    from ditto_fast.engine.clip import check_clip
+    """Run the job (its rename only once the parent says go) and send its outcome; out of memory, exit after it."""
     from ditto_fast.handles.base import JobCancelled
 
     token, last = job.token, [0.0]
@@ -118,23 +110,12 @@ def _render(renderer: Any, job: Any, channel: _Channel, answers: queue.Queue, ca
                 return
 
     try:
-        clip = check_clip(job.request, renderer.avatar(job.request.avatar), renderer.config, audio=job.audio)
-        result = renderer.render(clip, progress=tick, commit=commit)
-    except JobCancelled:
-        channel.send("cancelled", token)
-    except DittoError as e:
-        channel.send("error", token, str(e), e.exit_code)
-    except Exception as e:  # noqa: BLE001 - said to the parent; this engine goes on unless memory ran out
-        if _out_of_memory(e):
-            channel.send("fatal", token, f"out of memory ({one_line(str(e) or type(e).__name__, 200)})")
-            os._exit(3)
-        channel.send("error", token, one_line(f"internal error: {type(e).__name__}: {e}; render that request alone "
-                                              "with `ditto-fast render` and DITTO_FAST_DEBUG=1 and report it"), 1)
-    else:
-        result.mouth = None if result.mouth is None else result.mouth.copy()
-        channel.send("done", token, result)
+        outcome = run_job(renderer, job, tick, commit)
     finally:
         cancelled.discard(token)
+    channel.send(outcome[0], token, *outcome[1:])
+    if outcome[0] == "fatal":
+        os._exit(3)
 
 
 def main(argv: list[str]) -> int:
@@ -162,7 +143,7 @@ def main(argv: list[str]) -> int:
         channel.send("failed", str(e), e.exit_code)
         return 0
     except Exception as e:  # noqa: BLE001 - the parent says why no engine started
-        if _out_of_memory(e) and memory:
+        if out_of_memory(e) and memory:
             channel.send("failed", f"the engine ran out of memory loading its networks within its cap of "
                                    f"{memory / (1 << 30):.2f} GiB; give --engine-memory more", 2)
         else:
@@ -172,11 +153,15 @@ def main(argv: list[str]) -> int:
     inbox: queue.Queue = queue.Queue()
     answers: queue.Queue = queue.Queue()
     cancelled: set[str] = set()
-    threading.Thread(target=_reader, args=(conn, inbox, answers, cancelled), name="ditto-fast-engine-reader",
-                     daemon=True).start()
+    from ditto_fast.handles.engine_sessions import EngineSessions
+
+    sessions = EngineSessions(renderer, channel.send)
+    threading.Thread(target=_reader, args=(conn, inbox, answers, cancelled, sessions),
+                     name="ditto-fast-engine-reader", daemon=True).start()
     while True:
         message = inbox.get()
         if message[0] == "stop":
+            sessions.stop_all()             # each session's file complete
             return 0
         if message[0] == "render":
             _render(renderer, message[1], channel, answers, cancelled)

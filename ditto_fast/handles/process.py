@@ -1,7 +1,12 @@
 """An engine in a child process of this one (`child.py`): a render that segfaults, runs out of memory, is killed or
-hangs takes only that process with it. The parent reads everything the child says on one thread (heartbeats,
-progress, outcomes), so it sees the child die even while idle, and kills a child that stops beating or makes no
-progress for too long."""
+hangs takes only that process with it. The engine carries live sessions beside its renders (`open_live`), supervised
+alike. The parent reads everything the child says on one thread (heartbeats, progress, outcomes, the sessions'
+words), so it sees the child die even while idle; a watchdog kills a child that stops beating while no render waits
+on it, or whose sessions make no progress for too long; a render's own wait kills one that hangs under it.
+
+Every engine process is started from one thread that lives as long as this process (`_spawner`): Linux's
+parent-death signal follows the thread that started a child, so no caller's thread (an HTTP server's worker,
+retired when idle) may be that thread."""
 
 from __future__ import annotations
 
@@ -19,12 +24,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ditto_fast
-from ditto_fast.core.errors import DittoError, InputError, one_line
-from ditto_fast.media.claims import remove_dead_writers
+from ditto_fast.core.errors import InputError, one_line
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
-                                     at_memory_cap, signal_words)
+                                     LiveJob, at_memory_cap, signal_words)
+from ditto_fast.handles.live_link import LiveLink
+from ditto_fast.handles.outcome import answer
+from ditto_fast.media.claims import remove_dead_writers
 
 _EOF = ("eof",)
+WATCH_S = 0.5               # how often the watchdog looks at an engine's heartbeat and sessions
 _CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.handles.child import main; "
           "sys.exit(main(sys.argv[1:]))")
 
@@ -42,33 +50,32 @@ class ProcessEngine:
         self.setup, self.name, self.limits, self.env = setup, name, limits, env or {}
         self.output = output or (lambda line: print(line, file=sys.stderr))
         self._state = EngineState(name, self.kind)
+        self.info: dict[str, Any] = {}                  # what the engine said when it was ready (pid, load seconds)
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._inbox: queue.Queue = queue.Queue()
+        self._links: dict[str, LiveLink] = {}           # the live sessions of the current engine process
+        self._why: dict[int, str] = {}                  # pid -> why this process killed it (a hang, a close)
         self._said: deque[str] = deque(maxlen=5)        # the child's last lines, quoted when it dies
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._closing = False
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
-        """Start the child (unless launch() did) and wait until its networks are loaded; DittoError (its line and
-        exit code) if it cannot render."""
+        """Start the child and wait until its networks are loaded; DittoError (its line and exit code) if it cannot
+        render. Any thread may call it."""
         with self._lock:
             if self._proc is None:
                 self._spawn()
             self._wait_ready()
 
-    def launch(self) -> None:
-        """Start the child without waiting for it (start() then waits). The child dies with the thread that starts
-        it (Linux's parent-death signal follows the thread): launch from a thread that lives as long as the
-        engine should, then wait for it from any."""
-        with self._lock:
-            if self._proc is None:
-                self._spawn()
-
     def restart(self) -> None:
-        """Kill what is left of the engine and start a fresh one (counted in restarts)."""
+        """Kill what is left of the engine and start a fresh one (counted in restarts); nothing to do when another
+        thread restarted it meanwhile."""
         with self._lock:
+            if self._state.state in ("idle", "busy") and self.pid is not None:
+                return
             self._state.restarts += 1
             self._state.state = "restarting"
             self._kill()
@@ -83,12 +90,12 @@ class ProcessEngine:
             self._lock.acquire()
         try:
             if self._conn is not None and self._proc is not None and self._proc.poll() is None:
-                try:
-                    self._conn.send(("stop",))
-                    self._proc.wait(timeout=10)
+                try:            # the engine ends its sessions cleanly, then exits
+                    self._send(("stop",))
+                    self._proc.wait(timeout=10 + 30 * bool(self._links))
                 except (OSError, subprocess.TimeoutExpired):
                     pass
-            self._kill()
+            self._kill(why="was stopped")
             self._state.state = "dead"
         finally:
             self._lock.release()
@@ -101,6 +108,10 @@ class ProcessEngine:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _spawn(self) -> None:
+        """Start the child from the spawner thread (see the module's docstring) and its reader threads here."""
+        _spawner.run(self._spawn_here)
+
+    def _spawn_here(self) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, **self.env}
         # this process's ditto_fast first, before the working folder (which `python -m` would put first: a
@@ -118,11 +129,15 @@ class ProcessEngine:
         finally:
             theirs.close()
         self._conn = Connection(ours.detach())
+        self._links = {}
         self._state.where, self._state.state, self._state.error = f"pid {self._proc.pid}", "starting", None
-        proc, conn, inbox = self._proc, self._conn, self._inbox
-        threading.Thread(target=self._read, args=(proc, conn, inbox), name=f"ditto-fast-{self.name}-reader",
+        self._state.sessions = []
+        proc, conn, inbox, links = self._proc, self._conn, self._inbox, self._links
+        threading.Thread(target=self._read, args=(proc, conn, inbox, links), name=f"ditto-fast-{self.name}-reader",
                          daemon=True).start()
         threading.Thread(target=self._relay, args=(proc,), name=f"ditto-fast-{self.name}-output",
+                         daemon=True).start()
+        threading.Thread(target=self._watch, args=(proc, links), name=f"ditto-fast-{self.name}-watchdog",
                          daemon=True).start()
         try:
             conn.send(("start", self.setup, self.limits.memory_bytes))
@@ -143,6 +158,7 @@ class ProcessEngine:
                 self._dead(f"it did not finish loading within {self.limits.start_s:g} s")
                 raise InputError(f"{self.name}: {self._state.error}")
             if message[0] == "ready":
+                self.info = message[1]
                 self._state.state, self._state.job = "idle", None
                 return
             if message[0] == "failed":
@@ -156,10 +172,13 @@ class ProcessEngine:
     def _dead(self, why: str) -> None:
         self._state.state, self._state.error, self._state.job = "dead", why, None
 
-    def _kill(self, stacks: bool = False) -> None:
-        """Kill the child (`stacks`: first ask it to print where each thread is, for the log)."""
+    def _kill(self, stacks: bool = False, why: str | None = None) -> None:
+        """Kill the child (`stacks`: first ask it to print where each thread is, for the log; `why`: what its live
+        sessions are told)."""
         proc, self._proc = self._proc, None
         if proc is not None:
+            if why is not None:
+                self._why[proc.pid] = why
             if stacks and proc.poll() is None:
                 proc.send_signal(signal.SIGUSR1)
                 time.sleep(1.0)
@@ -188,9 +207,9 @@ class ProcessEngine:
         return f"{words}; it last printed: {one_line(said, 300)}" if said else words
 
     # ------------------------------------------------------------------ the child's side of the socket
-    def _read(self, proc: subprocess.Popen, conn: Connection, inbox: queue.Queue) -> None:
-        """Every message the child sends: heartbeats kept, the rest queued for the render; EOF when it is gone
-        (an idle engine that died is marked dead at once)."""
+    def _read(self, proc: subprocess.Popen, conn: Connection, inbox: queue.Queue, links: dict[str, LiveLink]) -> None:
+        """Every message the child sends: heartbeats kept, a live session's to its link, the rest queued for the
+        render; EOF when it is gone (an idle engine that died is marked dead at once, its sessions told why)."""
         while True:
             try:
                 message = conn.recv()
@@ -198,14 +217,58 @@ class ProcessEngine:
                 break
             if message[0] == "beat":
                 self._state.last_beat = message[1]
+            elif message[0].startswith("live"):
+                link = links.get(message[1])
+                if link is not None:
+                    link.hear(message)
+                    if not link.active:
+                        self._forget(link, links)
             else:
                 inbox.put(message)
         inbox.put(_EOF)
+        why = self._why.pop(proc.pid, None)
+        if why is None:
+            why = f"died ({self._ended(proc)})"
+        for link in list(links.values()):
+            link.lost(why)
+            self._forget(link, links)
         if proc is self._proc and self._state.state == "idle" and not self._closing:
-            why = f"died while idle ({self._ended(proc)})"
             if proc is self._proc and self._state.state == "idle":     # not replaced meanwhile
+                self._state.last_death = why if why.startswith("hung") else f"died while idle ({why[6:-1]})"
+                self._dead(self._state.last_death)
+
+    def _forget(self, link: LiveLink, links: dict[str, LiveLink]) -> None:
+        links.pop(link.id, None)
+        if links is self._links:
+            self._state.sessions = [f"{k.job.label or k.id}" for k in links.values()]
+
+    def _watch(self, proc: subprocess.Popen, links: dict[str, LiveLink]) -> None:
+        """While `proc` is this handle's engine: kill it when it stops beating and no render waits on it (a render's
+        own wait does that), or when a live session of it makes no progress for the stall limit."""
+        while proc is self._proc and proc.poll() is None and not self._closing:
+            time.sleep(WATCH_S)
+            if self._state.state != "idle" or proc is not self._proc:
+                continue
+            why = None
+            beat = self._state.last_beat
+            if beat is not None and time.time() - beat > self.limits.beat_s:
+                why = f"stopped answering (no heartbeat for {self.limits.beat_s:g} s)"
+            stalled = [k for k in links.values() if k.state == "streaming" and
+                       time.monotonic() - k.last_change > self.limits.stall_s]
+            if why is None and stalled:
+                why = f"live session {stalled[0].job.label or stalled[0].id} made no progress for " \
+                      f"{self.limits.stall_s:g} s"
+            if why is None:
+                continue
+            cap = at_memory_cap(proc.pid)
+            why = f"hung: {why}{f', at its memory cap of {cap:.2f} GiB (out of memory)' if cap else ''}; it was killed"
+            with self._lock:
+                if proc is not self._proc or self._state.state != "idle":
+                    continue
                 self._state.last_death = why
+                self._kill(stacks=True, why=why)
                 self._dead(why)
+            return
 
     def _relay(self, proc: subprocess.Popen) -> None:
         for raw in proc.stdout:
@@ -242,18 +305,18 @@ class ProcessEngine:
         except (EngineDied, JobCancelled, EngineError):
             raise
         except BaseException:       # an interrupt, or this process's own trouble: the engine is let go at once
-            self._kill()
+            self._kill(why="was let go in the middle of a job")
             self._dead("let go in the middle of a job")
             remove_dead_writers(job.request.output)
             raise
 
     def _render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None,
                 commit: Callable[[], None] | None) -> Any:
-        conn, inbox = self._conn, self._inbox
+        inbox = self._inbox
         started = time.monotonic()
         try:
-            conn.send(("render", job))
-        except OSError:
+            self._send(("render", job))
+        except (OSError, ValueError):
             return self._died(job, "its process was gone when the job was sent")
         last_progress, cancelled, token = started, False, job.token
         while True:
@@ -268,11 +331,13 @@ class ProcessEngine:
                     f"stopped answering (no heartbeat for {self.limits.beat_s:g} s)"
                 cap = at_memory_cap(self._proc.pid) if self._proc else None
                 why += f", at its memory cap of {cap:.2f} GiB (out of memory)" if cap else ""
-                self._kill(stacks=True)
-                return self._died(job, f"hung: {why}; it was killed")
+                why = f"hung: {why}; it was killed"
+                self._kill(stacks=True, why=why)
+                return self._died(job, why)
             kind = message[0]
             if message == _EOF:
-                return self._died(job, f"its process died ({self._ended()})")
+                why = self._why.get(self._proc.pid) if self._proc else None
+                return self._died(job, why or f"its process died ({self._ended()})")
             if len(message) > 1 and message[1] != token:
                 continue                                # a late word about an earlier job
             if kind == "commit":                        # complete: renamed into place unless cancelled now
@@ -296,29 +361,85 @@ class ProcessEngine:
                         self._send_quietly(("cancel", token))
                 continue
             self._state.state, self._state.job = "idle", None
-            if kind == "done":
-                return message[2]
-            if kind == "cancelled":
-                raise JobCancelled()
-            if kind == "error":
-                raise EngineError(message[2], message[3])
             if kind == "fatal":
                 self._wait_exit()
-                return self._died(job, message[2])
+            return answer((kind, *message[2:]), lambda why: self._dying(job, why))
+
+    def _send(self, message: tuple) -> None:
+        """One message to the engine (from any thread); OSError when it is gone."""
+        conn = self._conn
+        if conn is None:
+            raise OSError("the engine is gone")
+        with self._send_lock:
+            conn.send(message)
 
     def _send_quietly(self, message: tuple) -> None:
         try:
-            self._conn.send(message)
-        except (OSError, AttributeError):
+            self._send(message)
+        except (OSError, ValueError):
             pass                                        # gone: the read loop sees it
 
     def _died(self, job: EngineJob, why: str) -> Any:
+        raise self._dying(job, why)
+
+    def _dying(self, job: EngineJob, why: str) -> EngineDied:
+        """Mark the engine dead (`why`), kill what is left of it and its job's partial output; the EngineDied to
+        raise."""
         self._state.last_death = why
         self._dead(why)
-        self._kill()
+        self._kill(why=why)
         remove_dead_writers(job.request.output)
-        raise EngineDied(f"{self.name} {why}")
+        return EngineDied(f"{self.name} {why}")
 
+    # ------------------------------------------------------------------ a live session
+    def open_live(self, job: LiveJob, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
+        """Start the live session `job` on this engine, beside any job it renders (a dead engine is started again
+        first); its link. DittoError when no engine starts."""
+        if self._state.state == "dead" or self._proc is None:
+            self.restart()
+        with self._lock:
+            link = LiveLink(job, self._send, self.name, heard)
+            self._links[job.id] = link
+            self._state.sessions = [f"{k.job.label or k.id}" for k in self._links.values()]
+            try:
+                self._send(("live", job))
+            except (OSError, ValueError):
+                pass                    # gone already: the read loop tells the link why
+        return link
+
+
+
+class _Spawner:
+    """One thread, alive as long as this process, that starts every engine process (run(fn) runs fn there)."""
+
+    def __init__(self) -> None:
+        self._calls: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="ditto-fast-spawner", daemon=True)
+                self._thread.start()
+        done: queue.Queue = queue.Queue()
+        self._calls.put((fn, done))
+        error = done.get()
+        if error is not None:
+            raise error
+
+    def _loop(self) -> None:
+        while True:
+            fn, done = self._calls.get()
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+                done.put(e)
+            else:
+                done.put(None)
+
+
+_spawner = _Spawner()
 
 
 def _kill_group(proc: subprocess.Popen | None) -> None:

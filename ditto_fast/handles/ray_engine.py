@@ -13,9 +13,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ditto_fast.core.errors import DittoError, InputError, one_line
+from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled
+from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled, LiveJob
+from ditto_fast.handles.outcome import answer, run_job
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 
@@ -106,11 +107,9 @@ class EngineActor:
             except DittoError as e:
                 self.problem = e
 
-    def render(self, job: EngineJob, gated: bool = False) -> dict[str, Any]:
-        """Check `job` against the avatar as this node sees the store and render it (`gated`: the rename waits for
-        the driver's answer()); the outcome as plain data: done (the result), error and exit code, or cancelled."""
-        from ditto_fast.engine.clip import check_clip
-
+    def render(self, job: EngineJob, gated: bool = False) -> tuple:
+        """Render `job` (`gated`: the rename waits for the driver's answer()); its outcome (outcome.py), or
+        ("unanswered",) when the driver said nothing of a finished file."""
         token = job.token
 
         def tick(stage: str, done: int, total: int) -> None:
@@ -131,22 +130,12 @@ class EngineActor:
         try:
             self._load()
             if self.problem is not None:
-                raise self.problem
-            clip = check_clip(job.request, self.renderer.avatar(job.request.avatar), self.setup.config,
-                              audio=job.audio)
-            result = self.renderer.render(clip, progress=tick, commit=commit if gated else None)
-        except JobCancelled:
-            return {"cancelled": True}
+                return ("error", str(self.problem), self.problem.exit_code)
+            return run_job(self.renderer, job, tick, commit if gated else None)
         except _Unanswered:
-            return {"unanswered": True}
-        except DittoError as e:
-            return {"error": str(e), "exit_code": e.exit_code}
-        except Exception as e:  # noqa: BLE001 - said to the driver as the job's internal error
-            return {"error": one_line(f"internal error: {type(e).__name__}: {e}; render that request alone with "
-                                      "`ditto-fast render` and DITTO_FAST_DEBUG=1 and report it"), "exit_code": 1}
+            return ("unanswered",)
         finally:
             self.cancelled.discard(token)
-        return {"done": result}
 
     def progress(self) -> tuple | None:
         """The running render's last progress, or that its file is complete and waits for answer()."""
@@ -221,7 +210,7 @@ def plan_actors(ray, device: str, workers: int | None, most: int | None = None
     return count, math.ceil(count / max(1, nodes)), {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
 
 
-class _Unanswered(Exception):
+class _Unanswered(BaseException):
     """The driver did not say go or cancel for a finished file in time (it is gone, or its thread hangs)."""
 
 
@@ -366,18 +355,24 @@ class RayEngine:
             self.close()
             raise
         self._state.state, self._state.job = "idle", None
-        if outcome.get("cancelled"):
-            raise JobCancelled()
-        if outcome.get("unanswered"):
-            self._state.last_death = "it had no word from its driver on a finished file"
-            self.close()
-            raise EngineDied(f"{self.name} {self._state.last_death}")
-        if "error" in outcome:
-            raise EngineError(outcome["error"], outcome["exit_code"])
-        return outcome["done"]
+        if outcome[0] == "unanswered":
+            outcome = ("fatal", "it had no word from its driver on a finished file")
+        return answer(outcome, self._gone)
+
+    def _gone(self, why: str) -> EngineDied:
+        """The actor let go (`why`: out of memory, no word on a finished file); the EngineDied to raise."""
+        self._state.last_death = why
+        self.close()
+        return EngineDied(f"{self.name} {why}")
+
+    def open_live(self, job: LiveJob, heard: Any = None) -> Any:
+        """Refused: a Ray actor carries render jobs only."""
+        raise UsageError("live sessions run on an engine process of the server's own host, with its GPU; this "
+                         "server renders on Ray actors (--ray), which take render jobs only: start a second "
+                         "`ditto-fast serve` without --ray (another DITTO_FAST_HOME and --port) for live sessions")
 
     def _render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None,
-                commit: Callable[[], None] | None) -> dict[str, Any]:
+                commit: Callable[[], None] | None) -> tuple:
         ray, actor, token, limits = self.ray, self.actor, job.token, self.fleet.limits
         cancelled = answered = False
         started = changed = time.monotonic()

@@ -1,5 +1,6 @@
-"""What `live` is started with, declared once (the engine's options and the render request's live settings aside:
-those are the same declarations `render` uses), and the request's settings resolved for a stream. Light to import."""
+"""A live session's request, declared once (`LiveRequest`: the render request's declarations a stream takes, where it
+goes, the online loop's own), resolved into the settings a session runs with; and what the `live` command alone is
+started with (`LiveOptions`). Light to import."""
 
 from __future__ import annotations
 
@@ -24,18 +25,98 @@ DEST_HELP = ("Where the stream goes: a .ts file (written as it streams), an .m3u
              "it), udp://HOST:PORT, srt://HOST:PORT (caller; ?mode=listener to wait for a caller) or rtmp://URL.")
 
 
+def _destination(value: Any, where: str) -> str:
+    """Where a stream goes: a .ts or .m3u8 path or an srt://, udp:// or rtmp:// URL (its kind known; not opened)."""
+    from ditto_fast.live.outputs import describe_destination
+
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise UsageError(f"{where}: {DEST_HELP}")
+    describe_destination(str(value))
+    return str(value)
+
+
+def _live_request_fields() -> list[tuple[str, Any, dataclasses.Field]]:
+    """The render request's declarations a stream takes, then where it goes and the online loop's own."""
+    from ditto_fast.engine.request import FIELDS
+
+    from ditto_fast.motion.emotions import EMOTIONS
+
+    own = {  # where a stream takes less than a clip: one emotion, no ProRes
+        "emotion": {"help": f"{'|'.join(EMOTIONS)} or a mix like happy+surprise (a stream takes one emotion: no "
+                            "auto, no schedule)."},
+        "codec": {"setting": None, "choices": LIVE_CODECS, "help": "Video codec [default: config clip.codec]."}}
+    kept = [(f.name, f.type, dataclasses.field(default=f.default, metadata={**f.metadata, **own.get(f.name, {})}))
+            for f in FIELDS if f.name not in NOT_LIVE]
+    return kept + [
+        ("out", "str | None", declared(flags=("--out",), check=_destination, help=DEST_HELP)),
+        ("max_latency", "float | None", declared(flags=("--max-latency",), setting=("live", "max_latency"),
+                                                 help="Seconds the stream may lag its speech at most: the picture "
+                                                      "starts within it, and motion that falls further behind skips "
+                                                      "ahead.")),
+        ("overlap", "int | None", declared(flags=("--overlap",), setting=("live", "overlap"),
+                                           help="The online window loop's overlap: 80 - overlap new frames per LMDM "
+                                                "window (more overlap: lower latency, more LMDM work).")),
+    ]
+
+
+class _LiveRequestBase:
+    """What a LiveRequest does besides holding its fields."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        emotion = getattr(self, "emotion")
+        if emotion is not None:
+            from ditto_fast.motion.conditions import schedule_file
+
+            if emotion.lstrip().startswith("{") or schedule_file(emotion) is not None:
+                raise UsageError(f"--emotion {emotion}: a stream takes one emotion (a label or a mix like "
+                                 "happy+surprise); a schedule needs a clip's length")
+
+    def fields(self) -> dict[str, Any]:
+        """The fields that are set (for a log line, or a request made again elsewhere)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    def settings(self, config: Config, avatar_rate: Fraction | None = None, stop_at_end: bool = False):
+        """The LiveSettings a session runs with: the config's defaults filled in, the emotion as one vector (at its
+        strength), the controls read; the frame rate `fps`, else `avatar_rate` (25 until the avatar is known).
+        Refused (UsageError, InputError) where a stream cannot take them: `auto`, ProRes, an unreadable control
+        file."""
+        from ditto_fast.engine.request import settings_with_defaults
+        from ditto_fast.live.session import LiveSettings
+        from ditto_fast.media.rates import parse_frame_rate
+        from ditto_fast.motion.conditions import emotion_vector, neutral_blend
+        from ditto_fast.motion.controls import load_controls
+
+        values = settings_with_defaults(self.fields(), config)
+        if values["codec"] not in LIVE_CODECS:
+            raise UsageError(f"clip.codec {values['codec']}: a stream is {' or '.join(LIVE_CODECS)}; give --codec")
+        controls = load_controls(getattr(self, "controls"), CONTROL_HORIZON) if getattr(self, "controls") else None
+        fps = getattr(self, "fps")
+        rate = parse_frame_rate(fps) if fps is not None else Fraction(avatar_rate or 25)
+        return LiveSettings(emotion=neutral_blend(emotion_vector(values["emotion"]), values["emotion_strength"]),
+                            seed=values["seed"], steps=values["steps"], codec=values["codec"],
+                            overlap=getattr(self, "overlap") or config.live.overlap, rate=rate,
+                            blend=values["blend"], controls=controls,
+                            max_latency=getattr(self, "max_latency") or config.live.max_latency,
+                            stop_at_end=stop_at_end)
+
+
+# One live session, declared once and checked when made, as a RenderRequest is: the avatar, the render request's
+# settings a stream takes (emotion, seed, steps, fps, codec, blend, controls, emotion_strength), where it goes
+# (`out`: None for a caller that takes the frames itself) and the online loop's own (max_latency, overlap).
+LiveRequest = dataclasses.make_dataclass("LiveRequest", _live_request_fields(), bases=(_LiveRequestBase,),
+                                         frozen=True)
+LiveRequest.__module__ = __name__           # pickled by name into an engine process
+LIVE_REQUEST_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(LiveRequest)
+LIVE_KEYS = tuple(f.name for f in LIVE_REQUEST_FIELDS)
+
+
 @dataclass
 class LiveOptions:
-    """`live`'s own options; the command's flags are made from these fields."""
+    """What the `live` command alone is started with (a session's own settings are its LiveRequest); the command's
+    flags are made from these fields."""
 
     audio_in: str = declared(flags=("--audio-in",), required=True, help=SOURCE_HELP)
-    out: str = declared(flags=("--out",), required=True, help=DEST_HELP)
-    max_latency: float | None = declared(flags=("--max-latency",), setting=("live", "max_latency"),
-                                         help="Seconds the stream may lag its speech at most: the picture starts "
-                                              "within it, and motion that falls further behind skips ahead.")
-    overlap: int | None = declared(flags=("--overlap",), setting=("live", "overlap"),
-                                   help="The online window loop's overlap: 80 - overlap new frames per LMDM window "
-                                        "(more overlap: lower latency, more LMDM work).")
     stats: Path | None = declared(flags=("--stats",), kind="path",
                                   help="Write the session's figures here as JSON at the end (latency, real-time "
                                        "factor per stage, frames late or repeated).")
@@ -45,36 +126,3 @@ class LiveOptions:
 
 
 LIVE_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(LiveOptions)
-
-
-def check_live_request(request: dict[str, Any], config: Config) -> dict[str, Any]:
-    """The request's live settings (its values, or the config's defaults) checked before anything loads, the emotion as
-    one vector (at its strength) and the controls read; refused where a stream cannot take them (a per-frame emotion
-    schedule, `auto`, which reads a whole clip's speech, ProRes)."""
-    from ditto_fast.engine.request import settings_with_defaults
-    from ditto_fast.motion.conditions import emotion_vector, neutral_blend, schedule_file
-    from ditto_fast.motion.controls import load_controls
-
-    settings = settings_with_defaults(request, config)
-    emotion = settings["emotion"]
-    if emotion.lstrip().startswith("{") or schedule_file(emotion) is not None:
-        raise UsageError(f"--emotion {emotion}: a stream takes one emotion (a label or a mix like happy+surprise); "
-                         "a schedule needs a clip's length")
-    if settings["codec"] not in LIVE_CODECS:
-        raise UsageError(f"--codec {settings['codec']}: a stream is {' or '.join(LIVE_CODECS)}")
-    controls = load_controls(request["controls"], CONTROL_HORIZON) if request.get("controls") else None
-    vector = neutral_blend(emotion_vector(emotion), settings["emotion_strength"])
-    return {**settings, "emotion": vector, "controls": controls}
-
-
-def live_settings(request: dict[str, Any], checked: dict[str, Any], options: LiveOptions, config: Config, avatar,
-                  stop_at_end: bool):
-    """The LiveSettings of a stream from the request (its rate) and its settings checked by check_live_request."""
-    from ditto_fast.live.session import LiveSettings
-    from ditto_fast.media.rates import parse_rate
-
-    rate = avatar.rate if request.get("fps") is None else parse_rate(request["fps"])
-    return LiveSettings(emotion=checked["emotion"], seed=checked["seed"], steps=checked["steps"],
-                        overlap=options.overlap or config.live.overlap, rate=Fraction(rate), blend=checked["blend"],
-                        controls=checked["controls"], max_latency=options.max_latency or config.live.max_latency,
-                        stop_at_end=stop_at_end)

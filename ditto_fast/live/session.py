@@ -53,6 +53,7 @@ class LiveSettings:
     emotion: np.ndarray                 # [8]
     seed: int
     steps: int
+    codec: str                          # h264 or hevc
     overlap: int                        # the online loop's window overlap (new frames per window: 80 - overlap)
     rate: Fraction                      # output frames per second
     blend: str
@@ -81,6 +82,7 @@ class LiveSession:
         self._t0: float | None = None                         # wall time of slot 0
         self._errors: list[BaseException] = []
         self.render_estimate = 0.0                            # seconds a frame's stitch + warp + decode takes
+        self.fused = renderer.fused.twin()                    # its own buffers: an engine may render beside it
 
     # -- the clock ---------------------------------------------------------------------------------------------
     def slot_time(self, i: int) -> float:
@@ -188,7 +190,7 @@ class LiveSession:
             x_s, x_d = stitch.batch(avatar.frame_infos(np.array([src])), motion_to_info(m0[None]),
                                     motion_to_info(m1[None]), np.array([w]))
             t1 = time.perf_counter()
-            crop = r.fused(avatar.features(np.array([src])), x_s, x_d)[0]
+            crop = self.fused(avatar.features(np.array([src])), x_s, x_d)[0]
             t2 = time.perf_counter()
             timer["stitch"] += t1 - t0
             timer["render"] += t2 - t1
@@ -308,9 +310,10 @@ class LiveSession:
     def run(self) -> dict:
         """Stream until the end, `stop()` or an interrupt; close the output cleanly; return the stats."""
         r = self.renderer
-        if r.device.type == "cpu":      # two threads of networks (motion, frames): one core each, not both on both
-            import torch
+        import torch
 
+        torch_threads = torch.get_num_threads()
+        if r.device.type == "cpu":      # two threads of networks (motion, frames): one core each, not both on both
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         motion = LiveMotion(r.hubert, r.lmdm, r.config.motion, self.avatar, self.s.emotion, self.s.seed, self.s.steps,
                             self.s.overlap, r.device)
@@ -334,6 +337,7 @@ class LiveSession:
                 t.join(timeout=10)
             self.source.close()
             self.stats.seconds.update(motion.seconds)
+            torch.set_num_threads(torch_threads)    # an engine's renders after the session run as before it
             if self._errors:
                 self.output.abort()
             else:

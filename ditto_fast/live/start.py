@@ -1,6 +1,6 @@
 """`ditto-fast live` below the command line: check everything a user gives before any network loads, then load the
 engine, open the avatar, the source and the stream, and run the session. `serve`'s live sessions use the same two
-halves: the checks in the server, the stream in a process of its own."""
+halves: the checks in the server, the stream in an engine process of the engine host (ditto_fast/handles/)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Any, Callable
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.engine.request import check_field
-from ditto_fast.live.options import LiveOptions, check_live_request, live_settings
+from ditto_fast.live.options import LiveOptions, LiveRequest
 from ditto_fast.live.outputs import StreamOutput, check_destination
 from ditto_fast.live.sources import open_source
 
@@ -20,27 +19,22 @@ ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", Tru
             ("hevc", True): "hevc_nvenc"}
 
 
-def check_live(request: dict[str, Any], options: LiveOptions, config: Config) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The request's fields and its live settings checked, and the destination and stats path, before anything
-    loads: (request, checked settings); UsageError or InputError naming what is wrong."""
-    request, checked = check_live_settings(request, config)
-    check_destination(options.out)
+def check_live(request: LiveRequest, config: Config) -> None:
+    """Everything about a session that can be checked before anything loads: its settings (a control file read, a
+    codec a stream can take) and its destination (a file's folder writable, a URL complete); UsageError or
+    InputError naming what is wrong."""
+    request.settings(config)
+    if request.out is not None:
+        check_destination(request.out)
+
+
+def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
+             log: Callable[[str], None], stdin_fd: int | None = None) -> dict:
+    """Stream `request.avatar` speaking what `options.audio_in` brings to `request.out` until the source ends
+    (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`)."""
+    check_live(request, engine.settings())
     if options.stats is not None and options.stats.is_dir():
         raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
-    return request, checked
-
-
-def check_live_settings(request: dict[str, Any], config: Config) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The request's fields and its live settings checked (no destination): (request, checked settings)."""
-    request = {k: check_field(k, v) for k, v in request.items()}
-    return request, check_live_request(request, config)
-
-
-def run_live(request: dict[str, Any], options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
-             log: Callable[[str], None], stdin_fd: int | None = None) -> dict:
-    """Stream `request["avatar"]` speaking what `options.audio_in` brings to `options.out` until the source ends
-    (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`)."""
-    request, checked = check_live(request, options, engine.settings())
     source = open_source(options.audio_in, stdin_fd=stdin_fd)         # checked: missing file, unknown scheme
     from ditto_fast.engine.renderer import Renderer
 
@@ -49,45 +43,44 @@ def run_live(request: dict[str, Any], options: LiveOptions, engine: EngineOption
     except BaseException:
         source.close()
         raise
-    return stream_live(renderer, request, checked, options, source, stop_at_end, log)
+    stats = stream_live(renderer, request, source, stop_at_end, log)
+    if options.stats is not None:
+        Path(options.stats).write_text(json.dumps(stats, indent=2) + "\n")
+    return stats
 
 
-def stream_live(renderer, request: dict[str, Any], checked: dict[str, Any], options: LiveOptions, source,
-                stop_at_end: bool, log: Callable[[str], None], started: Callable[[Any], None] | None = None,
-                output: Callable[[Any, Any], Any] | None = None) -> dict:
-    """Run one session on a loaded `renderer` from `source` (not started) to `options.out` (checked by check_live);
+def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: Callable[[str], None],
+                started: Callable[[Any], None] | None = None, output: Callable[[Any, Any], Any] | None = None) -> dict:
+    """Run one session on a loaded `renderer` from `source` (not started) to `request.out` (checked by check_live);
     `started(session)` is called once it exists (to read its stats or stop it from another thread). `output(avatar,
     settings)`, if given, makes the stream's output instead (an object with StreamOutput's write/close/abort: an
     in-process consumer of the frames, such as the Pipecat service's)."""
     from ditto_fast.live.session import LiveSession
 
     try:
-        avatar = renderer.avatar(request["avatar"])
-        settings = live_settings(request, checked, options, renderer.config, avatar, stop_at_end)
+        avatar = renderer.avatar(request.avatar)
+        settings = request.settings(renderer.config, avatar.rate, stop_at_end)
         if output is not None:
             output = output(avatar, settings)
         else:
-            output = StreamOutput(options.out, avatar.size, settings.rate, plate_pix_fmt(avatar),
+            output = StreamOutput(request.out, avatar.size, settings.rate, plate_pix_fmt(avatar),
                                   crf=renderer.setup.crf, preset=renderer.setup.preset,
-                                  encoder=ENCODERS[checked["codec"], renderer.setup.nvenc])
+                                  encoder=ENCODERS[settings.codec, renderer.setup.nvenc])
     except BaseException:
         source.close()
         raise
-    log(f"live: {avatar.name} to {options.out} at {settings.rate} fps, {avatar.size[0]}x{avatar.size[1]}, "
-        f"overlap {settings.overlap}, --max-latency {settings.max_latency:g} s"
+    log(f"live: {avatar.name} to {request.out or 'the caller'} at {settings.rate} fps, "
+        f"{avatar.size[0]}x{avatar.size[1]}, overlap {settings.overlap}, --max-latency {settings.max_latency:g} s"
         + (", RANDOM WEIGHTS: the face region is noise" if renderer.random_weights or avatar.random_weights else ""))
     try:
         session = LiveSession(renderer, avatar, source, output, settings, log)
         if started is not None:
             started(session)
-        stats = session.run()
+        return session.run()
     except BaseException:
         source.close()
         output.abort()
         raise
-    if options.stats is not None:
-        Path(options.stats).write_text(json.dumps(stats, indent=2) + "\n")
-    return stats
 
 
 def plate_pix_fmt(avatar) -> str:

@@ -59,3 +59,7 @@ def frames_for(samples_16k: int, rate: Fraction) -> int:
     num = samples_16k * rate.numerator
     den = 16000 * rate.denominator
     return max(0, -(-num // den))
+
+
+SPEECH_RATE = 16000         # samples per second of the speech the model hears (HuBERT's rate)
+parse_frame_rate = parse_rate

@@ -42,11 +42,10 @@ from pipecat.services.settings import ServiceSettings
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.frame_output import FrameOutput
-from ditto_fast.live.options import LiveOptions
+from ditto_fast.live.options import LiveRequest
 from ditto_fast.live.pushed import PushedSource
-from ditto_fast.live.start import check_live_settings, plate_pix_fmt, stream_live
+from ditto_fast.live.start import plate_pix_fmt, stream_live
 from ditto_fast.live.stream_audio import IN_JITTER, RATE
-from ditto_fast.media.rates import parse_rate
 
 END_MARGIN_S = 10.0         # at an EndFrame, how long past the speech left and the latency the session may take
 STOP_WAIT_S = 30.0          # how long a cancelled session may take to close
@@ -81,11 +80,10 @@ class DittoFastVideoService(AIService):
             os.environ["DITTO_FAST_HOME"] = str(home)
         self._engine = None if renderer is not None else EngineOptions(checkpoints=checkpoints, device=device,
                                                                         precision=precision)
-        fields = {"emotion": emotion, "seed": seed, "steps": steps, "fps": fps, "blend": blend, "controls": controls}
         config = renderer.config if renderer is not None else self._engine.settings()
-        self._request, self._checked = check_live_settings(
-            {"avatar": avatar, **{k: v for k, v in fields.items() if v is not None}}, config)
-        self._options = LiveOptions(audio_in="pipecat", out="pipecat", max_latency=max_latency, overlap=overlap)
+        self._request = LiveRequest(avatar=avatar, emotion=emotion, seed=seed, steps=steps, fps=fps, blend=blend,
+                                    controls=controls, overlap=overlap, max_latency=max_latency)
+        self._request.settings(config)          # refused here, before the pipeline starts
         self._renderer = renderer
         self._ready = False                                    # set up: the engine loaded, the avatar opened
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -134,10 +132,10 @@ class DittoFastVideoService(AIService):
             from ditto_fast.engine.renderer import Renderer
 
             self._renderer = await _in_thread(lambda: Renderer(options=self._engine), "ditto-fast-load")
-        renderer, name = self._renderer, self._request["avatar"]
+        renderer, name = self._renderer, self._request.avatar
         avatar = await _in_thread(lambda: renderer.avatar(name), "ditto-fast-avatar")
         self._size = avatar.size
-        self._rate = Fraction(avatar.rate if self._request.get("fps") is None else parse_rate(self._request["fps"]))
+        self._rate = self._request.settings(renderer.config, avatar.rate).rate
         self._ready = True
 
     def _launch(self) -> None:
@@ -177,7 +175,7 @@ class DittoFastVideoService(AIService):
             self._flush_resampler()
             left = source.available() / RATE
             source.end()            # the stream closes after the last sample given
-            latency = self._options.max_latency or self._renderer.config.live.max_latency
+            latency = self._request.max_latency or self._renderer.config.live.max_latency
             deadline = time.monotonic() + left + latency + END_MARGIN_S
             while thread.is_alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
@@ -209,7 +207,7 @@ class DittoFastVideoService(AIService):
         """The session, on a thread of its own until it ends."""
         error = None
         try:
-            self._summary = stream_live(self._renderer, self._request, self._checked, self._options, self._source,
+            self._summary = stream_live(self._renderer, self._request, self._source,
                                         True, self._log, started=self._started, output=self._output)
         except BaseException as e:  # noqa: BLE001 - reported in the pipeline
             error = e

@@ -37,6 +37,13 @@ class FusedRenderer:
         self._pinned: dict[tuple, torch.Tensor] = {}
         self._slot = 0
 
+    def twin(self) -> FusedRenderer:
+        """The same networks with host buffers of its own, for another thread (a live session beside a render)."""
+        other = object.__new__(FusedRenderer)
+        other.device, other.dtype, other.warp, other.decoder = self.device, self.dtype, self.warp, self.decoder
+        other._pinned, other._slot = {}, 0
+        return other
+
     def _to_device(self, array: np.ndarray, slot: int, name: str, dtype: torch.dtype) -> torch.Tensor:
         """`array` on the device as `dtype`; on CUDA through this slot's pinned buffer with a non-blocking copy
         (a copy from pageable memory would wait for everything queued before it)."""

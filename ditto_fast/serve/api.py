@@ -241,7 +241,7 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
         body = {"ok": ok, **(engines or {}), "engines": engine_health["engines"], "store_writable": writable,
                 "watch": None if watch is None else {"alive": watch.alive, "last_poll": watch.last_poll},
                 "queue_depth": counts["queued"] if counts else None, "running": dispatcher.running, "jobs": counts,
-                **({"live": live.counts()} if live is not None else {})}
+                **({"live": {**live.counts(), "sessions": live.carried()}} if live is not None else {})}
         return Answer(body, status_code=status)
 
     if live is not None:

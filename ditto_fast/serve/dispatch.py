@@ -19,6 +19,7 @@ from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
+from ditto_fast.handles.outcome import internal_error
 from ditto_fast.serve.accept import DecodedMemo
 from ditto_fast.serve.callbacks import CallbackSender
 from ditto_fast.serve.metrics import Metrics
@@ -215,7 +216,7 @@ class Dispatcher:
                 done = self.queue.finish(job["id"], "done", output=str(clip.output), seconds=0.0, skipped=1,
                                          exit_code=0)
             else:
-                engine_job = EngineJob(clip.request, clip.audio, clip.avatar_key, label=job["id"])
+                engine_job = EngineJob(clip.request, clip.audio, label=job["id"])
                 result = handle.render(engine_job, progress=self._progress(job["id"]),
                                        commit=self._commit(job["id"]))
                 self._preview(job["id"], result, clip)
@@ -246,8 +247,7 @@ class Dispatcher:
                                      seconds=round(time.perf_counter() - t0, 3))
         except Exception as e:  # noqa: BLE001 - one job's bug must not stop the server
             done = self.queue.finish(job["id"], "failed", exit_code=1, seconds=round(time.perf_counter() - t0, 3),
-                                     error=one_line(f"internal error: {type(e).__name__}: {e}; render that request "
-                                                    "with `ditto-fast render` and DITTO_FAST_DEBUG=1 and report it"))
+                                     error=internal_error(e))
         if done is None:                    # no longer this server's (never the case with one server per home)
             self.log({"job": job["id"], "error": "the job's final state was not written: this server's lease on it "
                       "is gone"})

@@ -12,8 +12,8 @@ from fastapi import Body, FastAPI, WebSocket, WebSocketDisconnect
 
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import DittoError, UsageError
-from ditto_fast.live.stream_audio import RATE
-from ditto_fast.serve.live_sessions import LiveSessions, parse_rate
+from ditto_fast.media.rates import SPEECH_RATE
+from ditto_fast.serve.live_sessions import LiveSessions, pcm_rate
 
 CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_UNKNOWN, CLOSE_ENDED = 1003, 1008, 4404, 4410
 ENDED_POLL_S = 0.5
@@ -26,10 +26,10 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
     @app.post("/v1/live", status_code=201)
     def open_session(body: Any = Body(None)):
         try:
-            stream = sessions.open(body)
+            session = sessions.open(body)
         except DittoError as e:
             return error(e, 409 if "--max-live" in str(e) else 400)
-        return stream.view()
+        return session.view()
 
     @app.get("/v1/live")
     def list_sessions():
@@ -37,19 +37,19 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
 
     @app.get("/v1/live/{sid}")
     def look_up(sid: str):
-        stream = sessions.get(sid)
-        return stream.view() if stream else refusal(f"no live session {sid}", 404)
+        session = sessions.get(sid)
+        return session.view() if session else refusal(f"no live session {sid}", 404)
 
     @app.delete("/v1/live/{sid}")
     def end(sid: str):
-        stream = sessions.get(sid)
-        if stream is None:
+        session = sessions.get(sid)
+        if session is None:
             return refusal(f"no live session {sid}", 404)
-        if not stream.active:
-            return answer({"error": f"live session {sid} has {stream.state} already; there is nothing to end",
-                           "exit_code": UsageError.exit_code, "live": stream.view()}, status_code=409)
-        stream.end()
-        return stream.view()
+        if not session.active:
+            return answer({"error": f"live session {sid} has {session.state} already; there is nothing to end",
+                           "exit_code": UsageError.exit_code, "live": session.view()}, status_code=409)
+        session.end()
+        return session.view()
 
     @app.websocket("/v1/live/{sid}/audio")
     async def audio(ws: WebSocket, sid: str):
@@ -57,21 +57,21 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
             await ws.close(code=CLOSE_POLICY, reason="missing or wrong bearer token")    # before accept: HTTP 403
             return
         await ws.accept()
-        stream = sessions.get(sid)
-        if stream is None:
+        session = sessions.get(sid)
+        if session is None:
             return await _refuse(ws, CLOSE_UNKNOWN, f"no live session {sid}; open one with POST /v1/live")
-        if not stream.active:
-            return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {stream.state}; open a new one with "
+        if not session.active:
+            return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {session.state}; open a new one with "
                                                   "POST /v1/live")
-        stream.connected()
+        session.connected()
         resample: Resampler | None = None
         try:
             while True:
                 try:
                     message = await asyncio.wait_for(ws.receive(), ENDED_POLL_S)
                 except asyncio.TimeoutError:
-                    if not stream.active:
-                        return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {stream.state}")
+                    if not session.active:
+                        return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {session.state}")
                     continue
                 if message["type"] == "websocket.disconnect":
                     return
@@ -79,19 +79,19 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
                     if resample is not None:
                         raise UsageError(f"live session {sid}: a text message where PCM is expected; send the speech "
                                          "as binary messages (s16le mono), a {\"rate\": N} only before the first")
-                    resample = Resampler(parse_rate(message["text"]))
+                    resample = Resampler(pcm_rate(message["text"]))
                     continue
                 if resample is None:
-                    resample = Resampler(RATE)
-                stream.feed(resample(message.get("bytes") or b""))
-                if not stream.active:
-                    return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {stream.state}")
+                    resample = Resampler(SPEECH_RATE)
+                session.feed(resample(message.get("bytes") or b""))
+                if not session.active:
+                    return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {session.state}")
         except UsageError as e:
             await _refuse(ws, CLOSE_BAD_DATA, str(e))
         except WebSocketDisconnect:
             pass
         finally:
-            stream.disconnected()
+            session.disconnected()
 
 
 async def _refuse(ws: WebSocket, code: int, line: str) -> None:

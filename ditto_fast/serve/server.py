@@ -184,9 +184,6 @@ def _start_all(handles: list[EngineHandle], log: Callable[[dict], None], every: 
     """Start the engines side by side; those that started. `every`: the first refusal stops the server (its line
     and exit code); else only when none starts (InputError naming why each could not)."""
     errors: dict[int, DittoError] = {}
-    for handle in handles:          # engine processes are started from this thread, which outlives them
-        if hasattr(handle, "launch"):
-            handle.launch()
 
     def start(i: int) -> None:
         try:
@@ -242,7 +239,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     acceptor = Acceptor(queue, setup, roots, avatars=avatars.get, callbacks=policy)
     callbacks = CallbackSender(queue, policy, log)
     heartbeat = Heartbeat(queue.heartbeat, log)
-    live = LiveSessions(setup, roots, avatars.get, log, opts.max_live, opts.live_idle_timeout,
+    live = LiveSessions(handles, setup, roots, avatars.get, log, opts.max_live, opts.live_idle_timeout,
                         network_outputs=opts.live_outputs == "any") if opts.max_live else None
     files = PageFiles(acceptor.roots, (opts.uploads or uploads_default(opts)).absolute(),
                       store_root() / "serve" / "previews", opts.max_upload_mb << 20)

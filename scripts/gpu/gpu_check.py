@@ -218,7 +218,7 @@ def live_loop(engine, audio: Path, tmp: Path, overlap: int, steps: int) -> dict:
     from ditto_fast.motion.conditions import emotion_vector
 
     avatar = engine.avatar("gpu_check")
-    settings = LiveSettings(emotion=emotion_vector("neutral"), seed=0, steps=steps,
+    settings = LiveSettings(emotion=emotion_vector("neutral"), seed=0, steps=steps, codec="h264",
                             overlap=overlap, rate=Fraction(25), blend=engine.config.render.blend, controls=None,
                             max_latency=3.0, stop_at_end=True)
     output = StreamOutput(str(tmp / f"live_{overlap}_{steps}.ts"), avatar.size, settings.rate, "yuv420p",

@@ -1,0 +1,105 @@
+"""The live sessions an engine process carries (`EngineSessions`), each on a thread of its own beside the render loop
+and on the same loaded networks: started, fed speech, cleared, ended and stopped by its parent's messages (see
+live_link.py), its figures sent each second, its end or failure said once."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ditto_fast.handles.base import LiveJob
+
+STATS_EVERY_S = 1.0
+
+
+class _Carried:
+    """One session: its speech source, its LiveSession once it exists, whether a stop came first."""
+
+    def __init__(self, job: LiveJob):
+        from ditto_fast.live.pushed import PushedSource
+
+        self.job = job
+        self.source = PushedSource(f"live session {job.label or job.id}")
+        self.session: Any = None
+        self.stop_asked = threading.Event()
+
+
+class EngineSessions:
+    """The sessions of one engine process; `send(*message)` says things to its parent."""
+
+    def __init__(self, renderer: Any, send: Callable[..., None]):
+        self.renderer, self.send = renderer, send
+        self._carried: dict[str, _Carried] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def hear(self, message: tuple) -> None:
+        """A parent's message about a session (from the engine's reader thread)."""
+        kind = message[0]
+        if kind == "live":
+            job: LiveJob = message[1]
+            carried = _Carried(job)
+            with self._lock:
+                self._carried[job.id] = carried
+            thread = threading.Thread(target=self._run, args=(carried,), name=f"live-{job.id}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+            return
+        carried = self._carried.get(message[1])
+        if carried is None:
+            return                                  # ended already: late speech is dropped
+        if kind == "live-pcm":
+            carried.source.push(np.frombuffer(message[2], "<i2").astype(np.float32) / 32768.0)
+        elif kind == "live-clear":
+            carried.source.clear()
+        elif kind == "live-end":
+            carried.source.end()
+        elif kind == "live-stop":
+            carried.stop_asked.set()
+            if carried.session is not None:
+                carried.session.stop()
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        """End every session cleanly (the engine stops), waiting up to `timeout` s for their files to close."""
+        for carried in list(self._carried.values()):
+            self.hear(("live-stop", carried.job.id))
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _run(self, carried: _Carried) -> None:
+        from ditto_fast.core.errors import DittoError, one_line
+        from ditto_fast.handles.outcome import out_of_memory
+        from ditto_fast.live.start import stream_live
+
+        sid = carried.job.id
+
+        def started(session: Any) -> None:
+            carried.session = session
+            if carried.stop_asked.is_set():
+                session.stop()
+            self.send("live-ready", sid, {"avatar": carried.job.request.avatar})
+            threading.Thread(target=self._report, args=(carried,), name=f"live-{sid}-stats", daemon=True).start()
+
+        try:
+            stats = stream_live(self.renderer, carried.job.request, carried.source, False,
+                                lambda line: self.send("live-log", sid, line), started=started)
+        except DittoError as e:
+            self.send("live-failed", sid, str(e), e.exit_code)
+        except Exception as e:  # noqa: BLE001 - the parent says why the session failed
+            why = "out of memory" if out_of_memory(e) else "the live session failed"
+            self.send("live-failed", sid, one_line(f"{why}: {type(e).__name__}: {e}", 500), 1)
+        else:
+            self.send("live-ended", sid, stats)
+        finally:
+            with self._lock:
+                self._carried.pop(sid, None)
+            carried.stop_asked.set()                # its reporter stops
+
+    def _report(self, carried: _Carried) -> None:
+        while not carried.stop_asked.wait(STATS_EVERY_S):
+            try:
+                self.send("live-stats", carried.job.id, carried.session.stats.summary(False), carried.source.taken)
+            except OSError:
+                return

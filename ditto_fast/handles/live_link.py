@@ -1,0 +1,131 @@
+"""The parent's side of a live session that an engine carries (`LiveLink`): speech pushed to it (16 kHz, as the model
+hears it), cleared on an interruption, ended; the session stopped; its state, figures and cause read. What the
+session says comes back through the engine's handle (`heard`), which also tells the link when its engine is lost.
+
+Messages to the engine: ("live", job), ("live-pcm", id, s16le bytes), ("live-clear", id), ("live-end", id),
+("live-stop", id). From it: ("live-ready", id, info), ("live-stats", id, summary, samples taken), ("live-log", id,
+line), ("live-ended", id, summary), ("live-failed", id, line, exit_code)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ditto_fast.handles.base import LiveJob
+from ditto_fast.media.rates import SPEECH_RATE
+
+STATES = ("starting", "streaming", "ending", "ended", "failed")
+ACTIVE = ("starting", "streaming", "ending")
+
+
+class LiveLink:
+    """One live session on an engine, seen from the process that opened it. `send` hands a message to the engine
+    (OSError when it is gone); `heard(event, detail)` hears ready, log, ended and failed."""
+
+    def __init__(self, job: LiveJob, send: Callable[[tuple], None], engine: str,
+                 heard: Callable[[str, Any], None] | None = None):
+        self.job, self.id, self.engine = job, job.id, engine
+        self.heard = heard or (lambda event, detail: None)
+        self.state, self.error = "starting", None
+        self.info: dict[str, Any] = {}         # what the engine said when the session started
+        self.stats: dict | None = None          # the session's figures, each second, and at its end
+        self.pushed = 0                         # samples pushed (16 kHz)
+        self.taken = 0                          # samples the session has taken, as it last said
+        self.last_frames, self.last_change = -1, time.monotonic()      # for the stall limit
+        self._send = send
+        self._out: queue.Queue = queue.Queue()
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._sender = threading.Thread(target=self._send_loop, name=f"live-{self.id}-send", daemon=True)
+        self._sender.start()
+
+    # ------------------------------------------------------------------ to the session
+    def push(self, samples: np.ndarray) -> None:
+        """Speech for the session: float32 samples in [-1, 1) at 16 kHz (sent in order; dropped once it ended)."""
+        if not self.active or not len(samples):
+            return
+        pcm = np.clip(np.round(np.asarray(samples, np.float32) * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        self.pushed += len(samples)
+        self._out.put(("live-pcm", self.id, pcm))
+
+    def clear(self) -> None:
+        """Drop the speech not yet spoken (an interruption): what waits here and what waits in the engine."""
+        with self._out.mutex:
+            dropped = sum(len(m[2]) // 2 for m in self._out.queue if m and m[0] == "live-pcm")
+            self._out.queue.clear()
+        self.pushed -= dropped
+        self._out.put(("live-clear", self.id))
+
+    def end_speech(self) -> None:
+        """No more speech will come: the session speaks what it has, then idles on (or ends, if it stops at the
+        end)."""
+        self._out.put(("live-end", self.id))
+
+    def stop(self) -> None:
+        """End the stream now, cleanly (its file complete); `wait` for it."""
+        with self._lock:
+            if self.state not in ACTIVE:
+                return
+            self.state = "ending"
+        self._out.put(("live-stop", self.id))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the session has ended or failed; whether it has."""
+        return self._ended.wait(timeout)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def queued_seconds(self) -> float:
+        """Seconds of speech pushed and not yet taken by the session (as it said within the last second)."""
+        return max(0, self.pushed - self.taken) / SPEECH_RATE
+
+    # ------------------------------------------------------------------ from the engine
+    def hear(self, message: tuple) -> None:
+        """A message about this session from its engine."""
+        kind = message[0]
+        if kind == "live-ready":
+            self.info = message[2]
+            with self._lock:
+                if self.state == "starting":
+                    self.state = "streaming"
+            self.heard("ready", self.info)
+        elif kind == "live-stats":
+            self.stats, self.taken = message[2], message[3]
+            frames = (self.stats.get("frames") or {}).get("sent", 0)
+            if frames != self.last_frames:
+                self.last_frames, self.last_change = frames, time.monotonic()
+        elif kind == "live-log":
+            self.heard("log", message[2])
+        elif kind == "live-ended":
+            self.stats = message[2]
+            self._finish("ended", None)
+        elif kind == "live-failed":
+            self._finish("failed", message[2])
+
+    def lost(self, why: str) -> None:
+        """The engine carrying the session is gone (`why`: its death, a hang, its stop)."""
+        self._finish("failed", f"its engine {self.engine} {why}")
+
+    def _finish(self, state: str, error: str | None) -> None:
+        with self._lock:
+            if self.state not in ACTIVE:
+                return
+            self.state, self.error = state, error
+        self._out.put(None)
+        self._ended.set()
+        self.heard(state, error if state == "failed" else self.stats)
+
+    def _send_loop(self) -> None:
+        """Hand the queued messages to the engine in order (a stopped engine blocks this thread, never the caller's)."""
+        while (message := self._out.get()) is not None:
+            try:
+                self._send(message)
+            except Exception:  # noqa: BLE001 - the engine is gone: its handle says so through lost()
+                return
