@@ -266,8 +266,8 @@ class ProcessEngine:
                 if proc is not self._proc or self._state.state != "idle":
                     continue
                 self._state.last_death = why
-                self._kill(stacks=True, why=why)
                 self._dead(why)
+                self._kill(stacks=True, why=why)
             return
 
     def _relay(self, proc: subprocess.Popen) -> None:
