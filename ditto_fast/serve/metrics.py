@@ -9,7 +9,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ditto_fast.serve.queue import STATES, JobQueue
+from ditto_fast.serve.jobs.queue import STATES, JobQueue
 
 TURNAROUND_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 ATTEMPT_BUCKETS = (1, 2, 3, 5, 10)

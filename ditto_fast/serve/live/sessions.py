@@ -26,7 +26,7 @@ from ditto_fast.engine.request import FIELDS
 from ditto_fast.live.options import NOT_LIVE, LiveOptions
 from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.stream_audio import RATE
-from ditto_fast.serve.accept import check_utf8, confine
+from ditto_fast.serve.jobs.accept import check_utf8, confine
 
 LIVE_REQUEST = tuple(f.name for f in FIELDS if f.name not in NOT_LIVE)
 LIVE_KEYS = (*LIVE_REQUEST, "out", "max_latency", "overlap")
@@ -36,7 +36,7 @@ RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 QUEUED_AUDIO_S = 600            # seconds of speech a client may send ahead of the stream
 END_WAIT_S = 30.0               # how long DELETE waits for a session's file to be finished
 KEPT_ENDED = 100                # ended sessions still answered by GET
-_CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.serve.live_child import main; "
+_CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.serve.live.child import main; "
           "sys.exit(main(sys.argv[1:]))")
 
 

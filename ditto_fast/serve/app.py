@@ -22,11 +22,11 @@ from ditto_fast.avatar.store import avatars_dir
 from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, UsageError
 from ditto_fast.core.files import printable
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.serve.accept import Acceptor
+from ditto_fast.serve.jobs.accept import Acceptor
 from ditto_fast.serve.metrics import Metrics
-from ditto_fast.serve.queue import STATES, JobQueue, job_view
-from ditto_fast.serve.dispatch import Dispatcher
-from ditto_fast.serve.page_api import PAGE_FILES, UPLOAD_PATH, PageFiles, add_page_routes, job_links
+from ditto_fast.serve.jobs.queue import STATES, JobQueue, job_view
+from ditto_fast.serve.jobs.dispatch import Dispatcher
+from ditto_fast.serve.page.api import PAGE_FILES, UPLOAD_PATH, PageFiles, add_page_routes, job_links
 
 BODY_LIMIT = 64 << 10           # a job is a few hundred bytes
 DRAIN_LIMIT = 64 << 20          # a refused body is read (and dropped) up to this, so its client sees the answer
@@ -245,7 +245,7 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
         return Answer(body, status_code=status)
 
     if live is not None:
-        from ditto_fast.serve.live_api import add_live_routes
+        from ditto_fast.serve.live.api import add_live_routes
 
         add_live_routes(app, live, token, Answer, _refusal, _error)
 

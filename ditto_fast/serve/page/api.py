@@ -17,11 +17,11 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ditto_fast.core.errors import DittoError, UsageError
-from ditto_fast.serve.accept import DecodedMemo, confine
-from ditto_fast.serve.queue import JobQueue
-from ditto_fast.serve.uploads import UploadTooLarge, check_upload, receive_upload
+from ditto_fast.serve.jobs.accept import DecodedMemo, confine
+from ditto_fast.serve.jobs.queue import JobQueue
+from ditto_fast.serve.page.uploads import UploadTooLarge, check_upload, receive_upload
 
-PAGE_DIR = Path(__file__).parent / "page"
+PAGE_DIR = Path(__file__).parent / "static"
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/page/page.css": ("page.css", "text/css; charset=utf-8"),
               "/page/page.js": ("page.js", "text/javascript; charset=utf-8")}

@@ -24,8 +24,8 @@ from ditto_fast.delivery.profiles import is_profile_file, profile_path
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.emotion_auto import check_emotion_model
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.serve.callbacks import CallbackPolicy, redact
-from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
+from ditto_fast.serve.jobs.callbacks import CallbackPolicy, redact
+from ditto_fast.serve.jobs.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
 
 if TYPE_CHECKING:               # checking a job needs no torch: the engine's modules are imported where they run
     from ditto_fast.engine.render_setup import RenderSetup
