@@ -63,7 +63,7 @@ def test_a_checked_job_s_audio_is_kept_for_its_render_only_while_the_file_is_unc
     import numpy as np
 
     from ditto_fast.audio.decode import DecodedAudio
-    from ditto_fast.serve.jobs.accept import DecodedMemo
+    from ditto_fast.serve.decoded import DecodedMemo
 
     memo = DecodedMemo(limit=5 * 16000 * 4)          # five seconds of samples
     paths = [tmp_path / f"{i}.wav" for i in range(3)]

@@ -69,7 +69,7 @@ def check_options(opts: ServeOptions) -> str | None:
             raise UsageError(f"{root}: --root must be an existing folder")
     parse_networks(opts.callback_allow)
     if opts.uploads is not None:
-        from ditto_fast.serve.jobs.accept import confine
+        from ditto_fast.serve.checks import confine
 
         confine(opts.uploads, [r.resolve() for r in roots_of(opts)], "--uploads folder")
     token = read_token(opts.token_file) if opts.token_file else None
@@ -216,16 +216,16 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     import uvicorn
 
     from ditto_fast.engine.open_avatars import OpenAvatars
-    from ditto_fast.serve.jobs.accept import Acceptor
     from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.jobs.accept import Acceptor
     from ditto_fast.serve.jobs.callbacks import CallbackPolicy, CallbackSender
     from ditto_fast.serve.jobs.dispatch import Dispatcher
     from ditto_fast.serve.jobs.lease import Heartbeat
+    from ditto_fast.serve.jobs.queue import JobQueue
+    from ditto_fast.serve.jobs.watch import WatchFolder
     from ditto_fast.serve.live.sessions import LiveSessions
     from ditto_fast.serve.metrics import Metrics
     from ditto_fast.serve.page.api import PageFiles
-    from ditto_fast.serve.jobs.queue import JobQueue
-    from ditto_fast.serve.jobs.watch import WatchFolder
 
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
     metrics = Metrics(queue)

@@ -21,7 +21,7 @@ ENDED_POLL_S = 0.5
 
 def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, answer, refusal, error) -> None:
     """The live routes on `app` (`answer`, `refusal`, `error`: the API's JSON answer and refusals)."""
-    from ditto_fast.serve.app import bearer_matches
+    from ditto_fast.serve.auth import bearer_matches
 
     @app.post("/v1/live", status_code=201)
     def open_session(body: Any = Body(None)):

@@ -26,7 +26,7 @@ from ditto_fast.engine.request import FIELDS
 from ditto_fast.live.options import NOT_LIVE, LiveOptions
 from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.stream_audio import RATE
-from ditto_fast.serve.jobs.accept import check_utf8, confine
+from ditto_fast.serve.checks import check_utf8, confine
 
 LIVE_REQUEST = tuple(f.name for f in FIELDS if f.name not in NOT_LIVE)
 LIVE_KEYS = (*LIVE_REQUEST, "out", "max_latency", "overlap")
