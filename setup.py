@@ -26,7 +26,7 @@ if pyx.exists():
 # package_dir mapping of its own brings
 CONFIG_PACKAGES = ("ditto_fast.configs", "ditto_fast.configs.delivery")
 # the newsroom page's files (serve's GET /): a data directory declared a package too, for the same reason
-PAGE_PACKAGE = "ditto_fast.serve.page"
+PAGE_PACKAGE = "ditto_fast.serve.page.static"
 
 setup(
     ext_modules=ext_modules,

@@ -304,10 +304,10 @@ def serve_parts(engine, session_home, tmp_path):
     from support import InProcessEngine
 
     from ditto_fast.engine.open_avatars import OpenAvatars
-    from ditto_fast.serve.accept import Acceptor
-    from ditto_fast.serve.dispatch import Dispatcher
+    from ditto_fast.serve.jobs.accept import Acceptor
+    from ditto_fast.serve.jobs.dispatch import Dispatcher
     from ditto_fast.serve.metrics import Metrics
-    from ditto_fast.serve.queue import JobQueue
+    from ditto_fast.serve.jobs.queue import JobQueue
 
     queue = JobQueue(tmp_path / "q.sqlite")
     metrics = Metrics(queue)
@@ -324,7 +324,7 @@ def api(serve_parts):
     """The job API in process over `serve_parts`, with a token: (client carrying the token, queue, log events)."""
     from fastapi.testclient import TestClient
 
-    from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.app import make_app
 
     parts = serve_parts
     client = TestClient(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics, token=SERVE_TOKEN))

@@ -116,7 +116,7 @@ def gone_lease():
     """The serve queue's lease of a server that is gone (its process has exited)."""
     import uuid
 
-    from ditto_fast.serve.lease import Lease
+    from ditto_fast.serve.jobs.lease import Lease
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()

@@ -40,8 +40,8 @@ def test_the_build_declares_the_configs_and_warns_of_nothing(tmp_path):
     want = sorted(p.relative_to(REPO / "configs") for p in (REPO / "configs").rglob("*.yaml"))
     assert want and Path("default.yaml") in want and any(p.parent.name == "delivery" for p in want)
     assert sorted(p.relative_to(built) for p in built.rglob("*.yaml")) == want
-    page = REPO / "ditto_fast" / "serve" / "page"          # the newsroom page's files (serve's GET /)
-    assert sorted(p.name for p in (tmp_path / "lib" / "ditto_fast" / "serve" / "page").iterdir()) == \
+    page = REPO / "ditto_fast" / "serve" / "page" / "static"     # the newsroom page's files (serve's GET /)
+    assert sorted(p.name for p in (tmp_path / "lib" / "ditto_fast" / "serve" / "page" / "static").iterdir()) == \
         sorted(p.name for p in page.iterdir()) == ["index.html", "page.css", "page.js"]
 
 

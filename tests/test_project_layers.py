@@ -54,6 +54,56 @@ def test_no_module_imports_from_a_layer_above_it():
     assert not upward, sorted(upward)
 
 
+# serve's rooms, lowest first (docs/layout.md): what every room shares (the answers, the token's gate, the checks of
+# what a client sends, the decoded-audio memo, the metrics, the options, the service threads, the home's lock); the
+# rooms side by side, none importing another (the jobs, the live sessions, the newsroom page); the app that wires
+# their routes; the server that starts it all
+SERVE = PACKAGE / "serve"
+SERVE_FLOORS = (
+    {"answers", "auth", "checks", "decoded", "home_lock", "metrics", "options", "service_thread"},
+    {"jobs", "live", "page"},
+    {"app"},
+    {"server"},
+)
+
+
+def _serve_room(module: str) -> str:
+    """The room of serve a module is in: its folder (jobs, live, page) or its own name at serve's top."""
+    return module.split(".")[2]
+
+
+def _serve_floor(room: str) -> int:
+    return next(i for i, floor in enumerate(SERVE_FLOORS) if room in floor)
+
+
+def test_every_room_of_serve_has_its_floor():
+    rooms = {p.stem for p in SERVE.glob("*.py")} - {"__init__"}
+    rooms |= {p.name for p in SERVE.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set().union(*SERVE_FLOORS), rooms ^ set().union(*SERVE_FLOORS)
+
+
+def test_serve_s_rooms_import_only_downward():
+    """Within serve, a module imports from its own room or a floor below it (the shared modules at the bottom may use
+    each other): jobs, live sessions and the page never import each other, nothing imports the app or the server
+    but those above them (imports in functions and under TYPE_CHECKING count too)."""
+    wrong = set()
+    for path in SERVE.rglob("*.py"):
+        module, imported = _imports(path)
+        if module.count(".") < 2:           # serve's own __init__
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):      # `from ditto_fast.serve import jobs`: the names
+            if isinstance(node, ast.ImportFrom) and node.module == "ditto_fast.serve" and not node.level:
+                imported |= {f"ditto_fast.serve.{a.name}" for a in node.names}
+        src = _serve_room(module)
+        for dst in imported:
+            if not dst.startswith("ditto_fast.serve.") or _serve_room(dst) == src:
+                continue
+            down = _serve_floor(_serve_room(dst)) < _serve_floor(src)
+            if not (down or _serve_floor(src) == _serve_floor(_serve_room(dst)) == 0):
+                wrong.add((module, dst))
+    assert not wrong, sorted(wrong)
+
+
 def test_models_are_a_leaf():
     for path in (PACKAGE / "models").rglob("*.py"):
         module, imported = _imports(path)

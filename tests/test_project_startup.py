@@ -59,6 +59,6 @@ def test_commands_that_need_no_engine_import_none(args, code, kept_out, bare, tm
 def test_serve_checks_a_job_without_torch(bare, tmp_path):
     """The server's acceptor (a job's JSON checked as `render` checks its options) imports no network library:
     decoding the audio needs numpy, and the engine's modules are imported where the engine runs."""
-    names, r = _imported(["-c", "import ditto_fast.serve.accept, ditto_fast.serve.options"], tmp_path)
+    names, r = _imported(["-c", "import ditto_fast.serve.jobs.accept, ditto_fast.serve.options"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert not (names - bare) & {"torch", "transformers", "mediapipe"}, sorted(names - bare)

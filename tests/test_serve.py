@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
 from conftest import REPO, store_env  # noqa: E402
-from ditto_fast.serve.queue import JobQueue  # noqa: E402
+from ditto_fast.serve.jobs.queue import JobQueue  # noqa: E402
 from support import Receiver, Server, free_port, gone_lease, speech_clip, wait_for_frames  # noqa: E402
 
 
@@ -45,8 +45,8 @@ def test_the_queue_runs_breaking_jobs_first_and_requeues_a_killed_servers_runnin
 
 def test_priorities_and_callbacks_are_checked():
     from ditto_fast.core.errors import UsageError
-    from ditto_fast.serve.accept import check_callback, parse_priority
-    from ditto_fast.serve.callbacks import CallbackPolicy, parse_networks
+    from ditto_fast.serve.jobs.accept import check_callback, parse_priority
+    from ditto_fast.serve.jobs.callbacks import CallbackPolicy, parse_networks
 
     assert [parse_priority(p) for p in (None, "normal", "breaking", 7)] == [0, 0, 100, 7]
     for bad in ("urgent", 10**6, True, 1.5):
@@ -63,7 +63,7 @@ def test_a_checked_job_s_audio_is_kept_for_its_render_only_while_the_file_is_unc
     import numpy as np
 
     from ditto_fast.audio.decode import DecodedAudio
-    from ditto_fast.serve.accept import DecodedMemo
+    from ditto_fast.serve.decoded import DecodedMemo
 
     memo = DecodedMemo(limit=5 * 16000 * 4)          # five seconds of samples
     paths = [tmp_path / f"{i}.wav" for i in range(3)]
@@ -135,8 +135,8 @@ def test_the_api_needs_its_token_and_describes_itself(api):
 
 # ----------------------------------------------------------------------------- the watch folder, in process
 def test_the_watch_folder_takes_settled_files_with_their_sidecars(engine, session_home, clips, tmp_path):
-    from ditto_fast.serve.accept import Acceptor
-    from ditto_fast.serve.watch import WatchFolder
+    from ditto_fast.serve.jobs.accept import Acceptor
+    from ditto_fast.serve.jobs.watch import WatchFolder
 
     inbox, out = tmp_path / "in", tmp_path / "out"
     inbox.mkdir()

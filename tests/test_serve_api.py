@@ -53,7 +53,7 @@ def test_the_token_is_checked_before_the_body_and_its_scheme_in_any_case(api):
 def test_the_token_is_compared_in_constant_time_and_never_logged(api, monkeypatch, capfd):
     import hmac
 
-    from ditto_fast.serve import api as api_module
+    from ditto_fast.serve import auth
 
     client, _, events = api
     compared = []
@@ -63,7 +63,7 @@ def test_the_token_is_compared_in_constant_time_and_never_logged(api, monkeypatc
         compared.append(1)
         return real(a, b)
 
-    monkeypatch.setattr(api_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
     assert client.get("/v1/jobs").status_code == 200
     assert client.get("/v1/jobs", headers={"Authorization": "Bearer nope-nope-nope-nope"}).status_code == 401
     assert len(compared) == 2
@@ -101,7 +101,7 @@ def test_cancelling_a_finished_job_says_why_it_cannot(api, clips, tmp_path):
 def test_an_internal_error_answers_in_the_api_s_format(serve_parts, clips, tmp_path, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.app import make_app
 
     parts = serve_parts
     client = TestClient(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics),
@@ -121,7 +121,7 @@ def listening(serve_parts):
     """The API on a real port (uvicorn in a thread): its port."""
     import uvicorn
 
-    from ditto_fast.serve.api import make_app
+    from ditto_fast.serve.app import make_app
 
     parts = serve_parts
     with socket.socket() as s:

@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from ditto_fast.core.errors import UsageError
-from ditto_fast.serve.accept import check_callback
-from ditto_fast.serve.callbacks import CallbackPolicy, CallbackSender, parse_networks, redact
-from ditto_fast.serve.queue import JobQueue
+from ditto_fast.serve.jobs.accept import check_callback
+from ditto_fast.serve.jobs.callbacks import CallbackPolicy, CallbackSender, parse_networks, redact
+from ditto_fast.serve.jobs.queue import JobQueue
 from support import Receiver
 
 LOOPBACK = CallbackPolicy(parse_networks(["127.0.0.1/32"]))
@@ -139,7 +139,7 @@ def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_deadline(monkeypa
     import socket
     import time
 
-    from ditto_fast.serve import callbacks
+    from ditto_fast.serve.jobs import callbacks
 
     server = socket.create_server(("127.0.0.1", 0))
 

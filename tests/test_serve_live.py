@@ -169,8 +169,8 @@ def test_token_rules_hold_for_live(serve_parts, tmp_path):
     from fastapi.testclient import TestClient
     from starlette.websockets import WebSocketDisconnect
 
-    from ditto_fast.serve.api import make_app
-    from ditto_fast.serve.live_sessions import LiveSessions
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.live.sessions import LiveSessions
 
     p = serve_parts
     live = LiveSessions(p.dispatcher.handles, p.acceptor.setup, [tmp_path], p.acceptor.avatars, p.events.append)

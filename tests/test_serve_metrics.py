@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 
 from ditto_fast.serve.metrics import Metrics  # noqa: E402
-from ditto_fast.serve.queue import JobQueue  # noqa: E402
+from ditto_fast.serve.jobs.queue import JobQueue  # noqa: E402
 
 
 def test_job_attempts_and_crashes_are_in_the_exposition(tmp_path):

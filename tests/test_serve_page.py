@@ -23,8 +23,8 @@ def page_api(serve_parts, tmp_path):
     """The API with the page's files set: (client with the token, parts, PageFiles); uploads limited to 1 MB."""
     from fastapi.testclient import TestClient
 
-    from ditto_fast.serve.api import make_app
-    from ditto_fast.serve.page_api import PageFiles
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.page.api import PageFiles
 
     parts = serve_parts
     files = PageFiles([tmp_path.resolve()], tmp_path / "uploads", tmp_path / "previews", max_upload=1 << 20)

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from ditto_fast.serve.lease import Lease
-from ditto_fast.serve.queue import JobQueue
+from ditto_fast.serve.jobs.lease import Lease
+from ditto_fast.serve.jobs.queue import JobQueue
 from support import gone_lease
 
 

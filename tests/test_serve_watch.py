@@ -24,7 +24,7 @@ SETTLE = 5.0
 @pytest.fixture()
 def folder(serve_parts, tmp_path):
     """A watch folder `in/` -> `out/` over `serve_parts` (avatar anchor, 2 steps), settling after 5 s."""
-    from ditto_fast.serve.watch import WatchFolder
+    from ditto_fast.serve.jobs.watch import WatchFolder
 
     inbox, out = tmp_path / "in", tmp_path / "out"
     inbox.mkdir()

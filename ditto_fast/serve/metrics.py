@@ -5,20 +5,24 @@ live sessions by state and their frames."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-from ditto_fast.serve.queue import STATES, JobQueue
 
 TURNAROUND_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 ATTEMPT_BUCKETS = (1, 2, 3, 5, 10)
 
 
+class Counted(Protocol):
+    """What the metrics read of the queue (jobs/queue.py's JobQueue): the number of jobs in each state."""
+
+    def counts(self) -> dict[str, int]: ...
+
+
 class Metrics:
     """One registry per server (tests run several in one process)."""
 
-    def __init__(self, queue: JobQueue):
+    def __init__(self, queue: Counted):
         self.queue = queue
         self.registry = CollectorRegistry()
         r = self.registry
@@ -73,8 +77,8 @@ class Metrics:
                 self.live.labels(state).set(n)
             for kind, n in self.live_sessions.frames().items():
                 self.live_frames.labels(kind).set(n)
-        counts = self.queue.counts()
-        for state in STATES:
-            self.jobs.labels(state).set(counts[state])
+        counts = self.queue.counts()        # every state of a job, in the queue's order
+        for state, n in counts.items():
+            self.jobs.labels(state).set(n)
         self.depth.set(counts["queued"])
         return generate_latest(self.registry)

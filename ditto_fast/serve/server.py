@@ -19,7 +19,7 @@ from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageErro
 from ditto_fast.core.files import read_input
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.serve.callbacks import parse_networks
+from ditto_fast.serve.jobs.callbacks import parse_networks
 from ditto_fast.serve.options import ServeOptions
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def check_options(opts: ServeOptions) -> str | None:
             raise UsageError(f"{root}: --root must be an existing folder")
     parse_networks(opts.callback_allow)
     if opts.uploads is not None:
-        from ditto_fast.serve.accept import confine
+        from ditto_fast.serve.checks import confine
 
         confine(opts.uploads, [r.resolve() for r in roots_of(opts)], "--uploads folder")
     token = read_token(opts.token_file) if opts.token_file else None
@@ -213,16 +213,16 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     import uvicorn
 
     from ditto_fast.engine.open_avatars import OpenAvatars
-    from ditto_fast.serve.accept import Acceptor
-    from ditto_fast.serve.api import make_app
-    from ditto_fast.serve.callbacks import CallbackPolicy, CallbackSender
-    from ditto_fast.serve.dispatch import Dispatcher
-    from ditto_fast.serve.lease import Heartbeat
-    from ditto_fast.serve.live_sessions import LiveSessions
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.jobs.accept import Acceptor
+    from ditto_fast.serve.jobs.callbacks import CallbackPolicy, CallbackSender
+    from ditto_fast.serve.jobs.dispatch import Dispatcher
+    from ditto_fast.serve.jobs.lease import Heartbeat
+    from ditto_fast.serve.jobs.queue import JobQueue
+    from ditto_fast.serve.jobs.watch import WatchFolder
+    from ditto_fast.serve.live.sessions import LiveSessions
     from ditto_fast.serve.metrics import Metrics
-    from ditto_fast.serve.page_api import PageFiles
-    from ditto_fast.serve.queue import JobQueue
-    from ditto_fast.serve.watch import WatchFolder
+    from ditto_fast.serve.page.api import PageFiles
 
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
     metrics = Metrics(queue)

@@ -21,9 +21,10 @@ from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, InputError, UsageE
 from ditto_fast.core.files import KIB, file_signature, printable, read_bounded
 from ditto_fast.encoding.formats import default_suffix
 from ditto_fast.delivery.profiles import load_profile
-from ditto_fast.serve.accept import Acceptor, check_utf8
+from ditto_fast.serve.checks import check_utf8
+from ditto_fast.serve.jobs.accept import Acceptor
+from ditto_fast.serve.jobs.queue import JobQueue
 from ditto_fast.serve.service_thread import ServiceThread
-from ditto_fast.serve.queue import JobQueue
 
 SIDECAR_MAX_BYTES = 64 * KIB
 CAPTION_SUFFIXES = (".srt", ".vtt", ".scc", ".ttml", ".dfxp", ".txt")    # a dropped file's captions or script

@@ -17,11 +17,11 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ditto_fast.core.errors import DittoError, UsageError
-from ditto_fast.serve.accept import DecodedMemo, confine
-from ditto_fast.serve.queue import JobQueue
-from ditto_fast.serve.uploads import UploadTooLarge, check_upload, receive_upload
+from ditto_fast.serve.checks import confine
+from ditto_fast.serve.decoded import DecodedMemo
+from ditto_fast.serve.page.uploads import UploadTooLarge, check_upload, receive_upload
 
-PAGE_DIR = Path(__file__).parent / "page"
+PAGE_DIR = Path(__file__).parent / "static"
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/page/page.css": ("page.css", "text/css; charset=utf-8"),
               "/page/page.js": ("page.js", "text/javascript; charset=utf-8")}
@@ -92,11 +92,12 @@ class AvatarSheets:
         return path
 
 
-def add_page_routes(app: FastAPI, queue: JobQueue, files: PageFiles, refusal: Callable, error: Callable,
-                    decoded: DecodedMemo) -> None:
+def add_page_routes(app: FastAPI, find_job: Callable[[str], dict | None], files: PageFiles, refusal: Callable,
+                    error: Callable, decoded: DecodedMemo) -> None:
     """The page, its JSON (avatars, profiles, settings), the job preview and output files, avatar contact sheets and
-    uploads, on `app` (whose RequestGate checks the token and streams UPLOAD_PATH's body); an upload's decoded audio
-    is kept in `decoded` (the acceptor's), for the job that names it."""
+    uploads, on `app` (whose RequestGate checks the token and streams UPLOAD_PATH's body); `find_job`: a job by its id
+    (None if there is none: the queue's get); an upload's decoded audio is kept in `decoded` (the acceptor's), for the
+    job that names it."""
     sheets = AvatarSheets(files.previews / "avatars")
 
     def page_file(path: str) -> Callable:
@@ -140,7 +141,7 @@ def add_page_routes(app: FastAPI, queue: JobQueue, files: PageFiles, refusal: Ca
                 "priorities": ["normal", "breaking"]}
 
     def finished_job(job_id: str) -> dict | Response:
-        job = queue.get(job_id) if JOB_ID.fullmatch(job_id) else None
+        job = find_job(job_id) if JOB_ID.fullmatch(job_id) else None
         return job if job is not None else refusal(f"no job {job_id}", 404)
 
     @app.get("/v1/jobs/{job_id}/preview")

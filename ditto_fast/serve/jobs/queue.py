@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ditto_fast.core.errors import EXIT_INTERNAL, one_line
-from ditto_fast.serve.lease import Lease, lease_alive
+from ditto_fast.serve.jobs.lease import Lease, lease_alive
 from ditto_fast.serve.options import MAX_CRASHES
 
 STATES = ("queued", "running", "done", "failed", "cancelled")

@@ -24,7 +24,7 @@ from ditto_fast.live.options import LIVE_KEYS, LiveRequest
 from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.start import check_live
 from ditto_fast.media.rates import SPEECH_RATE
-from ditto_fast.serve.accept import check_utf8, confine
+from ditto_fast.serve.checks import check_utf8, confine
 
 STATES = ("starting", "streaming", "idle", "ending", "ended", "failed")
 ACTIVE = ("starting", "streaming", "idle", "ending")

@@ -7,31 +7,28 @@ watch folder's file must still be the one taken (`Acceptor.at_start`)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
-from ditto_fast.audio.decode import DecodedAudio
 from ditto_fast.avatar import Avatar
 from ditto_fast.engine.digest import clip_is_finished
 from ditto_fast.core.errors import InputError, UsageError
-from ditto_fast.core.files import check_path_text, file_signature, printable, shown
+from ditto_fast.core.files import file_signature, printable, shown
 from ditto_fast.delivery.profiles import is_profile_file, profile_path
 from ditto_fast.engine.clip import Clip, check_clip, request_inputs
 from ditto_fast.engine.emotion_auto import check_emotion_model
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.serve.callbacks import CallbackPolicy, redact
-from ditto_fast.serve.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
+from ditto_fast.serve.checks import check_utf8, confine
+from ditto_fast.serve.decoded import DecodedMemo
+from ditto_fast.serve.jobs.callbacks import CallbackPolicy, redact
+from ditto_fast.serve.jobs.queue import PRIORITIES, PRIORITY_RANGE, JobQueue
 
 if TYPE_CHECKING:               # checking a job needs no torch: the engine's modules are imported where they run
     from ditto_fast.engine.render_setup import RenderSetup
 
 EXTRA_KEYS = ("priority", "callback", "overwrite")   # what a job may carry beside the request's fields
-MEMO_BYTES = 256 << 20                    # decoded audio kept between a job's check and its render
 
 
 def parse_priority(value: Any) -> int:
@@ -71,20 +68,6 @@ def parse_overwrite(value: Any) -> bool:
     raise UsageError(f"overwrite must be true or false, got {shown(value)}")
 
 
-def check_utf8(data: dict, where: str) -> None:
-    """UsageError for a job value holding text that is not UTF-8 (a file name in another encoding, read from a
-    folder or sent as JSON's "\\udce4"): the queue keeps and answers UTF-8 only."""
-    for key, value in data.items():
-        try:
-            json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            text = f" {printable(value)}" if isinstance(value, str) else ""
-            raise UsageError(f"{where}: {printable(str(key))}{text} is not valid UTF-8 (a file name in another "
-                             "encoding, Latin-1 from an SMB share?); rename it in UTF-8") from None
-        except (TypeError, ValueError):             # not JSON: the request's own checks name it
-            pass
-
-
 def check_not_replacing(clip: Clip, setup: RenderSetup) -> None:
     """UsageError if the clip's output exists and is not this request's own render (its digest): a job replaces
     another file only when it says "overwrite": true."""
@@ -107,48 +90,11 @@ def check_taken(job: dict) -> None:
                          "taken again once it settles. Write files elsewhere, then rename them into the folder")
 
 
-def confine(path: Path, roots: list[Path], what: str) -> None:
-    """UsageError unless `path` (symbolic links followed) lies under one of `roots`."""
-    check_path_text(path, what)
-    real = path.resolve()
-    if not any(real == r or r in real.parents for r in roots):
-        raise UsageError(f"{path}: the {what} is outside the folders this server may use "
-                         f"({', '.join(map(str, roots))}); give a path under one of them")
-
-
 def request_json(request: RenderRequest) -> dict:
     """A request as the job line that makes it again (paths as given, absolute; defaults left out)."""
     return {f.name: str(v) if isinstance(v, Path) else v
             for f in dataclasses.fields(request)
             if (v := getattr(request, f.name)) is not None and not (f.metadata["kind"] == "flag" and v is False)}
-
-
-class DecodedMemo:
-    """The audio a job's check decoded, kept (up to MEMO_BYTES, oldest dropped first) for its render, which then
-    decodes nothing; taken back only if the file is the same one, unchanged, since."""
-
-    def __init__(self, limit: int = MEMO_BYTES):
-        self.limit = limit
-        self._kept: OrderedDict[str, tuple[tuple[int, int, int], DecodedAudio]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, path: Path, audio: DecodedAudio) -> None:
-        signature = file_signature(path)
-        if signature is None or audio.samples.nbytes > self.limit:
-            return
-        with self._lock:
-            self._kept[str(path)] = (signature, audio)
-            self._kept.move_to_end(str(path))
-            while sum(a.samples.nbytes for _, a in self._kept.values()) > self.limit:
-                self._kept.popitem(last=False)
-
-    def take(self, path: Path) -> DecodedAudio | None:
-        """The audio decoded from `path` if it is unchanged since; None otherwise (decode it again)."""
-        with self._lock:
-            kept = self._kept.get(str(path))
-        if kept is None or kept[0] != file_signature(path):
-            return None
-        return kept[1]
 
 
 class Acceptor:

@@ -20,11 +20,11 @@ from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
 from ditto_fast.handles.outcome import internal_error
-from ditto_fast.serve.accept import DecodedMemo
-from ditto_fast.serve.callbacks import CallbackSender
+from ditto_fast.serve.decoded import DecodedMemo
+from ditto_fast.serve.jobs.callbacks import CallbackSender
+from ditto_fast.serve.jobs.queue import CANCELLED_RUNNING, JobQueue
 from ditto_fast.serve.metrics import Metrics
 from ditto_fast.serve.options import MAX_CRASHES
-from ditto_fast.serve.queue import CANCELLED_RUNNING, JobQueue
 
 PROGRESS_EVERY_S = 0.5          # the queue's progress of a running job is at most this old
 RESTART_PAUSES_S = (0.0, 5.0, 30.0, 120.0)      # between tries to start a dead engine again (the last repeats)

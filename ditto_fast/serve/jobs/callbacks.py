@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from ditto_fast.core.errors import UsageError, one_line
-from ditto_fast.serve.queue import JobQueue
+from ditto_fast.serve.jobs.queue import JobQueue
 from ditto_fast.serve.service_thread import ServiceThread
 
 RETRY_PAUSES_S = (1.0, 4.0, 15.0)       # after the first try: three more, then the job's callback is given up

@@ -13,7 +13,7 @@ from fastapi import Body, FastAPI, WebSocket, WebSocketDisconnect
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.media.rates import SPEECH_RATE
-from ditto_fast.serve.live_sessions import LiveSessions, pcm_rate
+from ditto_fast.serve.live.sessions import LiveSessions, pcm_rate
 
 CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_UNKNOWN, CLOSE_ENDED = 1003, 1008, 4404, 4410
 ENDED_POLL_S = 0.5
@@ -21,7 +21,7 @@ ENDED_POLL_S = 0.5
 
 def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, answer, refusal, error) -> None:
     """The live routes on `app` (`answer`, `refusal`, `error`: the API's JSON answer and refusals)."""
-    from ditto_fast.serve.api import bearer_matches
+    from ditto_fast.serve.auth import bearer_matches
 
     @app.post("/v1/live", status_code=201)
     def open_session(body: Any = Body(None)):

@@ -1,0 +1,1 @@
+"""serve's newsroom page: its routes, the speech uploads and its static files (static/: no build step)."""
