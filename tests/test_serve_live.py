@@ -187,3 +187,92 @@ def test_token_rules_hold_for_live(serve_parts, tmp_path):
         assert closed.value.code == 4404
     listed = client.get("/v1/jobs", headers={"Authorization": f"Bearer {SERVE_TOKEN}"}).json()
     assert listed["live"] == []
+
+
+def _log_lines(server) -> list[dict]:
+    return [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_a_session_lives_on_while_the_page_polls_and_health_names_its_engine(serving, tmp_path):
+    """The page polls two routes at once, so the HTTP server's worker threads come and go: the session opened from
+    one of them streams on (it died 10-15 s in when its process was started from that thread)."""
+    import threading
+
+    server = serving()
+    code, view = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / "polled.ts")})
+    assert code == 201, view
+    sid = view["id"]
+    wait_state(server, sid, ("idle", "streaming"))
+    health = server.call("GET", "/healthz")[1]
+    (engine,) = health["engines"]
+    carried = health["live"]["sessions"]
+    assert carried == [{"id": sid, "state": "idle", "engine": "engine-0", "pid": int(engine["where"].split()[1])}]
+    assert engine["sessions"] == [sid]
+    stop = threading.Event()
+
+    def poll(path: str) -> None:
+        while not stop.is_set():
+            server.call("GET", path)
+            time.sleep(0.7)
+    pollers = [threading.Thread(target=poll, args=(p,)) for p in ("/v1/jobs", "/v1/live")]
+    for t in pollers:
+        t.start()
+    time.sleep(20)
+    stop.set()
+    for t in pollers:
+        t.join()
+    view = server.call("GET", f"/v1/live/{sid}")[1]
+    assert view["state"] == "idle" and view["error"] is None, view
+    assert server.call("GET", "/healthz")[1]["engines"][0]["restarts"] == 0
+    code, ended = server.call("DELETE", f"/v1/live/{sid}")
+    assert code == 200 and ended["state"] == "ended" and ended["frames"]["sent"] >= 25 * 15, ended
+    assert video_frames(tmp_path / "polled.ts")[1] == ended["frames"]["sent"]
+
+
+@pytest.mark.slow
+def test_a_hung_engine_under_a_session_is_found_and_the_server_goes_on(serving, tmp_path):
+    import os
+    import signal
+
+    server = serving("--heartbeat-timeout", "3")
+    out = tmp_path / "hung.ts"
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(out)})[1]["id"]
+    wait_state(server, sid, ("idle", "streaming"))
+    (engine,) = server.call("GET", "/healthz")[1]["engines"]
+    pid = int(engine["where"].split()[1])
+    time.sleep(2)
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    view = wait_state(server, sid, ("ended", "failed"), timeout=30)
+    assert time.monotonic() - t0 < 3 + 6
+    assert view["state"] == "failed" and "hung" in view["error"] and "heartbeat" in view["error"], view
+    assert video_frames(out)[1] > 0                     # what it streamed stays playable
+    deadline = time.monotonic() + 120
+    while server.call("GET", "/healthz")[0] != 200:     # a fresh engine
+        assert time.monotonic() - deadline < 0, server.log.read_text()[-2000:]
+        time.sleep(0.3)
+    nxt = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / "next.ts")})[1]["id"]
+    wait_state(server, nxt, ("idle", "streaming"))
+    assert server.call("DELETE", f"/v1/live/{nxt}")[1]["state"] == "ended"
+    job = server.call("POST", "/v1/jobs", {"avatar": "anchor", "audio": str(speech_clip(tmp_path, "a.wav", 0.5)),
+                                           "output": str(tmp_path / "after.mp4")})[1]["id"]
+    assert server.wait(job)["status"] == "done"
+    (engine,) = server.call("GET", "/healthz")[1]["engines"]
+    assert engine["restarts"] == 1 and "hung" in engine["last_death"], engine
+    assert server.stop() == 0
+
+
+@pytest.mark.slow
+def test_sigterm_ends_every_session_cleanly(serving, tmp_path):
+    server = serving("--max-live", "2")
+    sids = [server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / f"{k}.ts")})[1]["id"]
+            for k in range(2)]
+    for sid in sids:
+        wait_state(server, sid, ("idle", "streaming"))
+    time.sleep(2)
+    assert server.stop() == 0
+    ended = {e["live"]: e for e in _log_lines(server) if e.get("live") and e.get("state") in ("ended", "failed")}
+    assert sorted(ended) == sorted(sids) and all(e["state"] == "ended" for e in ended.values()), ended
+    for k, sid in enumerate(sids):
+        assert video_frames(tmp_path / f"{k}.ts")[1] == ended[sid]["stats"]["frames"]["sent"]

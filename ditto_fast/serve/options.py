@@ -51,16 +51,20 @@ class ServeOptions:
                                          help="Seconds a job may render before its engine is killed and the job "
                                               "counted as one that killed it [default: no limit].")
     stall_timeout: float = declared(900.0, flags=("--stall-timeout",), kind="float", range=(5, 86400),
-                                    help="Seconds an engine may render without progress (or a minute without a "
-                                         "heartbeat) before it is taken for hung and killed.")
+                                    help="Seconds an engine may render (or a live session stream) without progress "
+                                         "before it is taken for hung and killed.")
+    heartbeat_timeout: float = declared(60.0, flags=("--heartbeat-timeout",), kind="float", range=(2, 3600),
+                                        help="Seconds an engine may go without its heartbeat (its process stopped, "
+                                             "or hung in native code) before it is taken for hung and killed; its "
+                                             "job runs again, its live sessions end with the hang as their cause.")
     engine_memory: float | None = declared(flags=("--engine-memory",), kind="float", range=(0.5, 4096),
                                            help="GiB of address space each engine process may use: past it, the job "
                                                 "fails as out of memory and a fresh engine starts, instead of the "
                                                 "host's OOM killer choosing a process [default: no cap; not with "
                                                 "--ray].")
     max_live: int = declared(1, flags=("--max-live",), kind="int", range=(0, 64),
-                             help="Live sessions (POST /v1/live) that may stream at once, each in a process of its "
-                                  "own with its own networks; 0: none.")
+                             help="Live sessions (POST /v1/live) that may stream at once, carried by the engines "
+                                  "beside their render jobs, on the networks they have loaded; 0: none.")
     live_idle_timeout: float = declared(30.0, flags=("--live-idle-timeout",), kind="float", range=(1, 86400),
                                         help="Seconds a live session goes on with no client on its audio WebSocket "
                                              "(idle motion) before it ends.")

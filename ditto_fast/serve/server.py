@@ -135,7 +135,7 @@ def _engines(options: EngineOptions, opts: ServeOptions, roots: list[Path], stac
     from ditto_fast.handles.base import EngineLimits
 
     t0 = time.perf_counter()
-    limits = EngineLimits(stall_s=opts.stall_timeout, job_s=opts.job_timeout,
+    limits = EngineLimits(beat_s=opts.heartbeat_timeout, stall_s=opts.stall_timeout, job_s=opts.job_timeout,
                           memory_bytes=int(opts.engine_memory * (1 << 30)) if opts.engine_memory else None)
     if opts.ray is None:
         from ditto_fast.engine.render_setup import RenderSetup
