@@ -13,7 +13,9 @@ LAYERS = (
     {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery", "captions"},
     {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"live"}, {"serve"},
     {"pipecat"},    # the Pipecat video service: a live session in the agent's process (above live, beside nothing)
-    {"doctor"}, {"console"}, {"cli"},
+    {"console"},    # what the commands share: their options, the process's exits
+    {"commands"},   # one module a command
+    {"cli"},        # the group of the commands, and main()
 )
 
 
@@ -59,9 +61,10 @@ def test_models_are_a_leaf():
 
 
 def test_the_package_root_holds_only_the_top_floor():
-    """The root has the commands (cli, doctor) and folders; the ground-floor helpers live in core/ and media/."""
+    """The root has the group of the commands (cli) and folders; the commands live in commands/, the ground-floor
+    helpers in core/ and media/."""
     root_modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert root_modules == {"cli", "doctor"}, root_modules
+    assert root_modules == {"cli"}, root_modules
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert folders == set().union(*LAYERS) - root_modules, folders
 
