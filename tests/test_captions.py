@@ -21,7 +21,7 @@ from ditto_fast.captions.cues import Cue, read_cues
 from ditto_fast.captions.eia608 import PAD, cue_frame, load_pairs, odd_parity, pace
 from ditto_fast.captions.embed import embed, insert_cc_sei, sei_nal
 from ditto_fast.captions.grouping import MIN_SECONDS, group_words
-from ditto_fast.captions.readback import read_captions
+from ditto_fast.delivery.caption_readback import read_captions
 from ditto_fast.captions.sidecars import caption_text
 from ditto_fast.checkpoints.random_hubert import CTC_VOCAB
 from ditto_fast.core.errors import UsageError

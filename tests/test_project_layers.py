@@ -10,7 +10,10 @@ from conftest import REPO
 PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
-    {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery", "captions"},
+    {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"},
+    {"encoding"},
+    {"delivery"},   # profiles and the QC of a written file (its captions read back too)
+    {"captions"},   # cues, 608 pacing and embedding, sidecars: what a render's profile asks for (above delivery)
     {"preview"}, {"engine"}, {"handles"}, {"batch"}, {"live"}, {"serve"},
     {"pipecat"},    # the Pipecat video service: a live session in the agent's process (above live, beside nothing)
     {"console"},    # what the commands share: their options, the process's exits
