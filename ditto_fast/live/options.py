@@ -71,9 +71,9 @@ def live_settings(request: dict[str, Any], checked: dict[str, Any], options: Liv
                   stop_at_end: bool):
     """The LiveSettings of a stream from the request (its rate) and its settings checked by check_live_request."""
     from ditto_fast.live.session import LiveSettings
-    from ditto_fast.media.rates import parse_rate
+    from ditto_fast.media.rates import parse_frame_rate
 
-    rate = avatar.rate if request.get("fps") is None else parse_rate(request["fps"])
+    rate = avatar.rate if request.get("fps") is None else parse_frame_rate(request["fps"])
     return LiveSettings(emotion=checked["emotion"], seed=checked["seed"], steps=checked["steps"],
                         overlap=options.overlap or config.live.overlap, rate=Fraction(rate), blend=checked["blend"],
                         controls=checked["controls"], max_latency=options.max_latency or config.live.max_latency,

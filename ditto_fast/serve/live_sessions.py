@@ -25,7 +25,7 @@ from ditto_fast.core.files import shown
 from ditto_fast.engine.request import FIELDS
 from ditto_fast.live.options import NOT_LIVE, LiveOptions
 from ditto_fast.live.outputs import describe_destination
-from ditto_fast.live.stream_audio import RATE
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.serve.accept import check_utf8, confine
 
 LIVE_REQUEST = tuple(f.name for f in FIELDS if f.name not in NOT_LIVE)
@@ -172,7 +172,7 @@ class Stream:
 
     def feed(self, samples: np.ndarray) -> None:
         """Queue speech (16 kHz float32) for the session; UsageError when the client is far ahead of the stream."""
-        if self._queued > QUEUED_AUDIO_S * RATE * 2:
+        if self._queued > QUEUED_AUDIO_S * SPEECH_SAMPLE_RATE * 2:
             raise UsageError(f"live session {self.id}: over {QUEUED_AUDIO_S} s of speech are waiting to be spoken; "
                              "send PCM at most as fast as it is spoken, give or take a sentence")
         pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
@@ -204,7 +204,7 @@ class Stream:
         stats = self.stats or {}
         return {"id": self.id, "avatar": self.request["avatar"], "out": self.options.out, "state": self.state,
                 "created": self.created, "started": self.started, "finished": self.finished,
-                "client_connected": self.clients > 0, "speech_in_seconds": round(self.received / RATE, 3),
+                "client_connected": self.clients > 0, "speech_in_seconds": round(self.received / SPEECH_SAMPLE_RATE, 3),
                 "audio": f"/v1/live/{self.id}/audio", "error": self.error,
                 "first_frame_latency_s": stats.get("first_frame_latency_s"), "latency_s": stats.get("latency_s"),
                 "frames": stats.get("frames"), "rtf": stats.get("rtf"), "stats": self.stats}
