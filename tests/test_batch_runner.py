@@ -3,6 +3,7 @@ leaves in each unfinished job, and one job's outcome recorded whatever its rende
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,7 @@ def test_one_job_records_its_outcome_whatever_its_render_raised(tmp_path):
     assert [r.timings for r in seen] == [profile]
 
     def damaged():
+        time.sleep(0.02)                                    # a job that failed after a while: its time is counted
         raise AvatarError("ruby: damaged")
 
     def bug():
@@ -74,4 +76,4 @@ def test_one_job_records_its_outcome_whatever_its_render_raised(tmp_path):
     run_job(jobs[2], bug)
     assert (jobs[1].status, jobs[1].exit_code, jobs[1].error) == ("failed", 5, "ruby: damaged")
     assert jobs[2].exit_code == 1 and jobs[2].error.startswith("internal error: KeyError")
-    assert all(j.seconds >= 0 for j in jobs)
+    assert jobs[1].seconds >= 0.02 and all(0 < j.seconds < 5 for j in jobs)     # each job timed, a failed one too

@@ -6,6 +6,7 @@ back by ffmpeg's cc_dec, and by MediaInfo, at the cues' frames."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from fractions import Fraction
@@ -19,12 +20,13 @@ from ditto_fast.captions.align import TimedWord, align_logp, align_words, viterb
 from ditto_fast.captions.charset import check_608
 from ditto_fast.captions.cues import Cue, read_cues
 from ditto_fast.captions.eia608 import PAD, cue_frame, load_pairs, odd_parity, pace
+from ditto_fast.captions import embed as embed_module
 from ditto_fast.captions.embed import embed, insert_cc_sei, sei_nal
 from ditto_fast.captions.grouping import MIN_SECONDS, group_words
-from ditto_fast.captions.readback import read_captions
 from ditto_fast.captions.sidecars import caption_text
 from ditto_fast.checkpoints.random_hubert import CTC_VOCAB
 from ditto_fast.core.errors import UsageError
+from ditto_fast.delivery.caption_readback import read_captions
 
 FF = imageio_ffmpeg.get_ffmpeg_exe()
 NTSC = Fraction(30000, 1001)
@@ -118,7 +120,6 @@ def test_the_sei_carries_a53_cc_data_for_its_frame():
     nal = sei_nal((0x94, 0x20), "h264")
     assert nal[:5] == b"\x00\x00\x00\x01\x06" and nal[5] == 4            # SEI, user data registered (T.35)
     assert b"\xb5\x00\x31GA94\x03" in nal and b"\xfc\x94\x20\xfd\x80\x80" in nal
-    assert sei_nal((0x00, 0x00), "h264").count(b"\x00\x00\x03") >= 0    # emulation prevention applied
     assert b"\x00\x00\x00" not in sei_nal((0x80, 0x80), "h264")[4:]
     es = b"".join(b"\x00\x00\x00\x01\x09\xf0" + b"\x00\x00\x01\x65\x88\x84" for _ in range(3))     # AUD + IDR x3
     out = insert_cc_sei(es, [(0x94, 0x20), PAD, PAD], "h264")
@@ -126,6 +127,20 @@ def test_the_sei_carries_a53_cc_data_for_its_frame():
     with pytest.raises(ValueError, match="3 access units, the captions 2 frames"):
         insert_cc_sei(es, [PAD, PAD], "h264")
 
+
+
+def test_emulation_prevention_escapes_the_start_code_patterns_and_nothing_else(monkeypatch):
+    """Inside a NAL unit 00 00 may not be followed by 00, 01, 02 or 03 (H.264 7.4.1, HEVC 7.4.2): an 03 goes
+    between, and a decoder drops it again. The SEI's body goes through it (today's cc_data holds no 00 00)."""
+    rbsp = bytes.fromhex("04" "000001" "000004" "000003" "0000000002" "80")
+    escaped = bytes.fromhex("04" "00000301" "000004" "00000303" "00000300000302" "80")
+    assert embed_module._emulation_prevented(rbsp) == escaped
+    assert [i for i in range(2, len(escaped)) if escaped[i - 2:i + 1] == b"\x00\x00\x03"] == [3, 10, 14, 17]
+    assert re.sub(b"\x00\x00\x03", b"\x00\x00", escaped) == rbsp                     # what a decoder reads back
+    assert embed_module._emulation_prevented(bytes.fromhex("0400fc94200000fd80")) == bytes.fromhex("0400fc94200000fd80")
+    monkeypatch.setattr(embed_module, "cc_data", lambda pair: bytes([0xB5, *pair, 0x01]))
+    assert sei_nal((0x00, 0x00), "h264") == bytes.fromhex("0000000106" "0404" "b5000003" "01" "80")
+    assert sei_nal((0x00, 0x00), "hevc") == bytes.fromhex("000000014e01" "0404" "b5000003" "01" "80")
 
 # ------------------------------------------------------------------ CTC alignment and grouping
 def _emissions(words: list[str], gap: int = 6, hold: int = 3, lead: int = 5):

@@ -119,7 +119,9 @@ def test_wrong_shapes_and_keys(ckpt_copy):
 def test_module_prefix_is_stripped(tmp_path):
     net = models.build("stitch_network", tiny=True)
     torch.save({"retarget_shoulder": {"module." + k: v for k, v in net.state_dict().items()}}, tmp_path / "s.pth")
-    models.load("stitch_network", tmp_path / "s.pth")
+    loaded = models.load("stitch_network", tmp_path / "s.pth", fuse=False).state_dict()
+    want = net.state_dict()
+    assert list(loaded) == list(want) and all(torch.equal(loaded[k], want[k]) for k in want)
 
 
 class _RunsCode:

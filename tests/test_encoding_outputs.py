@@ -17,7 +17,7 @@ import soundfile as sf
 
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.core.errors import UsageError
-from ditto_fast.media.rates import frames_for, from_stream, parse_rate, rate_text
+from ditto_fast.media.rates import frames_for, from_stream, parse_frame_rate, rate_text
 from ditto_fast.media.timeline import motion_timeline, source_indices
 from ditto_fast.encoding.formats import output_format
 from ditto_fast.encoding.writer import VideoWriter
@@ -63,12 +63,12 @@ def decode_gray(path: Path) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- rates and timing
 def test_rates_parse_the_broadcast_rates_exactly():
-    assert parse_rate("29.97") == parse_rate("30000/1001") == NTSC
-    assert parse_rate("23.976") == Fraction(24000, 1001) and parse_rate("59.94") == Fraction(60000, 1001)
-    assert [parse_rate(r) for r in ("24", "25", "30", "50", "60")] == [24, 25, 30, 50, 60]
+    assert parse_frame_rate("29.97") == parse_frame_rate("30000/1001") == NTSC
+    assert parse_frame_rate("23.976") == Fraction(24000, 1001) and parse_frame_rate("59.94") == Fraction(60000, 1001)
+    assert [parse_frame_rate(r) for r in ("24", "25", "30", "50", "60")] == [24, 25, 30, 50, 60]
     for bad in ("23", "30.5", "abc", "0", "1/0", "-25"):
         with pytest.raises(ValueError, match="not one of"):
-            parse_rate(bad)
+            parse_frame_rate(bad)
     assert rate_text(NTSC) == "30000/1001" and rate_text(Fraction(25)) == "25"
     assert from_stream(29.97) == NTSC and from_stream(25.0) == 25 and from_stream(12.5) == Fraction(25, 2)
 

@@ -40,7 +40,10 @@ def test_the_engine_commands_take_every_engine_option_as_declared():
 
 
 def test_checkpoints_and_device_are_one_option_everywhere():
-    from ditto_fast.cli import checkpoints_info, doctor, register, render
+    from ditto_fast.commands.checkpoints import checkpoints_info
+    from ditto_fast.commands.doctor import doctor
+    from ditto_fast.commands.register import register
+    from ditto_fast.commands.render import render
 
     ref = _options(render)
     for command in (register, checkpoints_info, doctor):

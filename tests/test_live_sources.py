@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from ditto_fast.core.errors import InputError, UsageError
-from ditto_fast.live.sources import SAMPLE_RATE, open_source
+from ditto_fast.live.sources import open_source
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE as SAMPLE_RATE
 from support import at_most, free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,13 +10,18 @@ from conftest import REPO
 PACKAGE = REPO / "ditto_fast"
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = (
-    {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"}, {"encoding"}, {"delivery", "captions"},
+    {"core"}, {"media"}, {"models"}, {"checkpoints"}, {"face"}, {"avatar"}, {"audio"}, {"motion"}, {"render"},
+    {"encoding"},
+    {"delivery"},   # profiles and the QC of a written file (its captions read back too)
+    {"captions"},   # cues, 608 pacing and embedding, sidecars: what a render's profile asks for (above delivery)
     {"preview"}, {"engine"},
     {"live"},       # the online session: the same stages on a frame clock
     {"handles"},    # the engine host: every process that loads the networks, carrying render jobs and live sessions
     {"batch"}, {"serve"},
     {"pipecat"},    # the Pipecat video service: a live session in the agent's process (above live, beside nothing)
-    {"doctor"}, {"console"}, {"cli"},
+    {"console"},    # what the commands share: their options, the process's exits
+    {"commands"},   # one module a command
+    {"cli"},        # the group of the commands, and main()
 )
 
 
@@ -112,9 +117,10 @@ def test_models_are_a_leaf():
 
 
 def test_the_package_root_holds_only_the_top_floor():
-    """The root has the commands (cli, doctor) and folders; the ground-floor helpers live in core/ and media/."""
+    """The root has the group of the commands (cli) and folders; the commands live in commands/, the ground-floor
+    helpers in core/ and media/."""
     root_modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert root_modules == {"cli", "doctor"}, root_modules
+    assert root_modules == {"cli"}, root_modules
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert folders == set().union(*LAYERS) - root_modules, folders
 

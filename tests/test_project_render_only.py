@@ -41,7 +41,7 @@ def test_register_without_mediapipe_names_the_install(no_mediapipe, run_cli, tmp
 
 
 def test_doctor_passes_the_mediapipe_line_on_a_render_only_install(no_mediapipe):
-    from ditto_fast.doctor import _mediapipe
+    from ditto_fast.commands.doctor import _mediapipe
 
     check = _mediapipe()
     assert check.ok and "render-only" in check.detail and "ditto-fast[register]" in check.detail
@@ -50,7 +50,7 @@ def test_doctor_passes_the_mediapipe_line_on_a_render_only_install(no_mediapipe)
 def test_render_side_imports_without_mediapipe(no_mediapipe):
     import importlib
 
-    for mod in ("ditto_fast.engine.renderer", "ditto_fast.batch.local", "ditto_fast.doctor", "ditto_fast.cli"):
+    for mod in ("ditto_fast.engine.renderer", "ditto_fast.batch.local", "ditto_fast.commands.doctor", "ditto_fast.cli"):
         importlib.import_module(mod)
 
 

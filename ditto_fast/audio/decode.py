@@ -25,10 +25,10 @@ import soxr
 from ditto_fast.audio.declared import declared_seconds
 from ditto_fast.core.errors import InputError
 from ditto_fast.media.inputs import check_input_file, file_sha256
+from ditto_fast.media.rates import MOTION_FPS, SPEECH_SAMPLE_RATE
 
 AUDIO_FILE = "an audio file (wav, mp3, flac, m4a, ...)"    # what the fix of an audio error asks for
-SAMPLE_RATE = 16000
-SAMPLES_PER_FRAME = 640  # 16000 / 25 fps
+SAMPLES_PER_FRAME = SPEECH_SAMPLE_RATE // MOTION_FPS    # 640 speech samples a motion frame
 RATE_RANGE = (4000, 1_000_000)   # source sample rates taken as audio (a header saying 1 Hz would mean hours)
 MISSING_TOLERANCE_S = 0.040      # one video frame: a header may declare this much more than decodes
 _READ_BYTES = 1 << 20
@@ -116,7 +116,7 @@ class DecodedAudio:
 
     @property
     def seconds(self) -> float:
-        return len(self.samples) / SAMPLE_RATE
+        return len(self.samples) / SPEECH_SAMPLE_RATE
 
 
 def decode_audio(path: str | os.PathLike) -> DecodedAudio:
@@ -172,7 +172,7 @@ def _decode(path: Path) -> tuple[np.ndarray, int, int, float]:
             raise InputError(f"{path}: states a sample rate of {rate} Hz, not one of a speech recording "
                              f"({RATE_RANGE[0]}..{RATE_RANGE[1]} Hz); re-export the audio as WAV or MP3")
         if rate:
-            resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+            resampler = soxr.ResampleStream(rate, SPEECH_SAMPLE_RATE, 1, dtype="float32", quality="HQ")
             frame_bytes = 4 * channels
             rest = b""
             n_in = 0
@@ -202,19 +202,19 @@ def _decode(path: Path) -> tuple[np.ndarray, int, int, float]:
         raise _ffmpeg_failure(path, stderr)
     _check_complete(path, n_in / rate)
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [n] float32 at 16 kHz
-    if rate != SAMPLE_RATE:
+    if rate != SPEECH_SAMPLE_RATE:
         # librosa.resample fixes the length to ceil(n_in * 16000 / rate): trim or zero-pad the tail
-        n_out = -(-n_in * SAMPLE_RATE // rate)
+        n_out = -(-n_in * SPEECH_SAMPLE_RATE // rate)
         audio = audio[:n_out] if audio.size >= n_out else np.pad(audio, (0, n_out - audio.size))
     if audio.size == 0:
         raise InputError(f"{path}: contains no audio samples; give a file with sound in it")
     if not np.isfinite(audio).all():
         raise InputError(f"{path}: contains NaN or infinite samples; re-export the audio as normal PCM")
     if audio.size < SAMPLES_PER_FRAME:
-        ms = 1000.0 * audio.size / SAMPLE_RATE
+        ms = 1000.0 * audio.size / SPEECH_SAMPLE_RATE
         raise InputError(f"{path}: audio is too short ({ms:.1f} ms); give at least 40 ms (one video frame)")
     return audio, channels, mask, peak
 
 
-__all__ = ["SAMPLE_RATE", "SAMPLES_PER_FRAME", "DecodedAudio", "audio_layout", "decode_audio",
+__all__ = ["SAMPLES_PER_FRAME", "DecodedAudio", "audio_layout", "decode_audio",
            "file_sha256", "frame_count", "load_audio"]

@@ -21,9 +21,9 @@ from ditto_fast.audio.hf_folder import FolderKind, check_folder, fuse_for_infere
 from ditto_fast.checkpoints import EMOTION_LABELS
 from ditto_fast.checkpoints.random_hubert import RANDOM_MARK
 from ditto_fast.core.errors import CheckpointError
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 LABELS = EMOTION_LABELS     # FLOAT's id2label, in its order
-SAMPLE_RATE = 16000
 MIN_SAMPLES = 400           # the conv front end's receptive field: a shorter signal is zero-padded to it
 NORM_EPS = 1e-7             # Wav2Vec2FeatureExtractor's zero_mean_unit_var_norm
 HEAD_KEYS = ("classifier.dense.weight", "classifier.dense.bias", "classifier.out_proj.weight",
@@ -64,7 +64,7 @@ class EmotionWindows:
     @property
     def centres(self) -> np.ndarray:
         """[W] each window's centre in seconds."""
-        return (self.starts + self.length / 2) / SAMPLE_RATE
+        return (self.starts + self.length / 2) / SPEECH_SAMPLE_RATE
 
 
 class SpeechEmotion:
@@ -134,8 +134,8 @@ class SpeechEmotion:
         samples = np.asarray(samples_16k, np.float32)
         if samples.ndim != 1:
             raise ValueError(f"expected mono audio [n], got shape {samples.shape}")
-        window = int(round(window_seconds * SAMPLE_RATE))
-        starts = window_starts(samples.shape[0], window, max(1, int(round(hop_seconds * SAMPLE_RATE))))
+        window = int(round(window_seconds * SPEECH_SAMPLE_RATE))
+        starts = window_starts(samples.shape[0], window, max(1, int(round(hop_seconds * SPEECH_SAMPLE_RATE))))
         length = min(window, samples.shape[0])
         bs = int(batch_size or self.batch_size)
         scores = np.zeros((len(starts), len(LABELS)), np.float32)

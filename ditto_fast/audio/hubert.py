@@ -25,6 +25,7 @@ import torch
 from ditto_fast.audio.decode import frame_count
 from ditto_fast.audio.hf_folder import FolderKind, fuse_for_inference, load_encoder, read_tensors
 from ditto_fast.core.errors import CheckpointError
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 WINDOW = 6480          # samples per window: int((3 + 5 + 2) * 0.04 * 16000) + 80
 PAD_FRONT = 2000       # WINDOW - int((5 + 2) * 0.04 * 16000)
@@ -36,7 +37,8 @@ HOP = 320              # samples per 50 Hz encoder frame (product of the conv st
 
 def window_starts(num_frames: int) -> np.ndarray:
     """Start offsets (in the padded signal) of Ditto's windows for num_frames output frames."""
-    return np.array([int(i * 0.04 * 16000) for i in range(0, num_frames, FRAMES_PER_WINDOW)], dtype=np.int64)
+    return np.array([int(i * 0.04 * SPEECH_SAMPLE_RATE) for i in range(0, num_frames, FRAMES_PER_WINDOW)],
+                    dtype=np.int64)
 
 
 def pad_signal(audio_16k: np.ndarray) -> np.ndarray:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ditto_fast.audio.decode import SAMPLE_RATE
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 
 class Resampler:
     """s16le PCM at `rate` with `channels` interleaved channels to mono float32 at `to` (16 kHz), chunk by chunk;
     the channels are averaged; nothing to resample at `to` itself. `flush()` gives the filter's last samples."""
 
-    def __init__(self, rate: int, channels: int = 1, to: int = SAMPLE_RATE):
+    def __init__(self, rate: int, channels: int = 1, to: int = SPEECH_SAMPLE_RATE):
         if channels < 1:
             raise ValueError(f"channels must be at least 1, got {channels}")
         self.rate, self.channels, self.to = int(rate), int(channels), int(to)

@@ -1,1 +1,2 @@
-"""What the commands (cli.py) share: their options made from the declarations, and the progress display."""
+"""What the commands (commands/) share: their options made from the declarations, the progress display, and the
+process's exits."""

@@ -20,7 +20,7 @@ from ditto_fast.core.checks import check_choice, check_flag, check_number, refus
 from ditto_fast.core.config import CONFIG_DIR, declaration, read_yaml_file
 from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.encoding.formats import CONTAINERS
-from ditto_fast.media.rates import RENDER_RATES, parse_rate
+from ditto_fast.media.rates import RENDER_RATES, parse_frame_rate
 
 PROFILE_DIR = CONFIG_DIR / "delivery"
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")       # a --delivery value ending so names a profile file
@@ -402,6 +402,6 @@ class _Checker:
         if value is None:
             return None
         try:
-            return parse_rate(value)
+            return parse_frame_rate(value)
         except ValueError:
             self.fail(key, f"must be one of {', '.join(str(r) for r in RENDER_RATES)} (or null), got {value!r}")

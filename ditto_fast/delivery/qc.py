@@ -14,12 +14,12 @@ from fractions import Fraction
 from pathlib import Path
 
 from ditto_fast.audio.loudness import GATE_SECONDS, QUIET_LUFS, measure
-from ditto_fast.captions.readback import read_captions
 from ditto_fast.core.errors import QCError, UsageError
-from ditto_fast.media.rates import from_stream
+from ditto_fast.delivery.caption_readback import read_captions
 from ditto_fast.delivery.fileinfo import MediaFacts, read_facts
 from ditto_fast.delivery.plain import PLAIN_OUTPUTS, plain_profile
 from ditto_fast.delivery.profiles import DeliveryProfile, load_profile, shipped_profiles
+from ditto_fast.media.rates import from_stream
 
 BITRATE_TOLERANCE = 0.05        # CBR within 5 % of nominal
 LOUDNESS_TOLERANCE = 0.5        # LU

@@ -22,7 +22,7 @@ from ditto_fast.engine.request import RenderRequest
 from ditto_fast.media.claims import check_unclaimed
 from ditto_fast.media.inputs import check_input_file
 from ditto_fast.media.outputs import check_writes
-from ditto_fast.media.rates import frames_for, parse_rate
+from ditto_fast.media.rates import frames_for, parse_frame_rate
 from ditto_fast.motion.conditions import emotion_plan, neutral_blend, read_schedule_file, schedule_file
 from ditto_fast.motion.controls import Controls, load_controls, read_control_file
 from ditto_fast.delivery.format import DeliveryFormat
@@ -101,7 +101,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
     check_writes([("output", output)], inputs)
     if profile is None:
         fmt = output_format(output, settings["codec"])
-        rate = avatar.rate if request.fps is None else parse_rate(request.fps)
+        rate = avatar.rate if request.fps is None else parse_frame_rate(request.fps)
     else:
         fmt, rate = delivery_format(request, profile, avatar, output)
     audio = audio or decode_audio(request.audio)
@@ -144,8 +144,8 @@ def delivery_format(request: RenderRequest, profile: DeliveryProfile, avatar: Av
                          f"{output.with_suffix(profile.extension).name}")
     if request.codec is not None and CODEC_OF_PROFILE.get(v.codec) != request.codec:
         raise UsageError(f"--codec {request.codec} contradicts {where} ({v.codec}); leave --codec out")
-    rate = v.rate or (avatar.rate if request.fps is None else parse_rate(request.fps))   # delivered frames/s
-    if request.fps is not None and parse_rate(request.fps) != rate:
+    rate = v.rate or (avatar.rate if request.fps is None else parse_frame_rate(request.fps))   # delivered frames/s
+    if request.fps is not None and parse_frame_rate(request.fps) != rate:
         raise UsageError(f"--fps {request.fps} contradicts {where} ({float(rate):g} frames/s); leave --fps out")
     size = v.size or avatar.size
     aw, ah = avatar.size

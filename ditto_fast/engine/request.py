@@ -22,7 +22,7 @@ from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import check_path_text, shown
 from ditto_fast.delivery.profiles import (LOUDNESS_RANGE, SIDECAR_KINDS, TIMECODE, is_profile_file, load_profile,
                                          shipped_profiles)
-from ditto_fast.media.rates import MOTION_FPS, NAMED_RATES, RENDER_RATES, parse_rate, rate_text
+from ditto_fast.media.rates import MOTION_FPS, NAMED_RATES, RENDER_RATES, parse_frame_rate, rate_text
 from ditto_fast.motion.emotions import EMOTIONS
 
 _WHOLE_RATES = [rate_text(r) for r in RENDER_RATES if r.denominator == 1]
@@ -63,7 +63,7 @@ def _rate(value: Any, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float, Fraction)):
         refuse(where, f'must be a rate such as "25" or "30000/1001", got {shown(value)}')
     try:
-        parse_rate(value)
+        parse_frame_rate(value)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return str(value)

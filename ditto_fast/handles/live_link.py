@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ditto_fast.handles.base import LiveJob
-from ditto_fast.media.rates import SPEECH_RATE
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 STATES = ("starting", "streaming", "ending", "ended", "failed")
 ACTIVE = ("starting", "streaming", "ending")
@@ -84,7 +84,7 @@ class LiveLink:
     @property
     def queued_seconds(self) -> float:
         """Seconds of speech pushed and not yet taken by the session (as it said within the last second)."""
-        return max(0, self.pushed - self.taken) / SPEECH_RATE
+        return max(0, self.pushed - self.taken) / SPEECH_SAMPLE_RATE
 
     # ------------------------------------------------------------------ from the engine
     def hear(self, message: tuple) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.media.ffpipe import FinishedOnExit, first_stderr_line, own_session, widen_pipe
-from ditto_fast.media.rates import rate_text
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE, rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
 
 # destination kinds, as logs name them, and how each is written
@@ -158,7 +158,7 @@ class _Feeder:
 
 class StreamOutput(FinishedOnExit):
     """One ffmpeg process: raw frames (`pix_fmt`: rgb24 or planes as yuv.Layout gives them) at `rate` on stdin and
-    s16le mono audio at `audio_rate_in` on a second pipe, encoded as low-latency H.264 (x264 zerolatency, no
+    s16le mono audio at `audio_sample_rate` on a second pipe, encoded as low-latency H.264 (x264 zerolatency, no
     B-frames, a key frame every `gop_seconds`) and AAC 48 kHz stereo (the mono speech upsampled and doubled), muxed
     to `dest` as it comes.
 
@@ -170,7 +170,7 @@ class StreamOutput(FinishedOnExit):
 
     def __init__(self, dest: str, size: tuple[int, int], rate: Fraction, pix_fmt: str, *, crf: int = 23,
                  preset: str = "veryfast", gop_seconds: float = 1.0, encoder: str = "libx264",
-                 audio_rate_in: int = 16000) -> None:
+                 audio_sample_rate: int = SPEECH_SAMPLE_RATE) -> None:
         self.dest = dest
         self.kind = check_destination(dest)
         if pix_fmt not in PIX_FMTS:
@@ -189,7 +189,7 @@ class StreamOutput(FinishedOnExit):
         self.command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-y",
                         "-f", "rawvideo", "-pix_fmt", pix_fmt, "-s", f"{width}x{height}",
                         "-framerate", rate_text(self.rate), "-i", "pipe:0",
-                        "-f", "s16le", "-ar", str(int(audio_rate_in)), "-ac", "1", "-i", f"pipe:{audio_read}",
+                        "-f", "s16le", "-ar", str(int(audio_sample_rate)), "-ac", "1", "-i", f"pipe:{audio_read}",
                         "-map", "0:v:0", "-map", "1:a:0", *_video_args(encoder, crf, preset, self.gop), *AUDIO_OUT,
                         "-flush_packets", "1", "-muxdelay", "0", "-muxpreload", "0", *_muxer_args(dest, self.kind)]
         self._stderr = tempfile.TemporaryFile()    # a file, not a pipe: ffmpeg can never block on it

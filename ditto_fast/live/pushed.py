@@ -11,7 +11,8 @@ from collections import deque
 
 import numpy as np
 
-from ditto_fast.live.sources import SAMPLE_RATE, Arrivals, take_chunks
+from ditto_fast.live.sources import Arrivals, take_chunks
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 TAKES_KEPT = 4096           # takes whose time is kept (the session takes every 20 ms: over a minute)
 
@@ -26,7 +27,7 @@ class PushedSource:
 
     def __init__(self, name: str = "pushed speech") -> None:
         self.name = name
-        self.sample_rate = SAMPLE_RATE
+        self.sample_rate = SPEECH_SAMPLE_RATE
         self.arrivals = Arrivals()
         self.first_sample_at: float | None = None
         self.received = 0               # samples pushed (cleared ones included)

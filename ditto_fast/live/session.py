@@ -32,10 +32,10 @@ from ditto_fast.core.errors import Terminated
 from ditto_fast.audio.stream_features import CHUNK_HOP
 from ditto_fast.live.motion import LiveMotion
 from ditto_fast.live.stats import LiveStats
-from ditto_fast.live.stream_audio import RATE, StreamAudio
+from ditto_fast.live.stream_audio import StreamAudio
 from ditto_fast.media.rates import MOTION_FPS
 from ditto_fast.audio.decode import SAMPLES_PER_FRAME, frame_count
-from ditto_fast.media.rates import frames_for
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE, frames_for
 from ditto_fast.media.timeline import mirror_index, mirror_positions, motion_positions, source_positions
 from ditto_fast.motion.controls import Controls
 from ditto_fast.motion.keypoints import motion_to_info
@@ -102,14 +102,14 @@ class LiveSession:
             while not self._stop.is_set():
                 now = time.monotonic()
                 new = audio.advance(now, end_with_source=self.s.stop_at_end)
-                lag = len(new) / RATE
+                lag = len(new) / SPEECH_SAMPLE_RATE
                 allowed = (self._t0 - self.start if self._t0 is not None else self.s.max_latency) - audio.jitter
-                if lag > max(allowed, 2 * CHUNK_HOP / RATE) and audio.closed_at is None:
+                if lag > max(allowed, 2 * CHUNK_HOP / SPEECH_SAMPLE_RATE) and audio.closed_at is None:
                     end = fed + len(new)                             # on from the last whole chunk before the end
                     start = (end - CHUNK_HOP) // CHUNK_HOP * CHUNK_HOP
                     motion.skip_to(start)
-                    self.stats.motion_skipped += (start - fed) / RATE
-                    self.log(f"live: motion fell {lag:.1f} s behind the clock; skipped {(start - fed) / RATE:.1f} s "
+                    self.stats.motion_skipped += (start - fed) / SPEECH_SAMPLE_RATE
+                    self.log(f"live: motion fell {lag:.1f} s behind the clock; skipped {(start - fed) / SPEECH_SAMPLE_RATE:.1f} s "
                              "of it")
                     new, fed = new[start - fed:], start
                     with self._motion_cv:
@@ -291,7 +291,7 @@ class LiveSession:
 
     def _slot_samples(self, i: int) -> tuple[int, int]:
         """Stream samples [a, b) that go out with output frame i."""
-        num, den = RATE * self.s.rate.denominator, self.s.rate.numerator
+        num, den = SPEECH_SAMPLE_RATE * self.s.rate.denominator, self.s.rate.numerator
         return i * num // den, (i + 1) * num // den
 
     def _wait_first(self) -> float | None:

@@ -24,8 +24,8 @@ from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.core.files import check_path_text, unreadable
 from ditto_fast.media.ffpipe import first_stderr_line, own_session, stream_lines, widen_pipe
 from ditto_fast.media.inputs import check_input_file
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 URL_SCHEMES = ("srt", "udp", "rtmp", "http", "https", "rtp", "tcp")
 SOURCE_KINDS = ("an audio file (wav, mp3, flac, m4a, ...)", "- (s16le 16 kHz mono on stdin)",
                 "a named pipe carrying s16le 16 kHz mono", "a URL (" + ", ".join(f"{s}://" for s in URL_SCHEMES) + ")")
@@ -33,7 +33,8 @@ ARRIVALS_KEPT = 8192        # reads whose arrival time is kept (a file's reads a
 READ_BYTES = 1 << 16
 POLL_S = 0.1                # how often a reader waiting for data looks whether it was closed
 # ffmpeg's output: s16le 16 kHz mono, each packet flushed at once (ffmpeg's automatic rule does so for a pipe today)
-_DECODE = ["-vn", "-sn", "-dn", "-ac", "1", "-ar", str(SAMPLE_RATE), "-f", "s16le", "-flush_packets", "1", "pipe:1"]
+_DECODE = ["-vn", "-sn", "-dn", "-ac", "1", "-ar", str(SPEECH_SAMPLE_RATE), "-f", "s16le", "-flush_packets", "1",
+           "pipe:1"]
 # a file at its own pace: -re with a 10 ms initial burst (ffmpeg's default burst is half a second, and 0 bursts too)
 _PACED = ["-re", "-readrate_initial_burst", "0.01"]
 # a live URL: a short probe (64 KiB / 0.3 s finds an audio stream's parameters) so that speech starts at once; not
@@ -92,7 +93,7 @@ class AudioSource:
         if (command is None) + (fd is None) + (fifo is None) != 2:
             raise ValueError("give exactly one of command, fd, fifo")
         self.name = name
-        self.sample_rate = SAMPLE_RATE
+        self.sample_rate = SPEECH_SAMPLE_RATE
         self.arrivals = Arrivals()
         self.first_sample_at: float | None = None
         self.received = 0               # samples that have arrived since start()

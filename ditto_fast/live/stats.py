@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from ditto_fast.live.stream_audio import RATE
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 STAGES = ("audio_features", "motion", "stitch", "render", "handoff", "putback", "write")
 MADE = ("stitch", "render", "handoff", "putback")    # stages of the frames made (write: of every frame sent)
@@ -82,7 +82,7 @@ class LiveStats:
         audio = self.audio
         return {
             "stream_seconds": round(stream_s, 3),
-            "speech_seconds": round(audio.speech / RATE, 3) if audio else 0.0,
+            "speech_seconds": round(audio.speech / SPEECH_SAMPLE_RATE, 3) if audio else 0.0,
             "first_frame_latency_s": None if self.first_frame is None else round(self.first_frame, 4),
             "latency_s": None if lat is None else {"median": round(float(np.median(lat)), 4),
                                                    "p95": round(float(np.percentile(lat, 95)), 4),

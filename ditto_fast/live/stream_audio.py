@@ -14,7 +14,8 @@ import threading
 
 import numpy as np
 
-RATE = 16000
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+
 IN_JITTER = 0.1         # seconds a source's samples may come late before silence stands in for them
 KEEP_SECONDS = 120      # audio kept behind the newest sample for the output (far more than any latency allowed)
 
@@ -24,7 +25,7 @@ class StreamAudio:
 
     def __init__(self, source, start: float, jitter: float = IN_JITTER):
         self.source, self.start, self.jitter = source, start, jitter
-        self._ring = np.zeros(KEEP_SECONDS * RATE, np.float32)   # stream sample p at p % len
+        self._ring = np.zeros(KEEP_SECONDS * SPEECH_SAMPLE_RATE, np.float32)   # stream sample p at p % len
         self.length = 0                           # samples decided so far
         self.arrivals: collections.deque = collections.deque(maxlen=4096)    # (stream pos, arrived at), in order
         self.first_speech: tuple[int, float] | None = None                   # (stream pos, arrived at)
@@ -33,7 +34,7 @@ class StreamAudio:
 
     def due(self, now: float) -> int:
         """Samples the stream must hold by wall time `now`."""
-        return max(0, int((now - self.start - self.jitter) * RATE))
+        return max(0, int((now - self.start - self.jitter) * SPEECH_SAMPLE_RATE))
 
     def advance(self, now: float, end_with_source: bool = False) -> np.ndarray:
         """Decide the stream up to due(now): the source's samples first, silence for the rest; returns the new samples

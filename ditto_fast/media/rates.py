@@ -1,12 +1,14 @@
-"""Frame rates as exact fractions: the broadcast rates, parsing `--fps`, the 25 fps motion rate, frame counts.
-Light to import (no numpy): the request's checks use it; the per-frame arrays are in timeline.py."""
+"""Frame rates as exact fractions: the broadcast rates, parsing `--fps`, the 25 fps motion rate, frame counts; and
+the sample rate of the speech the networks hear. Light to import (no numpy): the request's checks use it; the
+per-frame arrays are in timeline.py."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 
 
-MOTION_FPS = 25
+SPEECH_SAMPLE_RATE = 16000     # Hz: the mono speech HuBERT and the emotion classifier hear (every source resampled)
+MOTION_FPS = 25                # the LMDM's motion frames a second: SPEECH_SAMPLE_RATE / MOTION_FPS samples each
 STANDARD_RATES = (Fraction(24000, 1001), Fraction(24), Fraction(25), Fraction(30000, 1001), Fraction(30),
                   Fraction(48), Fraction(50), Fraction(60000, 1001), Fraction(60))
 # --fps spellings: the rates a render may be asked for
@@ -34,8 +36,8 @@ def from_stream(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
-def parse_rate(text: str | float | Fraction) -> Fraction:
-    """A render rate from '25', '29.97', '30000/1001' (or a number); ValueError naming the accepted ones."""
+def parse_frame_rate(text: str | float | Fraction) -> Fraction:
+    """A render's frame rate from '25', '29.97', '30000/1001' (or a number); ValueError naming the accepted ones."""
     if isinstance(text, Fraction):
         rate = text
     else:
@@ -54,12 +56,8 @@ def accepted_rates() -> list[str]:
     return [rate_text(r) if r.denominator == 1 else f"{rate_text(r)} ({float(r):.3f})" for r in RENDER_RATES]
 
 
-def frames_for(samples_16k: int, rate: Fraction) -> int:
-    """Frames at `rate` covering `samples_16k` samples of 16 kHz audio: ceil(samples * rate / 16000)."""
-    num = samples_16k * rate.numerator
-    den = 16000 * rate.denominator
+def frames_for(samples: int, rate: Fraction) -> int:
+    """Frames at `rate` covering `samples` samples of speech (at SPEECH_SAMPLE_RATE): ceil(samples * rate / 16000)."""
+    num = samples * rate.numerator
+    den = SPEECH_SAMPLE_RATE * rate.denominator
     return max(0, -(-num // den))
-
-
-SPEECH_RATE = 16000         # samples per second of the speech the model hears (HuBERT's rate)
-parse_frame_rate = parse_rate

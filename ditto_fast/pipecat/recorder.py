@@ -19,6 +19,7 @@ from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import InputError
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.live.outputs import FILE_FIX, StreamOutput
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 
 class Mp4Recorder(FrameProcessor):
@@ -35,7 +36,7 @@ class Mp4Recorder(FrameProcessor):
         self._ts = self.path.with_name(self.path.name + ".part.ts")
         self._out: StreamOutput | None = None
         self._size: tuple[int, int] | None = None
-        self._audio_rate: int | None = None
+        self._sample_rate: int | None = None
         self._resampler: Resampler | None = None
         self._audio: list[np.ndarray] = []
         self._pending: bytes | None = None
@@ -48,7 +49,7 @@ class Mp4Recorder(FrameProcessor):
     @property
     def audio_seconds(self) -> float:
         """Seconds of audio taken."""
-        return self.audio_samples / self._audio_rate if self._audio_rate else 0.0
+        return self.audio_samples / self._sample_rate if self._sample_rate else 0.0
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -75,11 +76,11 @@ class Mp4Recorder(FrameProcessor):
         self.images += 1
 
     def _sound(self, frame: OutputAudioRawFrame) -> None:
-        if self._audio_rate is None:
-            self._audio_rate = frame.sample_rate
+        if self._sample_rate is None:
+            self._sample_rate = frame.sample_rate
         r = self._resampler
         if r is None or (r.rate, r.channels) != (frame.sample_rate, frame.num_channels):
-            r = self._resampler = Resampler(frame.sample_rate, frame.num_channels, to=self._audio_rate)
+            r = self._resampler = Resampler(frame.sample_rate, frame.num_channels, to=self._sample_rate)
         x = r(frame.audio)
         self._audio.append(np.clip(np.round(x * 32768.0), -32768, 32767).astype(np.int16))
         self.audio_samples += len(x)
@@ -96,7 +97,7 @@ class Mp4Recorder(FrameProcessor):
                 image, pcm = item
                 if self._out is None:
                     self._out = StreamOutput(str(self._ts), self._size, rate, "rgb24", preset="ultrafast",
-                                             audio_rate_in=self._audio_rate or 16000)
+                                             audio_sample_rate=self._sample_rate or SPEECH_SAMPLE_RATE)
                 self._out.write(np.frombuffer(image, np.uint8), pcm)
             if self._out is not None:
                 self._out.close()

@@ -45,7 +45,8 @@ from ditto_fast.live.frame_output import FrameOutput
 from ditto_fast.live.options import LiveRequest
 from ditto_fast.live.pushed import PushedSource
 from ditto_fast.live.start import plate_pix_fmt, stream_live
-from ditto_fast.live.stream_audio import IN_JITTER, RATE
+from ditto_fast.live.stream_audio import IN_JITTER
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 END_MARGIN_S = 10.0         # at an EndFrame, how long past the speech left and the latency the session may take
 STOP_WAIT_S = 30.0          # how long a cancelled session may take to close
@@ -111,7 +112,7 @@ class DittoFastVideoService(AIService):
         session, source = self._session, self._source
         summary = session.stats.summary(False) if self._summary is None and session is not None else self._summary
         if summary is not None and source is not None:
-            summary = {**summary, "speech_dropped_s": round(source.dropped / RATE, 3)}
+            summary = {**summary, "speech_dropped_s": round(source.dropped / SPEECH_SAMPLE_RATE, 3)}
         return summary
 
     @property
@@ -173,7 +174,7 @@ class DittoFastVideoService(AIService):
         source, session = self._source, self._session
         if graceful:
             self._flush_resampler()
-            left = source.available() / RATE
+            left = source.available() / SPEECH_SAMPLE_RATE
             source.end()            # the stream closes after the last sample given
             latency = self._request.max_latency or self._renderer.config.live.max_latency
             deadline = time.monotonic() + left + latency + END_MARGIN_S
@@ -275,7 +276,7 @@ class DittoFastVideoService(AIService):
         self._source.clear()
         session = self._session
         if session is not None and getattr(session, "start", None) is not None:
-            due = int((time.monotonic() - session.start - IN_JITTER) * RATE)      # the stream decided so far
+            due = int((time.monotonic() - session.start - IN_JITTER) * SPEECH_SAMPLE_RATE)      # the stream decided so far
             self._mute_until = max(self._mute_until, due)
         with self._lock:
             kept = [f for _, f in self._held if not f.interruptible]
@@ -304,12 +305,12 @@ class DittoFastVideoService(AIService):
         taken = source.taken_at(index - 1)
         if taken is None:                           # taken too long ago to be remembered: long shown
             return True
-        return shown >= int((taken - session.start - IN_JITTER) * RATE)
+        return shown >= int((taken - session.start - IN_JITTER) * SPEECH_SAMPLE_RATE)
 
     # -- frames out ---------------------------------------------------------------------------------------------------
     def _deliver(self, i: int, rgb: np.ndarray, pcm: np.ndarray) -> None:
         """On the session's output thread, at slot i's time: the frame, its audio, and the frames held for it."""
-        num, den = RATE * self._rate.denominator, self._rate.numerator
+        num, den = SPEECH_SAMPLE_RATE * self._rate.denominator, self._rate.numerator
         a, b = i * num // den, (i + 1) * num // den
         if a < self._mute_until:
             pcm = pcm.copy()
@@ -331,7 +332,7 @@ class DittoFastVideoService(AIService):
                 _, image, pcm, speech, released = item
                 await self.push_frame(OutputImageRawFrame(image=image, size=self._size, format="RGB"))
                 audio = TTSAudioRawFrame if speech else OutputAudioRawFrame
-                await self.push_frame(audio(audio=pcm, sample_rate=RATE, num_channels=1))
+                await self.push_frame(audio(audio=pcm, sample_rate=SPEECH_SAMPLE_RATE, num_channels=1))
                 for f in released:
                     await self.push_frame(f)
             elif kind == "frames":

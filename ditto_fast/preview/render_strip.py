@@ -15,8 +15,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ditto_fast.audio.decode import SAMPLE_RATE, load_audio
+from ditto_fast.audio.decode import load_audio
 from ditto_fast.face.crop import params_to_matrix, warp_crop
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.preview.avatar_sheet import crop_corners
 from ditto_fast.preview.canvas import (BLUE, GREY, INK, MARGIN, RED, WIDTH, Box, TimePlot, evenly_spaced, nice_step, page, paste,
                      text, write_png)
@@ -43,7 +44,7 @@ def face_square(M_c2o: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def _loudness(audio: np.ndarray, frames: int, rate: Fraction) -> np.ndarray:
     """RMS [frames] of the 16 kHz audio over each output frame's time."""
-    edges = np.round(np.arange(frames + 1) * SAMPLE_RATE / float(rate)).astype(np.int64)
+    edges = np.round(np.arange(frames + 1) * SPEECH_SAMPLE_RATE / float(rate)).astype(np.int64)
     sq = np.concatenate([[0.0], np.cumsum(audio.astype(np.float64) ** 2)])
     a, b = np.minimum(edges[:-1], len(audio)), np.minimum(edges[1:], len(audio))
     return np.sqrt((sq[b] - sq[a]) / np.maximum(b - a, 1))

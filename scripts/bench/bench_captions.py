@@ -59,7 +59,7 @@ def _ccextractor(path: Path, work: Path) -> list[float] | None:
     subprocess.run(["ccextractor", str(path), "-o", str(out)], capture_output=True)
     if not out.is_file():
         return None
-    from ditto_fast.captions.readback import parse_srt
+    from ditto_fast.delivery.caption_readback import parse_srt
 
     return [c.start for c in parse_srt(out.read_text(errors="replace"))]
 
@@ -67,7 +67,7 @@ def _ccextractor(path: Path, work: Path) -> list[float] | None:
 def timing(work: Path, quick: bool) -> dict:
     """Each deliverable rendered with the cues; each caption's display frame by each reader against its cue's."""
     from ditto_fast.captions.eia608 import cue_frame
-    from ditto_fast.captions.readback import read_captions
+    from ditto_fast.delivery.caption_readback import read_captions
 
     ckpt, audio = checkpoints(tiny=True), speech(6.5)
     env = dict(os.environ, DITTO_FAST_HOME=str(work / "home"), DITTO_FAST_CHECKPOINTS=str(ckpt))

@@ -12,7 +12,7 @@ from fastapi import Body, FastAPI, WebSocket, WebSocketDisconnect
 
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import DittoError, UsageError
-from ditto_fast.media.rates import SPEECH_RATE
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.serve.live.sessions import LiveSessions, pcm_rate
 
 CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_UNKNOWN, CLOSE_ENDED = 1003, 1008, 4404, 4410
@@ -82,7 +82,7 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
                     resample = Resampler(pcm_rate(message["text"]))
                     continue
                 if resample is None:
-                    resample = Resampler(SPEECH_RATE)
+                    resample = Resampler(SPEECH_SAMPLE_RATE)
                 session.feed(resample(message.get("bytes") or b""))
                 if not session.active:
                     return await _refuse(ws, CLOSE_ENDED, f"live session {sid} has {session.state}")

@@ -23,7 +23,7 @@ from ditto_fast.handles.live_link import LiveLink
 from ditto_fast.live.options import LIVE_KEYS, LiveRequest
 from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.start import check_live
-from ditto_fast.media.rates import SPEECH_RATE
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.serve.checks import check_utf8, confine
 
 STATES = ("starting", "streaming", "idle", "ending", "ended", "failed")
@@ -123,7 +123,7 @@ class ServedSession:
         return {"id": self.id, "avatar": self.request.avatar, "out": self.request.out, "state": self.state,
                 "engine": self.link.engine if self.link else None, "pid": self.pid,
                 "created": self.created, "started": self.started, "finished": self.finished,
-                "client_connected": self.clients > 0, "speech_in_seconds": round(self.received / SPEECH_RATE, 3),
+                "client_connected": self.clients > 0, "speech_in_seconds": round(self.received / SPEECH_SAMPLE_RATE, 3),
                 "audio": f"/v1/live/{self.id}/audio", "error": self.error,
                 "first_frame_latency_s": stats.get("first_frame_latency_s"), "latency_s": stats.get("latency_s"),
                 "frames": stats.get("frames"), "rtf": stats.get("rtf"), "stats": self.stats}

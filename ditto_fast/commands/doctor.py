@@ -1,13 +1,18 @@
-"""Environment checks for `ditto-fast doctor`: ffmpeg, torch device, mediapipe models, checkpoints, store."""
+"""`ditto-fast doctor`: the environment checked, one line each (ffmpeg, torch device, mediapipe models, checkpoints,
+store); nothing changed."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ditto_fast.core.errors import DittoError
+import click
+
+from ditto_fast.console.options import ENGINE
+from ditto_fast.core.errors import EXIT_INTERNAL, DittoError
 
 
 @dataclass
@@ -121,3 +126,16 @@ def _store() -> Check:
 def run_checks(checkpoints_dir=None) -> list[Check]:
     """All checks, in order; each never raises, and none changes anything on disk."""
     return [_ffmpeg(), _torch(), _mediapipe(), _checkpoints(checkpoints_dir), _store()]
+
+
+@click.command()
+@ENGINE["checkpoints"]
+def doctor(checkpoints):
+    """Check ffmpeg, torch device, mediapipe models, checkpoints (each loaded) and the avatar store, one line each;
+    changes nothing. Exit 6 if the checkpoints fail, 3 if the store is not writable."""
+    failed = []
+    for check in run_checks(checkpoints):
+        failed += [] if check.ok else [check.exit_code]
+        click.echo(f"[{'ok' if check.ok else 'FAIL'}] {check.name:<12} {check.detail}")
+    # 6 for the checkpoints, 3 for the store (a broken install, ffmpeg or torch say, leaves 1)
+    sys.exit(next((c for c in failed if c != EXIT_INTERNAL), failed[0]) if failed else 0)
