@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import imageio_ffmpeg
-import numpy as np
 import pytest
 import soundfile as sf
 
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.clip import check_clip
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.handles.base import EngineJob, EngineLimits, LiveJob
+from ditto_fast.handles.base import EngineJob, EngineLimits
+from ditto_fast.handles.live_link import LiveJob
 from ditto_fast.handles.process import ProcessEngine
 from ditto_fast.live.options import LiveRequest
 

@@ -1,6 +1,6 @@
 """What crosses an engine handle: a checked render job going out (`EngineJob`), its result or the reason it has none
-coming back; a live session going out (`LiveJob`) and the link to it coming back (`LiveLink`); the interface every
-handle has (`EngineHandle`) and what it says of its engine (`EngineState`)."""
+coming back (a live session's own in live_link.py); the interface every handle has (`EngineHandle`) and what it
+says of its engine (`EngineState`)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ if TYPE_CHECKING:
     from ditto_fast.engine.renderer import RenderResult
     from ditto_fast.engine.request import RenderRequest
     from ditto_fast.engine.stages import Progress
-    from ditto_fast.handles.live_link import LiveLink
-    from ditto_fast.live.options import LiveRequest
+    from ditto_fast.handles.live_link import LiveJob, LiveLink
 
 
 @dataclass(frozen=True)
@@ -31,16 +30,6 @@ class EngineJob:
     audio: DecodedAudio
     label: str = ""                     # what the job is called where it came from (a serve job's id)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)      # names this render for a cancel
-
-
-@dataclass(frozen=True)
-class LiveJob:
-    """A live session for an engine to carry beside its render jobs: the session's checked request; `id` names it in
-    every message about it."""
-
-    request: LiveRequest
-    label: str = ""                     # what the session is called where it came from (serve's session id)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
 class JobCancelled(Exception):

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ditto_fast.handles.base import LiveJob
+from ditto_fast.handles.live_link import LiveJob
 
 STATS_EVERY_S = 1.0
 

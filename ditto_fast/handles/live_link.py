@@ -1,4 +1,4 @@
-"""The parent's side of a live session that an engine carries (`LiveLink`): speech pushed to it (16 kHz, as the model
+"""A live session going out to an engine (`LiveJob`), and the parent's side of it there (`LiveLink`): speech pushed to it (16 kHz, as the model
 hears it), cleared on an interruption, ended; the session stopped; its state, figures and cause read. What the
 session says comes back through the engine's handle (`heard`), which also tells the link when its engine is lost.
 
@@ -11,12 +11,26 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ditto_fast.handles.base import LiveJob
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from ditto_fast.live.options import LiveRequest
+
+@dataclass(frozen=True)
+class LiveJob:
+    """A live session for an engine to carry beside its render jobs: the session's checked request; `id` names it in
+    every message about it."""
+
+    request: LiveRequest
+    label: str = ""                     # what the session is called where it came from (serve's session id)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
 
 STATES = ("starting", "streaming", "ending", "ended", "failed")
 ACTIVE = ("starting", "streaming", "ending")

@@ -26,8 +26,8 @@ from typing import Any, Callable
 import ditto_fast
 from ditto_fast.core.errors import InputError, one_line
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
-                                     LiveJob, at_memory_cap, signal_words)
-from ditto_fast.handles.live_link import LiveLink
+                                     at_memory_cap, signal_words)
+from ditto_fast.handles.live_link import LiveJob, LiveLink
 from ditto_fast.handles.outcome import answer
 from ditto_fast.media.claims import remove_dead_writers
 

@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable
 
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled, LiveJob
+from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled
+from ditto_fast.handles.live_link import LiveJob
 from ditto_fast.handles.outcome import answer, run_job
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked

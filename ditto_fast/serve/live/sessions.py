@@ -18,8 +18,8 @@ import numpy as np
 
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.core.files import shown
-from ditto_fast.handles.base import EngineHandle, LiveJob
-from ditto_fast.handles.live_link import LiveLink
+from ditto_fast.handles.base import EngineHandle
+from ditto_fast.handles.live_link import LiveJob, LiveLink
 from ditto_fast.live.options import LIVE_KEYS, LiveRequest
 from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.start import check_live
