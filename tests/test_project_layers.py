@@ -202,3 +202,18 @@ def test_the_commands_start_without_heavy_imports():
         return module if chain[module] is None else f"{route(chain[module])} -> {module}"
     heavy = [route(m) for m in HEAVY if m in chain]
     assert not heavy, heavy
+
+
+def test_the_layout_names_every_room_in_the_order_of_its_layers():
+    """docs/layout.md names each folder and each module of the root, in the order the layers go (lowest first), and
+    every module of the engine host and of live."""
+    text = (REPO / "docs" / "layout.md").read_text()
+    named = [line.split()[0].rstrip("/").removesuffix(".py") for line in text.splitlines()
+             if line.startswith("  ") and not line.startswith("   ") and line.split()]
+    rooms = [r for r in named if any(r in layer for layer in LAYERS)]
+    assert sorted(rooms) == sorted(set().union(*LAYERS)), set().union(*LAYERS) ^ set(rooms)
+    assert [_rank(f"ditto_fast.{r}") for r in rooms] == sorted(_rank(f"ditto_fast.{r}") for r in rooms), rooms
+    for room in ("handles", "live"):
+        for module in (PACKAGE / room).glob("*.py"):
+            if module.stem != "__init__":
+                assert f"{module.name}" in text, f"docs/layout.md does not name {room}/{module.name}"
