@@ -31,7 +31,7 @@ def test_jobs_file_paths_are_relative_to_it_and_bad_lines_fail_alone(tmp_path):
     jobs = read_jobs(f)
     assert [j.index for j in jobs] == list(range(8))
     a, b = jobs[0], jobs[1]
-    assert a.status == b.status == "pending"
+    assert a.status == b.status == "queued"
     assert a.audio == d / "a.wav" and a.output == d / "out" / "a.mp4"
     assert a.request.seed == 3 and a.request.steps == 10
     assert b.request.emotion == "happy+surprise" and b.request.controls == d / "c.json"
@@ -137,7 +137,7 @@ def test_outputs_that_are_inputs_fail_alone(video_avatar, tiny_checkpoints, clip
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     jobs = read_jobs(f)
     check_jobs(jobs, RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints)))
-    assert jobs[0].status == "pending", jobs[0].error
+    assert jobs[0].status == "queued", jobs[0].error
     assert [j.exit_code for j in jobs[1:]] == [2] * 5, [j.error for j in jobs]
     said = ("would overwrite an input", "is an input of this batch")
     assert all(any(s in j.error for s in said) for j in jobs[1:5]), [j.error for j in jobs]

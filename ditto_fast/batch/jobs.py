@@ -28,11 +28,11 @@ JOBS_MAX_BYTES = 64 * MIB       # a night of jobs is kilobytes to a few megabyte
 @dataclass
 class Job:
     """One clip to render (its request; None for a job line that is not one) and what became of it
-    (status: pending, done, skipped or failed)."""
+    (status: queued, done, skipped or failed: handles.base.JOB_STATES)."""
 
     index: int
     request: RenderRequest | None = None
-    status: str = "pending"
+    status: str = "queued"
     error: str | None = None
     exit_code: int = 0
     frames: int = 0
@@ -181,7 +181,7 @@ def check_side_files(jobs: list[Job], report: Path | None, previews: dict[int, P
 
 
 def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
-    """Check every pending job without loading a network; failed ones are marked, the rest get their Clip."""
+    """Check every queued job without loading a network; failed ones are marked, the rest get their Clip."""
     opened = OpenAvatars(setup.checkpoints)
     avatars: dict[str, Avatar | DittoError] = {}        # this check's answer for each name, a refusal included
     emotion = setup.config.clip.emotion
@@ -190,7 +190,7 @@ def check_jobs(jobs: list[Job], setup: RenderSetup) -> dict[int, Clip]:
     outputs: dict[Path, int] = {}
     clips: dict[int, Clip] = {}
     for job in jobs:
-        if job.status != "pending":
+        if job.status != "queued":
             continue
         request = job.request
         try:

@@ -32,7 +32,7 @@ class Book:
                  report: str | Path | None, previews: dict[int, Path], extra: dict[str, Any]):
         self.jobs, self.clips, self.force, self.fail_fast = jobs, clips, force, fail_fast
         self.report, self.previews, self.extra = report, previews, extra
-        self.queue = [j for j in jobs if j.status == "pending"]
+        self.queue = [j for j in jobs if j.status == "queued"]
         self._tried: dict[int, set[str]] = {}       # job -> the digests its output was compared with
 
     def skip_finished(self, setup: RenderSetup) -> list[Job]:
@@ -89,7 +89,7 @@ class Book:
                 EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERNAL
             why = INTERRUPTED if code != EXIT_INTERNAL else f"not run: internal error {type(e).__name__}: {e}"
         for job in self.jobs:
-            if job.status == "pending":
+            if job.status == "queued":
                 job.fail(why, code)
 
 

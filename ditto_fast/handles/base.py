@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from ditto_fast.handles.live_link import LiveJob, LiveLink
 
 
+# a render job's states, one set wherever a job is kept (a batch's report, serve's queue): queued, running, then
+# done, skipped (done before: its output carries the same digest), failed or cancelled
+JOB_STATES = ("queued", "running", "done", "skipped", "failed", "cancelled")
+
+
 @dataclass(frozen=True)
 class EngineJob:
     """A job checked by the parent: the request (paths absolute), its decoded audio and the signature of the avatar's

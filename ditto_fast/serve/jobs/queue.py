@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ditto_fast.core.errors import EXIT_INTERNAL, one_line
+from ditto_fast.handles.base import JOB_STATES
 from ditto_fast.serve.jobs.lease import Lease, lease_alive
 from ditto_fast.serve.options import MAX_CRASHES
 
-STATES = ("queued", "running", "done", "failed", "cancelled")
+STATES = tuple(s for s in JOB_STATES if s != "skipped")      # a skipped job is done here, with "skipped": true
 FINAL = ("done", "failed", "cancelled")
 PRIORITIES = {"normal": 0, "breaking": 100}      # a job may also give a number in PRIORITY_RANGE
 PRIORITY_RANGE = (-1000, 1000)
