@@ -217,3 +217,16 @@ def test_the_layout_names_every_room_in_the_order_of_its_layers():
         for module in (PACKAGE / room).glob("*.py"):
             if module.stem != "__init__":
                 assert f"{module.name}" in text, f"docs/layout.md does not name {room}/{module.name}"
+
+
+def test_serve_starts_no_process_of_its_own():
+    """Every process that loads the networks is the engine host's (handles/): serve asks it, it spawns nothing."""
+    for path in (PACKAGE / "serve").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+            {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in n.names} | {(n.module or "").split(".")[0] for n in ast.walk(tree)
+                                         if isinstance(n, ast.ImportFrom)}
+        assert not names & {"Popen", "fork", "spawn", "executable", "posix_spawn"}, path
+        assert not imported & {"subprocess", "multiprocessing"}, path
