@@ -1,6 +1,7 @@
 """The live sessions an engine process carries (`EngineSessions`), each on a thread of its own beside the render loop
-and on the same loaded networks: started, fed speech, cleared, ended and stopped by its parent's messages (see
-live_link.py), its figures sent each second, its end or failure said once."""
+and on the same loaded networks: started, fed speech, cleared, ended, watched and stopped by its parent's messages
+(see live_link.py); its frames encoded for its parent while someone watches (live/relay.py), beside its file or
+network stream if it has one; its figures sent each second, its end or failure said once."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class _Carried:
         self.job = job
         self.source = PushedSource(f"live session {job.label or job.id}")
         self.session: Any = None
+        self.relay: Any = None
+        self.watchers = 0
         self.stop_asked = threading.Event()
 
 
@@ -56,6 +59,10 @@ class EngineSessions:
             carried.source.clear()
         elif kind == "live-end":
             carried.source.end()
+        elif kind == "live-watch":
+            carried.watchers = message[2]
+            if carried.relay is not None:
+                carried.relay.watch(message[2])
         elif kind == "live-stop":
             carried.stop_asked.set()
             if carried.session is not None:
@@ -79,12 +86,29 @@ class EngineSessions:
             carried.session = session
             if carried.stop_asked.is_set():
                 session.stop()
-            self.send("live-ready", sid, {"avatar": carried.job.request.avatar})
+            self.send("live-ready", sid, {"avatar": carried.job.request.avatar, "size": list(session.avatar.size),
+                                          "rate": str(session.s.rate)})
             threading.Thread(target=self._report, args=(carried,), name=f"live-{sid}-stats", daemon=True).start()
+
+        def outputs(avatar: Any, settings: Any) -> Any:
+            from ditto_fast.live.relay import Outputs, RelayOutput
+            from ditto_fast.live.start import plate_pix_fmt, stream_output
+
+            carried.relay = RelayOutput(avatar.size, settings.rate, plate_pix_fmt(avatar),
+                                        lambda *media: self.send("live-media", sid, *media),
+                                        preset=self.renderer.setup.preset)
+            carried.relay.watch(carried.watchers)
+            if carried.job.request.out is None:
+                return carried.relay
+            try:
+                return Outputs(stream_output(self.renderer, carried.job.request, avatar, settings), carried.relay)
+            except BaseException:
+                carried.relay.abort()
+                raise
 
         try:
             stats = stream_live(self.renderer, carried.job.request, carried.source, False,
-                                lambda line: self.send("live-log", sid, line), started=started)
+                                lambda line: self.send("live-log", sid, line), started=started, output=outputs)
         except DittoError as e:
             self.send("live-failed", sid, str(e), e.exit_code)
         except Exception as e:  # noqa: BLE001 - the parent says why the session failed

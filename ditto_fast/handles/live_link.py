@@ -3,8 +3,9 @@ hears it), cleared on an interruption, ended; the session stopped; its state, fi
 session says comes back through the engine's handle (`heard`), which also tells the link when its engine is lost.
 
 Messages to the engine: ("live", job), ("live-pcm", id, s16le bytes), ("live-clear", id), ("live-end", id),
-("live-stop", id). From it: ("live-ready", id, info), ("live-stats", id, summary, samples taken), ("live-log", id,
-line), ("live-ended", id, summary), ("live-failed", id, line, exit_code)."""
+("live-watch", id, watchers), ("live-stop", id). From it: ("live-ready", id, info), ("live-stats", id, summary,
+samples taken), ("live-log", id, line), ("live-media", id, index, access_unit, key, pcm) while anyone watches,
+("live-ended", id, summary), ("live-failed", id, line, exit_code)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class LiveLink:
         self.taken = 0                          # samples the session has taken, as it last said
         self.last_frames, self.last_change = -1, time.monotonic()      # for the stall limit
         self._send = send
+        self._watchers: list[Callable[[tuple | None], None]] = []
         self._out: queue.Queue = queue.Queue()
         self._ended = threading.Event()
         self._lock = threading.Lock()
@@ -87,6 +89,24 @@ class LiveLink:
             self.state = "ending"
         self._out.put(("live-stop", self.id))
 
+    def watch(self, take: Callable[[tuple | None], None]) -> Callable[[], None]:
+        """`take((index, access_unit, key, pcm))` hears each frame the session sends from now on (its picture as one
+        H.264 access unit, a key frame first; its slot's int16 speech), then `take(None)` when the session ends; the
+        engine encodes only while anyone watches. Returns what stops the watching."""
+        with self._lock:
+            self._watchers.append(take)
+            count = len(self._watchers)
+        self._out.put(("live-watch", self.id, count))
+
+        def leave() -> None:
+            with self._lock:
+                if take not in self._watchers:
+                    return
+                self._watchers.remove(take)
+                count = len(self._watchers)
+            self._out.put(("live-watch", self.id, count))
+        return leave
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the session has ended or failed; whether it has."""
         return self._ended.wait(timeout)
@@ -115,6 +135,9 @@ class LiveLink:
             frames = (self.stats.get("frames") or {}).get("sent", 0)
             if frames != self.last_frames:
                 self.last_frames, self.last_change = frames, time.monotonic()
+        elif kind == "live-media":
+            for take in list(self._watchers):
+                _quietly(take, message[2:])
         elif kind == "live-log":
             self.heard("log", message[2])
         elif kind == "live-ended":
@@ -134,6 +157,8 @@ class LiveLink:
             self.state, self.error = state, error
         self._out.put(None)
         self._ended.set()
+        for take in list(self._watchers):
+            _quietly(take, None)
         self.heard(state, error if state == "failed" else self.stats)
 
     def _send_loop(self) -> None:
@@ -143,3 +168,11 @@ class LiveLink:
                 self._send(message)
             except Exception:  # noqa: BLE001 - the engine is gone: its handle says so through lost()
                 return
+
+
+def _quietly(take: Callable[[tuple | None], None], media: tuple | None) -> None:
+    """Hand `media` to one watcher; a watcher's failure is its own (the others and the engine's reader go on)."""
+    try:
+        take(media)
+    except Exception:  # noqa: BLE001 - a viewer gone mid-frame, say
+        pass

@@ -60,12 +60,7 @@ def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: 
     try:
         avatar = renderer.avatar(request.avatar)
         settings = request.settings(renderer.config, avatar.rate, stop_at_end)
-        if output is not None:
-            output = output(avatar, settings)
-        else:
-            output = StreamOutput(request.out, avatar.size, settings.rate, plate_pix_fmt(avatar),
-                                  crf=renderer.setup.crf, preset=renderer.setup.preset,
-                                  encoder=ENCODERS[settings.codec, renderer.setup.nvenc])
+        output = output(avatar, settings) if output is not None else stream_output(renderer, request, avatar, settings)
     except BaseException:
         source.close()
         raise
@@ -81,6 +76,12 @@ def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: 
         source.close()
         output.abort()
         raise
+
+
+def stream_output(renderer, request: LiveRequest, avatar, settings) -> StreamOutput:
+    """The ffmpeg stream to `request.out` of a session of `avatar` (its size, its plate's pixel format)."""
+    return StreamOutput(request.out, avatar.size, settings.rate, plate_pix_fmt(avatar), crf=renderer.setup.crf,
+                        preset=renderer.setup.preset, encoder=ENCODERS[settings.codec, renderer.setup.nvenc])
 
 
 def plate_pix_fmt(avatar) -> str:

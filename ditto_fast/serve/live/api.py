@@ -1,6 +1,7 @@
 """The live routes of the job API: POST /v1/live opens a session, GET /v1/live[/ID] tells its state and figures,
-DELETE ends it cleanly; the WebSocket /v1/live/ID/audio takes its speech as binary s16le mono PCM (16 kHz, or the
-rate a first text message {"rate": N} declares). A refused WebSocket message gets one JSON line
+DELETE ends it cleanly; POST /v1/live/ID/whep takes a WebRTC viewer's SDP offer (WHEP: 201, the SDP answer and its
+Location, which DELETE ends); the WebSocket /v1/live/ID/audio takes its speech as binary s16le mono PCM (16 kHz, or
+the rate a first text message {"rate": N} declares). A refused WebSocket message gets one JSON line
 {"error", "exit_code"} and the socket is closed (1003: not PCM or a bad rate, 4404: no such session, 4410: ended)."""
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import Body, FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import Body, FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import Response
 
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import DittoError, UsageError
@@ -17,6 +19,7 @@ from ditto_fast.serve.live.sessions import LiveSessions, pcm_rate
 
 CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_UNKNOWN, CLOSE_ENDED = 1003, 1008, 4404, 4410
 ENDED_POLL_S = 0.5
+START_WAIT_S = 60.0             # how long a viewer's offer waits for its session to start streaming
 
 
 def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, answer, refusal, error) -> None:
@@ -50,6 +53,35 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
                            "exit_code": UsageError.exit_code, "live": session.view()}, status_code=409)
         session.end()
         return session.view()
+
+    @app.post("/v1/live/{sid}/whep", status_code=201, response_class=Response,
+              responses={201: {"content": {"application/sdp": {}}, "description": "The SDP answer; Location names "
+                               "the viewer (DELETE it to stop watching)."}})
+    async def watch(sid: str, request: Request):
+        """A WebRTC viewer (WHEP): the body is its SDP offer (Content-Type: application/sdp)."""
+        session = sessions.get(sid)
+        if session is None:
+            return refusal(f"no live session {sid}", 404)
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/sdp":
+            return refusal(f"POST /v1/live/{sid}/whep: send the SDP offer as Content-Type: application/sdp "
+                           f"(WHEP), got {kind or 'none'}", 415)
+        for _ in range(int(START_WAIT_S / ENDED_POLL_S)):
+            if session.state != "starting":
+                break
+            await asyncio.sleep(ENDED_POLL_S)
+        try:
+            vid, sdp = await sessions.viewers.offer(session, (await request.body()).decode("utf-8", "replace"))
+        except DittoError as e:
+            return error(e, 409 if not session.active else 400)
+        return Response(sdp, status_code=201, media_type="application/sdp",
+                        headers={"Location": f"/v1/live/{sid}/whep/{vid}"})
+
+    @app.delete("/v1/live/{sid}/whep/{vid}")
+    async def unwatch(sid: str, vid: str):
+        if not await sessions.viewers.end(sid, vid):
+            return refusal(f"no viewer {vid} of live session {sid}", 404)
+        return {"id": sid, "viewer": vid, "state": "ended"}
 
     @app.websocket("/v1/live/{sid}/audio")
     async def audio(ws: WebSocket, sid: str):

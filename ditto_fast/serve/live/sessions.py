@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from fractions import Fraction
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.start import check_live
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.serve.checks import check_utf8, confine
+from ditto_fast.serve.live.whep import WhepViewers
 
 STATES = ("starting", "streaming", "idle", "ending", "ended", "failed")
 ACTIVE = ("starting", "streaming", "idle", "ending")
@@ -52,8 +54,9 @@ class ServedSession:
     """One live session as this server serves it: its request, the link to the engine that carries it, its audio
     client and its times."""
 
-    def __init__(self, sid: str, request: LiveRequest, log: Callable[[dict], None]):
-        self.id, self.request, self.log = sid, request, log
+    def __init__(self, sid: str, request: LiveRequest, log: Callable[[dict], None],
+                 viewers: Callable[[str], int] = lambda sid: 0):
+        self.id, self.request, self.log, self.viewers = sid, request, log, viewers
         self.created, self.started, self.finished = time.time(), None, None
         self.link: LiveLink | None = None
         self.engine: EngineHandle | None = None
@@ -86,6 +89,11 @@ class ServedSession:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    @property
+    def rate(self) -> Fraction:
+        """Frames per second (known once the session streams)."""
+        return Fraction(self.link.info["rate"]) if self.link is not None and self.link.info else Fraction(25)
 
     @property
     def stats(self) -> dict | None:
@@ -124,7 +132,8 @@ class ServedSession:
                 "engine": self.link.engine if self.link else None, "pid": self.pid,
                 "created": self.created, "started": self.started, "finished": self.finished,
                 "client_connected": self.clients > 0, "speech_in_seconds": round(self.received / SPEECH_SAMPLE_RATE, 3),
-                "audio": f"/v1/live/{self.id}/audio", "error": self.error,
+                "audio": f"/v1/live/{self.id}/audio", "whep": f"/v1/live/{self.id}/whep",
+                "viewers": self.viewers(self.id), "error": self.error,
                 "first_frame_latency_s": stats.get("first_frame_latency_s"), "latency_s": stats.get("latency_s"),
                 "frames": stats.get("frames"), "rtf": stats.get("rtf"), "stats": self.stats}
 
@@ -141,6 +150,7 @@ class LiveSessions:
         self.avatars, self.log = avatars, log
         self.max_live, self.idle_timeout, self.network_outputs = max_live, idle_timeout, network_outputs
         self._sessions: dict[str, ServedSession] = {}
+        self.viewers = WhepViewers()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_idle, name="live-idle", daemon=True)
@@ -160,10 +170,12 @@ class LiveSessions:
         if not isinstance(body.get("avatar"), str):
             raise UsageError("avatar is required: the name of a registered avatar")
         out = body.get("out")
-        if not isinstance(out, str) or not out:
-            raise UsageError("out is required: a .ts or .m3u8 path under the server's roots, or an srt://, udp:// or "
-                             "rtmp:// URL")
-        if describe_destination(out) in ("ts file", "hls"):
+        if out is not None and (not isinstance(out, str) or not out):
+            raise UsageError("out, when given, is a .ts or .m3u8 path under the server's roots, or an srt://, udp:// "
+                             "or rtmp:// URL (without it the session is watched by WebRTC, WHEP, only)")
+        if out is None:
+            pass
+        elif describe_destination(out) in ("ts file", "hls"):
             out = str(Path(out).absolute())
             confine(Path(out), self.roots, "live output")
         elif not self.network_outputs:
@@ -184,9 +196,10 @@ class LiveSessions:
             if sum(s.active for s in self._sessions.values()) >= self.max_live:
                 raise UsageError(f"{self.max_live} live session(s) stream already, the most this server runs "
                                  "(--max-live); end one (DELETE /v1/live/ID) first")
-            if any(s.active and s.request.out == request.out for s in self._sessions.values()):
+            if request.out is not None and any(s.active and s.request.out == request.out
+                                               for s in self._sessions.values()):
                 raise UsageError(f"{request.out}: another live session streams there; choose another output")
-            session = ServedSession(secrets.token_hex(8), request, self.log)
+            session = ServedSession(secrets.token_hex(8), request, self.log, self.viewers.count)
             self._sessions[session.id] = session
             ended = [k for k, s in self._sessions.items() if not s.active]
             for k in ended[:max(0, len(ended) - KEPT_ENDED)]:
