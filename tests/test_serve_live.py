@@ -142,7 +142,7 @@ def test_refusals(serving, tmp_path):
               ({"avatar": "anchor", "out": str(tmp_path / "a.mp4")}, "not a stream destination"),
               ({"avatar": "anchor", "out": str(tmp_path / "a.ts"), "audio": "x.wav"}, "unknown field"),
               ({"avatar": "anchor", "out": str(tmp_path / "a.ts"), "emotion": "{\"0\": \"happy\"}"}, "schedule"),
-              ({"avatar": "anchor"}, "out is required")]
+              ({"avatar": "anchor", "out": ""}, "out, when given")]
     for body, words in refuse:
         code, answer = server.call("POST", "/v1/live", body)
         assert 400 <= code < 500 and words in answer["error"] and "\n" not in answer["error"], (body, answer)
@@ -276,3 +276,95 @@ def test_sigterm_ends_every_session_cleanly(serving, tmp_path):
     assert sorted(ended) == sorted(sids) and all(e["state"] == "ended" for e in ended.values()), ended
     for k, sid in enumerate(sids):
         assert video_frames(tmp_path / f"{k}.ts")[1] == ended[sid]["stats"]["frames"]["sent"]
+
+
+def _frames_of(messages: list[bytes]) -> list[tuple[dict, bytes, bytes]]:
+    """The media messages a client got back: (header, access unit, pcm) each."""
+    import struct
+
+    out = []
+    for m in messages:
+        n = struct.unpack(">I", m[:4])[0]
+        header = json.loads(m[4:4 + n])
+        unit = m[4 + n:4 + n + header["unit"]]
+        out.append((header, unit, m[4 + n + header["unit"]:]))
+    return out
+
+
+@pytest.mark.slow
+def test_the_websocket_both_ways_answers_interruptions_and_frames(serving, tmp_path):
+    import av
+
+    server = serving()
+    out = tmp_path / "both.ts"
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(out)})[1]["id"]
+    wait_state(server, sid, ("idle", "streaming"))
+    first, _ = sf.read(speech_clip(tmp_path, "one.wav", 2.0, start=0.0), dtype="float32")
+    second, _ = sf.read(speech_clip(tmp_path, "two.wav", 4.0, start=0.0), dtype="float32")
+
+    async def talk() -> tuple[list[dict], list[bytes], tuple[dict, int]]:
+        events, media = [], []
+        async with websockets.connect(ws_url(server, sid)) as ws:
+            async def listen():
+                async for m in ws:
+                    (media if isinstance(m, bytes) else events).append(m if isinstance(m, bytes) else json.loads(m))
+            reader = asyncio.ensure_future(listen())
+            await ws.send(json.dumps({"rate": 16000, "media": True}))
+            other = await refused(ws_url(server, sid))           # one audio client a session
+            await ws.send(np.round(first * 32767).astype("<i2").tobytes())
+            await ws.send(json.dumps({"end": True}))
+            deadline = time.monotonic() + 30
+            while not any(e.get("event") == "playback_finished" for e in events):
+                assert time.monotonic() < deadline, events
+                await asyncio.sleep(0.1)
+            await ws.send(np.round(second * 32767).astype("<i2").tobytes())     # a whole answer at once
+            await ws.send(json.dumps({"end": True}))
+            while not [e for e in events if e.get("event") == "playback_started" and e["segment"] == 2]:
+                assert time.monotonic() < deadline + 30, events
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            await ws.send(json.dumps({"clear": True}))                        # the caller interrupts
+            while len([e for e in events if e.get("event") == "playback_finished"]) < 2:
+                assert time.monotonic() < deadline + 60, events
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(4.0)
+            reader.cancel()
+        return events, media, other
+
+    events, media, (line, code) = asyncio.run(talk())
+    assert code == 4409 and "audio client already" in line["error"]
+    finished = [e for e in events if e.get("event") == "playback_finished"]
+    assert finished[0] == {"event": "playback_finished", "segment": 1, "position_s": 2.0, "interrupted": False}
+    assert finished[1]["segment"] == 2 and finished[1]["interrupted"] and 0.5 < finished[1]["position_s"] < 3.0
+    frames = _frames_of(media)
+    assert frames[0][0]["key"] and frames[0][0]["rate"] == "25" and frames[0][0]["pcm_rate"] == 16000
+    decoder = av.CodecContext.create("h264", "r")
+    pictures = [p for _, unit, _ in frames[:30] for p in decoder.decode(av.Packet(unit))]
+    assert len(pictures) >= 25 and (pictures[0].width, pictures[0].height) == (1920, 1080)
+    assert [h["index"] for h, _, _ in frames] == list(range(frames[0][0]["index"], frames[0][0]["index"] + len(frames)))
+    assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
+    # what went out: the first answer whole, the second only up to the interruption (then silence)
+    got = decoded_audio(out)
+    loud = np.convolve(np.abs(got) > 0.02, np.ones(1600) / 1600, mode="same") > 0.05
+    spoken = loud.sum() / 16000
+    assert 1.5 < spoken < 2.0 + finished[1]["position_s"] + 1.0, (spoken, finished)     # not the 6 s sent
+
+
+@pytest.mark.slow
+def test_an_answer_sent_whole_is_spoken_before_the_session_counts_as_idle(serving, tmp_path):
+    server = serving("--live-idle-timeout", "1")
+    out = tmp_path / "whole.ts"
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(out)})[1]["id"]
+    wait_state(server, sid, ("idle", "streaming"))
+    speech, _ = sf.read(speech_clip(tmp_path, "whole.wav", 5.0, start=0.0), dtype="float32")
+
+    async def burst() -> None:
+        async with websockets.connect(ws_url(server, sid)) as ws:
+            await ws.send(np.round(speech * 32767).astype("<i2").tobytes())
+    asyncio.run(burst())
+    view = wait_state(server, sid, ("ended", "failed"), timeout=60)
+    assert view["state"] == "ended", view
+    got = decoded_audio(out)
+    corr = np.correlate(got, speech, mode="valid")
+    at = int(np.argmax(corr))
+    assert np.corrcoef(got[at:at + len(speech)], speech)[0, 1] > 0.9       # all of it, then the end

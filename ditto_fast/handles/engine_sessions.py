@@ -13,6 +13,7 @@ import numpy as np
 from ditto_fast.handles.live_link import LiveJob
 
 STATS_EVERY_S = 1.0
+PLAYBACK_EVERY_S = 0.04     # how often a session's playback is looked at (a frame at 25 fps)
 
 
 class _Carried:
@@ -21,8 +22,12 @@ class _Carried:
     def __init__(self, job: LiveJob):
         from ditto_fast.live.pushed import PushedSource
 
+        from ditto_fast.live.playback import Playback
+
         self.job = job
         self.source = PushedSource(f"live session {job.label or job.id}")
+        self.playback = Playback()
+        self.lock = threading.Lock()            # the source and the playback change together
         self.session: Any = None
         self.relay: Any = None
         self.watchers = 0
@@ -54,11 +59,23 @@ class EngineSessions:
         if carried is None:
             return                                  # ended already: late speech is dropped
         if kind == "live-pcm":
-            carried.source.push(np.frombuffer(message[2], "<i2").astype(np.float32) / 32768.0)
+            samples = np.frombuffer(message[2], "<i2").astype(np.float32) / 32768.0
+            with carried.lock:
+                carried.playback.pushed(carried.source.received, len(samples))
+                carried.source.push(samples)
+        elif kind == "live-segment":
+            with carried.lock:
+                carried.playback.end_segment(carried.source.received)
         elif kind == "live-clear":
-            carried.source.clear()
-        elif kind == "live-end":
-            carried.source.end()
+            with carried.lock:
+                played = carried.session.played if carried.session is not None else 0
+                events = carried.playback.interrupt(played)
+                if carried.session is not None:
+                    carried.session.interrupt()
+                else:
+                    carried.source.clear()
+            for event in events:
+                self.send("live-event", carried.job.id, event)
         elif kind == "live-watch":
             carried.watchers = message[2]
             if carried.relay is not None:
@@ -122,8 +139,17 @@ class EngineSessions:
             carried.stop_asked.set()                # its reporter stops
 
     def _report(self, carried: _Carried) -> None:
-        while not carried.stop_asked.wait(STATS_EVERY_S):
+        """The session's playback events as its stream goes out, and its figures each second."""
+        sid, beat = carried.job.id, 0
+        while not carried.stop_asked.wait(PLAYBACK_EVERY_S):
             try:
-                self.send("live-stats", carried.job.id, carried.session.stats.summary(False), carried.source.taken)
+                with carried.lock:
+                    events = carried.playback.advance(carried.session.played)
+                for event in events:
+                    self.send("live-event", sid, event)
+                beat += 1
+                if beat * PLAYBACK_EVERY_S >= STATS_EVERY_S:
+                    beat = 0
+                    self.send("live-stats", sid, carried.session.stats.summary(False), carried.source.taken)
             except OSError:
                 return

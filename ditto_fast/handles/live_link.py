@@ -2,10 +2,11 @@
 hears it), cleared on an interruption, ended; the session stopped; its state, figures and cause read. What the
 session says comes back through the engine's handle (`heard`), which also tells the link when its engine is lost.
 
-Messages to the engine: ("live", job), ("live-pcm", id, s16le bytes), ("live-clear", id), ("live-end", id),
-("live-watch", id, watchers), ("live-stop", id). From it: ("live-ready", id, info), ("live-stats", id, summary,
-samples taken), ("live-log", id, line), ("live-media", id, index, access_unit, key, pcm) while anyone watches,
-("live-ended", id, summary), ("live-failed", id, line, exit_code)."""
+Messages to the engine: ("live", job), ("live-pcm", id, s16le bytes), ("live-segment", id) (an answer's end),
+("live-clear", id), ("live-watch", id, watchers), ("live-stop", id). From it: ("live-ready", id, info),
+("live-stats", id, summary, samples taken), ("live-log", id, line), ("live-event", id, playback event),
+("live-media", id, index, access_unit, key, pcm) while anyone watches, ("live-ended", id, summary),
+("live-failed", id, line, exit_code)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ ACTIVE = ("starting", "streaming", "ending")
 
 class LiveLink:
     """One live session on an engine, seen from the process that opened it. `send` hands a message to the engine
-    (OSError when it is gone); `heard(event, detail)` hears ready, log, ended and failed."""
+    (OSError when it is gone); `heard(event, detail)` hears ready, log, event (playback), ended and failed."""
 
     def __init__(self, job: LiveJob, send: Callable[[tuple], None], engine: str,
                  heard: Callable[[str, Any], None] | None = None):
@@ -76,10 +77,9 @@ class LiveLink:
         self.pushed -= dropped
         self._out.put(("live-clear", self.id))
 
-    def end_speech(self) -> None:
-        """No more speech will come: the session speaks what it has, then idles on (or ends, if it stops at the
-        end)."""
-        self._out.put(("live-end", self.id))
+    def end_segment(self) -> None:
+        """The speech pushed so far ends a segment (an answer): its playback_finished comes once it has gone out."""
+        self._out.put(("live-segment", self.id))
 
     def stop(self) -> None:
         """End the stream now, cleanly (its file complete); `wait` for it."""
@@ -122,7 +122,7 @@ class LiveLink:
 
     # ------------------------------------------------------------------ from the engine
     def hear(self, message: tuple) -> None:
-        """A message about this session from its engine."""
+        """A message about this session from its engine (`heard` hears ready, log, event, ended, failed)."""
         kind = message[0]
         if kind == "live-ready":
             self.info = message[2]
@@ -140,6 +140,8 @@ class LiveLink:
                 _quietly(take, message[2:])
         elif kind == "live-log":
             self.heard("log", message[2])
+        elif kind == "live-event":
+            self.heard("event", message[2])
         elif kind == "live-ended":
             self.stats = message[2]
             self._finish("ended", None)

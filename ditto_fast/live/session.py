@@ -83,11 +83,26 @@ class LiveSession:
         self._errors: list[BaseException] = []
         self.render_estimate = 0.0                            # seconds a frame's stitch + warp + decode takes
         self.fused = renderer.fused.twin()                    # its own buffers: an engine may render beside it
+        self._sent_samples = 0                                # stream samples (16 kHz) gone out with their frames
 
     # -- the clock ---------------------------------------------------------------------------------------------
     def slot_time(self, i: int) -> float:
         """Wall time output frame i leaves at (the clock must have started)."""
         return self._t0 + float(i / self.s.rate)
+
+    @property
+    def played(self) -> int:
+        """How far into the source the stream has gone out (the source index after the last sample sent)."""
+        audio = self.stats.audio
+        return audio.source_index(self._sent_samples) if audio is not None else 0
+
+    def interrupt(self) -> int:
+        """A listener interrupts: the speech not yet taken is dropped (the source's clear()), what was taken and not
+        yet sent goes out silent; the face idles again within the stream's delay. Returns the samples dropped."""
+        dropped = self.source.clear()
+        if self.stats.audio is not None:
+            self.stats.audio.silence(self._sent_samples)
+        return dropped
 
     def stop(self) -> None:
         """End the stream at the next frame (the output is closed cleanly by `run`)."""
@@ -280,6 +295,7 @@ class LiveSession:
                 samples = self._slot_samples(i)
                 t0 = time.perf_counter()
                 self.output.write(last, audio.pcm16(*samples))
+                self._sent_samples = samples[1]
                 sent = time.monotonic()
                 timer["write"] += time.perf_counter() - t0
                 if frame is not None:

@@ -30,6 +30,7 @@ class StreamAudio:
         self.arrivals: collections.deque = collections.deque(maxlen=4096)    # (stream pos, arrived at), in order
         self.first_speech: tuple[int, float] | None = None                   # (stream pos, arrived at)
         self.closed_at: int | None = None         # stream length when the source ran dry for good
+        self.takes: collections.deque = collections.deque(maxlen=4096)   # (stream pos, source index, samples)
         self._lock = threading.Lock()
 
     def due(self, now: float) -> int:
@@ -48,6 +49,7 @@ class StreamAudio:
         got = self.source.take(want)
         ending = ended and self.source.available() == 0
         if len(got):
+            self.takes.append((self.length, first, len(got)))
             arrived = self.source.arrivals.arrival_time(first) or now
             self.arrivals.append((self.length, arrived))
             if self.first_speech is None:
@@ -75,6 +77,24 @@ class StreamAudio:
                 part = self._ring[np.arange(lo, hi) % size]
                 out[lo - a:hi - a] = np.clip(np.round(part * 32768.0), -32768, 32767).astype(np.int16)
         return out
+
+    def source_index(self, pos: int) -> int:
+        """How far into the source the stream is at stream position `pos`: the source index after the last of its
+        samples before `pos` (0 if none came yet)."""
+        with self._lock:
+            for at, first, n in reversed(self.takes):
+                if at < pos:
+                    return first + min(n, pos - at)
+        return 0
+
+    def silence(self, start: int) -> None:
+        """Silence what the stream holds from stream position `start` on (speech taken, not yet sent: an
+        interruption)."""
+        with self._lock:
+            size = len(self._ring)
+            lo = max(start, self.length - size, 0)
+            if self.length > lo:
+                self._ring[np.arange(lo, self.length) % size] = 0.0
 
     @property
     def speech(self) -> int:

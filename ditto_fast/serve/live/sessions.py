@@ -7,7 +7,6 @@ playable. This module starts no process: it asks an engine handle to open each s
 
 from __future__ import annotations
 
-import json
 import secrets
 from fractions import Fraction
 import threading
@@ -30,24 +29,9 @@ from ditto_fast.serve.live.whep import WhepViewers
 
 STATES = ("starting", "streaming", "idle", "ending", "ended", "failed")
 ACTIVE = ("starting", "streaming", "idle", "ending")
-PCM_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 QUEUED_AUDIO_S = 600            # seconds of speech a client may send ahead of the stream
 END_WAIT_S = 30.0               # how long DELETE waits for a session's file to be finished
 KEPT_ENDED = 100                # ended sessions still answered by GET
-
-
-def pcm_rate(message: str) -> int:
-    """The sample rate a client's text message `{"rate": N}` declares for its PCM; UsageError naming what is
-    accepted otherwise."""
-    try:
-        value = json.loads(message)
-    except ValueError:
-        value = None
-    rate = value.get("rate") if isinstance(value, dict) and set(value) == {"rate"} else None
-    if not isinstance(rate, int) or isinstance(rate, bool) or rate not in PCM_RATES:
-        raise UsageError(f"a text message may only declare the PCM's rate, as {{\"rate\": N}} with N one of "
-                         f"{', '.join(map(str, PCM_RATES))}, before any audio; got {shown(message[:80])}")
-    return rate
 
 
 class ServedSession:
@@ -63,8 +47,9 @@ class ServedSession:
         self.pid: int | None = None
         self.error: str | None = None
         self.clients = 0
-        self.without_client_since = time.monotonic()
+        self.idle_since: float | None = None        # when it last became idle (no client, nothing left to say)
         self.received = 0               # samples (16 kHz) handed to the session
+        self._listeners: list[Callable[[Any], None]] = []
 
     def heard(self, event: str, detail: Any) -> None:
         """What the session's engine says of it (its link's events), into the server's log."""
@@ -73,6 +58,9 @@ class ServedSession:
             self.log({"live": self.id, "state": self.state, "engine": self.link.engine, "pid": self.pid})
         elif event == "log":
             self.log({"live": self.id, "said": detail})
+        elif event == "event":                  # playback, for the audio client
+            for listen in list(self._listeners):
+                listen(detail)
         else:                                   # ended or failed
             self.finished = time.time()
             self.error = self.error or (detail if event == "failed" else None)
@@ -84,7 +72,7 @@ class ServedSession:
         if self.link is None:
             return "failed" if self.error else "starting"
         state = self.link.state
-        return "idle" if state == "streaming" and not self.clients else state
+        return "idle" if state == "streaming" and not self.clients and self.link.queued_seconds <= 0 else state
 
     @property
     def active(self) -> bool:
@@ -100,13 +88,20 @@ class ServedSession:
         return self.link.stats if self.link is not None else None
 
     # ------------------------------------------------------------------ the client
-    def connected(self) -> None:
+    def connect(self) -> bool:
+        """An audio client comes; False if the session has one already (one speaks for a session)."""
+        if self.clients:
+            return False
         self.clients += 1
+        return True
 
     def disconnected(self) -> None:
         self.clients -= 1
-        if not self.clients:
-            self.without_client_since = time.monotonic()
+
+    def listen(self, hear: Callable[[Any], None]) -> Callable[[], None]:
+        """`hear(event)` hears the session's playback events from now on; returns what stops it."""
+        self._listeners.append(hear)
+        return lambda: self._listeners.remove(hear) if hear in self._listeners else None
 
     def feed(self, samples: np.ndarray) -> None:
         """Speech (16 kHz float32) for the session; UsageError when the client is far ahead of the stream."""
@@ -246,10 +241,15 @@ class LiveSessions:
         return out
 
     def _watch_idle(self) -> None:
+        """End a session idle (no client, and what its last client sent said) for `idle_timeout` s."""
         while not self._stop.wait(1.0):
             for s in list(self._sessions.values()):
-                if s.state == "idle" and not s.clients and \
-                        time.monotonic() - s.without_client_since > self.idle_timeout:
+                if s.state != "idle":
+                    s.idle_since = None
+                    continue
+                s.idle_since = s.idle_since or time.monotonic()
+                if time.monotonic() - s.idle_since > self.idle_timeout:
+                    s.idle_since = None
                     self.log({"live": s.id, "event": "no client", "why": f"no client for {self.idle_timeout:g} s "
                               "(--live-idle-timeout): ending the session"})
                     threading.Thread(target=s.end, name=f"live-{s.id}-end", daemon=True).start()
