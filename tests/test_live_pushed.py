@@ -114,3 +114,30 @@ def test_a_tts_rate_stream_resamples_to_16k_in_any_chunking():
     ref = np.sin(2 * np.pi * 220 * np.arange(len(out)) / 16000) * 16000 / 32768
     assert np.abs(out[200:-200] - ref[200:-200]).max() < 0.01
     assert len(Resampler(16000)(pcm[:3201])) == 1600    # at 16 kHz: as it is (the odd byte waits)
+
+
+def test_the_speech_band_comes_out_whole_and_in_step_whatever_lumps_the_resamplers_give():
+    """A 24 kHz TTS's speech pushed as the model hears it and as it came (48 kHz): the stream carries every band
+    sample, three for each 16 kHz one, however the two resamplers lump their output."""
+    import soxr
+
+    from ditto_fast.live.stream_audio import StreamAudio
+
+    t = np.arange(48000) / 24000
+    pcm = np.round(0.5 * np.sin(2 * np.pi * 9000 * t) * 32767).astype("<i2")        # 9 kHz: above 16 kHz's band
+    source = PushedSource()
+    to16, to48 = Resampler(24000), Resampler(24000, to=48000)
+    for i in range(0, len(pcm), 480):                                                # 20 ms a push
+        chunk = pcm[i:i + 480].tobytes()
+        source.push(to16(chunk), to48(chunk))
+    source.push(to16.flush(), to48.flush())
+    audio = StreamAudio(source, 0.0, jitter=0.0)
+    audio.advance(2.0)
+    out = audio.pcm(0, 32000).astype(np.float32) / 32768
+    assert len(out) == 96000 and source.received == 32000
+    assert abs(np.sqrt(np.mean(out[4800:-4800] ** 2)) - 0.5 / np.sqrt(2)) < 0.01      # all of it, at its level
+    spectrum = np.abs(np.fft.rfft(out[4800:-4800]))
+    assert abs(np.argmax(spectrum) * 48000 / len(out[4800:-4800]) - 9000) < 20
+    ref = soxr.resample(pcm.astype(np.float32) / 32768, 24000, 48000)
+    lag = np.argmax(np.correlate(out[:4800], ref[:2400], mode="valid"))
+    assert lag < 96                                                                  # in step: under 2 ms off

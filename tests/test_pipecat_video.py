@@ -3,7 +3,7 @@ WAV at 24 kHz in real time, the service with the tiny networks and the suite's a
 reaches the end of the pipeline; run by Pipecat's own worker and runner.
 
 What is counted: every frame the service sends is one `OutputImageRawFrame` then one audio frame of its slot (40 ms
-at 25 fps, 16 kHz); a frame "carries speech" when its audio is a `TTSAudioRawFrame` (the rest, before and after the
+at 25 fps, 48 kHz: the TTS's speech as it came); a frame "carries speech" when its audio is a `TTSAudioRawFrame` (the rest, before and after the
 speech and after an interruption, is silence as a plain `OutputAudioRawFrame`). Motion is made from the same stream
 audio the frames carry (the session's online loop), so silent frames are the avatar idling.
 """
@@ -45,7 +45,7 @@ from ditto_fast.pipecat import DittoFastVideoService, WavSpeaker  # noqa: E402
 
 TTS_RATE = 24000
 FPS = 25
-SLOT = 16000 // FPS
+SLOT = 48000 // FPS
 
 
 class Collector(FrameProcessor):
@@ -134,16 +134,16 @@ def test_speech_becomes_frames_of_the_avatar_in_step_with_its_audio(engine, tts_
     w, h = engine.avatar("anchor").size
     assert all(v == ((w, h), w * h * 3, "RGB") for k, v in media[0::2]), media[0]
     assert [k for k, _ in media[0::2]] == ["image"] * (len(media) // 2)           # image, its audio, image, ...
-    assert all(k in ("speech", "silence") and v[:2] == (16000, 1) and len(v[2]) == SLOT for k, v in media[1::2])
+    assert all(k in ("speech", "silence") and v[:2] == (48000, 1) and len(v[2]) == SLOT for k, v in media[1::2])
     assert abs(sink.speech_frames() - 2.0 * FPS) <= 2, sink.speech_frames()
     first = kinds.index("speech")
     assert kinds[:first].count("image") >= 10                                    # the avatar idled first
-    # the speech comes out as it went in (resampled to 16 kHz), and the TTS's end after its last frame
+    # the speech comes out as it went in (at the stream's 48 kHz, its band kept), and the TTS's end after its last frame
     out = np.concatenate([v[2] for k, v in media[1::2] if k == "speech"]).astype(np.float32) / 32768
     import soxr
 
     x, _ = sf.read(tts_wav[2.0], dtype="float32")
-    ref = soxr.resample(x, TTS_RATE, 16000)
+    ref = soxr.resample(x, TTS_RATE, 48000)
     assert abs(len(out) - len(ref)) <= 2 * SLOT, (len(out), len(ref))
     n = len(out) + len(ref)                                 # their cross-correlation, normalised: 1 at the best lag
     xc = np.fft.irfft(np.fft.rfft(out, n) * np.conj(np.fft.rfft(ref, n)), n)

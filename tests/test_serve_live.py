@@ -334,10 +334,12 @@ def test_the_websocket_both_ways_answers_interruptions_and_frames(serving, tmp_p
     events, media, (line, code) = asyncio.run(talk())
     assert code == 4409 and "audio client already" in line["error"]
     finished = [e for e in events if e.get("event") == "playback_finished"]
-    assert finished[0] == {"event": "playback_finished", "segment": 1, "position_s": 2.0, "interrupted": False}
+    assert {k: v for k, v in finished[0].items() if k != "frame"} == \
+        {"event": "playback_finished", "segment": 1, "position_s": 2.0, "interrupted": False}
+    assert finished[1]["frame"] > finished[0]["frame"] > 2.0 * 25      # the frames that carried their ends out
     assert finished[1]["segment"] == 2 and finished[1]["interrupted"] and 0.5 < finished[1]["position_s"] < 3.0
     frames = _frames_of(media)
-    assert frames[0][0]["key"] and frames[0][0]["rate"] == "25" and frames[0][0]["pcm_rate"] == 16000
+    assert frames[0][0]["key"] and frames[0][0]["rate"] == "25" and frames[0][0]["pcm_rate"] == 48000
     decoder = av.CodecContext.create("h264", "r")
     pictures = [p for _, unit, _ in frames[:30] for p in decoder.decode(av.Packet(unit))]
     assert len(pictures) >= 25 and (pictures[0].width, pictures[0].height) == (1920, 1080)
@@ -368,3 +370,27 @@ def test_an_answer_sent_whole_is_spoken_before_the_session_counts_as_idle(servin
     corr = np.correlate(got, speech, mode="valid")
     at = int(np.argmax(corr))
     assert np.corrcoef(got[at:at + len(speech)], speech)[0, 1] > 0.9       # all of it, then the end
+
+
+@pytest.mark.slow
+def test_the_stream_keeps_the_speech_band_and_level(serving, tmp_path):
+    """A 24 kHz client's 10 kHz tone (above what the model's 16 kHz carries) goes out at its own level on both
+    channels."""
+    server = serving()
+    out = tmp_path / "band.ts"
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(out)})[1]["id"]
+    wait_state(server, sid, ("idle", "streaming"))
+    t = np.arange(24000 * 3) / 24000
+    tone = 0.5 * np.sin(2 * np.pi * 10000 * t)                  # -6 dBFS peak, 10 kHz
+    asyncio.run(send_pcm(ws_url(server, sid), np.round(tone * 32767).astype("<i2"), 24000, after=4.0))
+    assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
+    raw = subprocess.run([FFMPEG, "-hide_banner", "-nostdin", "-loglevel", "error", "-i", str(out), "-vn",
+                          "-ar", "48000", "-f", "f32le", "-"], capture_output=True, check=True).stdout
+    stereo = np.frombuffer(raw, np.float32).reshape(-1, 2)
+    level = np.sqrt(np.convolve(stereo[:, 0] ** 2, np.ones(4800) / 4800, mode="valid"))
+    steady = stereo[int(np.argmax(level)) - 24000:int(np.argmax(level)) + 24000]    # a second of the tone
+    for channel in (0, 1):
+        rms = np.sqrt(np.mean(steady[:, channel] ** 2))
+        assert 20 * np.log10(rms / (0.5 / np.sqrt(2))) == pytest.approx(0.0, abs=1.0), rms     # its level kept
+        spectrum = np.abs(np.fft.rfft(steady[:, channel]))
+        assert abs(np.argmax(spectrum) * 48000 / len(steady) - 10000) < 50                    # its band kept

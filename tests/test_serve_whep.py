@@ -100,7 +100,9 @@ def test_a_session_without_an_output_is_watched_by_webrtc(serving, tmp_path):
     a, b = asyncio.run(two())
     assert a["frames"] >= 25 and b["frames"] >= 25, (a["frames"], b["frames"])
     req = urllib.request.Request(f"http://127.0.0.1:{server.port}{a['location']}", method="DELETE")
-    with pytest.raises(urllib.error.HTTPError) as gone:          # closed with its connection already
+    with urllib.request.urlopen(req, timeout=30) as r:         # WHEP's teardown (or already gone with its peer)
+        assert r.status == 200 and json.loads(r.read())["state"] == "ended"
+    with pytest.raises(urllib.error.HTTPError) as gone:
         urllib.request.urlopen(req, timeout=30)
     assert gone.value.code == 404 and "no viewer" in json.loads(gone.value.read())["error"]
     assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"

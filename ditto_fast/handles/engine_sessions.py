@@ -60,16 +60,17 @@ class EngineSessions:
             return                                  # ended already: late speech is dropped
         if kind == "live-pcm":
             samples = np.frombuffer(message[2], "<i2").astype(np.float32) / 32768.0
+            band = None if message[3] is None else np.frombuffer(message[3], "<i2").astype(np.float32) / 32768.0
             with carried.lock:
                 carried.playback.pushed(carried.source.received, len(samples))
-                carried.source.push(samples)
+                carried.source.push(samples, band)
         elif kind == "live-segment":
             with carried.lock:
                 carried.playback.end_segment(carried.source.received)
         elif kind == "live-clear":
             with carried.lock:
-                played = carried.session.played if carried.session is not None else 0
-                events = carried.playback.interrupt(played)
+                played = carried.session.played if carried.session is not None else (0, -1)
+                events = carried.playback.interrupt(*played)
                 if carried.session is not None:
                     carried.session.interrupt()
                 else:
@@ -144,7 +145,7 @@ class EngineSessions:
         while not carried.stop_asked.wait(PLAYBACK_EVERY_S):
             try:
                 with carried.lock:
-                    events = carried.playback.advance(carried.session.played)
+                    events = carried.playback.advance(*carried.session.played)
                 for event in events:
                     self.send("live-event", sid, event)
                 beat += 1

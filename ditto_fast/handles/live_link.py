@@ -2,7 +2,7 @@
 hears it), cleared on an interruption, ended; the session stopped; its state, figures and cause read. What the
 session says comes back through the engine's handle (`heard`), which also tells the link when its engine is lost.
 
-Messages to the engine: ("live", job), ("live-pcm", id, s16le bytes), ("live-segment", id) (an answer's end),
+Messages to the engine: ("live", job), ("live-pcm", id, s16le 16 kHz bytes, s16le 48 kHz bytes or None), ("live-segment", id) (an answer's end),
 ("live-clear", id), ("live-watch", id, watchers), ("live-stop", id). From it: ("live-ready", id, info),
 ("live-stats", id, summary, samples taken), ("live-log", id, line), ("live-event", id, playback event),
 ("live-media", id, index, access_unit, key, pcm) while anyone watches, ("live-ended", id, summary),
@@ -61,13 +61,13 @@ class LiveLink:
         self._sender.start()
 
     # ------------------------------------------------------------------ to the session
-    def push(self, samples: np.ndarray) -> None:
-        """Speech for the session: float32 samples in [-1, 1) at 16 kHz (sent in order; dropped once it ended)."""
+    def push(self, samples: np.ndarray, band: np.ndarray | None = None) -> None:
+        """Speech for the session: float32 samples in [-1, 1) at 16 kHz, what the model hears, and `band`, the same
+        speech as it came at 48 kHz for the stream to carry (sent in order; dropped once the session ended)."""
         if not self.active or not len(samples):
             return
-        pcm = np.clip(np.round(np.asarray(samples, np.float32) * 32768.0), -32768, 32767).astype("<i2").tobytes()
         self.pushed += len(samples)
-        self._out.put(("live-pcm", self.id, pcm))
+        self._out.put(("live-pcm", self.id, _s16(samples), None if band is None else _s16(band)))
 
     def clear(self) -> None:
         """Drop the speech not yet spoken (an interruption): what waits here and what waits in the engine."""
@@ -170,6 +170,10 @@ class LiveLink:
                 self._send(message)
             except Exception:  # noqa: BLE001 - the engine is gone: its handle says so through lost()
                 return
+
+
+def _s16(samples: np.ndarray) -> bytes:
+    return np.clip(np.round(np.asarray(samples, np.float32) * 32768.0), -32768, 32767).astype("<i2").tobytes()
 
 
 def _quietly(take: Callable[[tuple | None], None], media: tuple | None) -> None:

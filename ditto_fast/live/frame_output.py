@@ -17,7 +17,7 @@ QUEUED_FRAMES = 4           # frames waiting for their RGB before write() waits
 
 class FrameOutput:
     """Each frame the session sends, its plate planes (`pix_fmt`, a yuv.Layout name) turned into RGB [H, W, 3] uint8,
-    handed with its slot's int16 16 kHz mono speech to `deliver(index, rgb, pcm)`, in order.
+    handed with its slot's int16 48 kHz mono speech (the stream's audio) to `deliver(index, rgb, pcm)`, in order.
 
     The conversion and `deliver` run on a thread of their own (a 1080p frame's RGB takes the time of its putback),
     so the session's frame clock never waits for them unless QUEUED_FRAMES are behind. `deliver` should not wait

@@ -27,7 +27,8 @@ from ditto_fast.media.yuv import LAYOUTS, Layout
 KINDS = {"ts file": "a path ending .ts", "hls": "a path ending .m3u8 (HLS)", "udp": "udp://HOST:PORT",
          "srt": "srt://HOST:PORT (caller; ?mode=listener to wait for one)", "rtmp": "rtmp://HOST/APP/KEY"}
 PIX_FMTS = ("rgb24", *LAYOUTS)
-AUDIO_OUT = ["-c:a", "aac", "-b:a", "128k", "-ar", "48000", "-ac", "2"]
+# the mono speech on both channels at its own level (ffmpeg's own mono-to-stereo mix would lower it by 3 dB)
+AUDIO_OUT = ["-af", "pan=stereo|c0=c0|c1=c0", "-c:a", "aac", "-b:a", "128k", "-ar", "48000"]
 HLS_SECONDS = 1
 QUEUED_FRAMES = 8           # frames (and their audio) waiting for ffmpeg before write() waits
 PUT_WAIT_S = 0.1            # how often a waiting write() looks whether ffmpeg is still there

@@ -1,7 +1,8 @@
 """What the listener heard of an agent's speech: the speech pushed to a session in segments (an answer each, ended by
 the agent, or cut by an interruption) and, as the stream goes out, when each segment's playback started and
 finished and whether it was interrupted (as LiveKit's avatar protocol reports `playback_finished`), so that an
-agent knows what the caller heard. Positions are in samples of the session's source (16 kHz)."""
+agent knows what the caller heard. Positions are in samples of the session's source (16 kHz); `frame` is the
+index of the stream's frame that carried the event's last sample out."""
 
 from __future__ import annotations
 
@@ -40,31 +41,32 @@ class Playback:
             else:
                 self.segments.pop()
 
-    def advance(self, played: int) -> list[dict]:
-        """Events for playback having reached source index `played`: segments started, segments finished whole."""
+    def advance(self, played: int, frame: int = -1) -> list[dict]:
+        """Events for playback having reached source index `played` with stream frame `frame`: segments started,
+        segments finished whole."""
         events = []
         while self.segments:
             segment = self.segments[0]
             if not segment.started and played > segment.start:
                 segment.started = True
-                events.append({"event": "playback_started", "segment": segment.number})
+                events.append({"event": "playback_started", "segment": segment.number, "frame": frame})
             if segment.end is None or played < segment.end:
                 break
             self.segments.pop(0)
-            events.append(_finished(segment, segment.end - segment.start, False))
+            events.append(_finished(segment, segment.end - segment.start, False, frame))
         return events
 
-    def interrupt(self, played: int) -> list[dict]:
-        """An interruption at source index `played`: every segment not yet finished ends, interrupted, with how much
-        of it went out."""
-        events = self.advance(played)
+    def interrupt(self, played: int, frame: int = -1) -> list[dict]:
+        """An interruption at source index `played` (stream frame `frame`): every segment not yet finished ends,
+        interrupted, with how much of it went out."""
+        events = self.advance(played, frame)
         for segment in self.segments:
             heard = max(0, min(played, segment.end if segment.end is not None else played) - segment.start)
-            events.append(_finished(segment, heard, True))
+            events.append(_finished(segment, heard, True, frame))
         self.segments = []
         return events
 
 
-def _finished(segment: Segment, samples: int, interrupted: bool) -> dict:
+def _finished(segment: Segment, samples: int, interrupted: bool, frame: int) -> dict:
     return {"event": "playback_finished", "segment": segment.number,
-            "position_s": round(samples / SPEECH_SAMPLE_RATE, 3), "interrupted": interrupted}
+            "position_s": round(samples / SPEECH_SAMPLE_RATE, 3), "interrupted": interrupted, "frame": frame}

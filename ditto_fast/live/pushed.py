@@ -1,6 +1,7 @@
 """Speech handed to a live session by the caller, in process (a Pipecat service gives it its TTS's audio): the same
 face to the session as sources.AudioSource (start, take, available, ended, error, close, arrivals), with no reader
-thread, and `clear()` for a listener who interrupts."""
+thread, and `clear()` for a listener who interrupts. The caller may push the speech as it came beside what the
+model hears (`band`: the same speech at STREAM_SAMPLE_RATE), for the stream to carry its own band."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections import deque
 import numpy as np
 
 from ditto_fast.live.sources import Arrivals, take_chunks
-from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+from ditto_fast.media.rates import BAND_PER_SAMPLE, SPEECH_SAMPLE_RATE
 
 TAKES_KEPT = 4096           # takes whose time is kept (the session takes every 20 ms: over a minute)
 
@@ -34,6 +35,8 @@ class PushedSource:
         self.taken = 0                  # the index of the next sample take() returns
         self.dropped = 0                # samples clear() dropped
         self._chunks: deque[np.ndarray] = deque()
+        self._band: deque[np.ndarray] = deque()          # the same speech at the stream's rate, when pushed
+        self.has_band = False
         self._available = 0
         self._takes: deque[tuple[int, float]] = deque(maxlen=TAKES_KEPT)     # (index after the take, time)
         self._lock = threading.Lock()
@@ -44,14 +47,20 @@ class PushedSource:
         """Nothing to start (the caller pushes); returns self."""
         return self
 
-    def push(self, samples: np.ndarray) -> None:
-        """Add float32 samples in [-1, 1) at 16 kHz; ignored after end() or close()."""
+    def push(self, samples: np.ndarray, band: np.ndarray | None = None) -> None:
+        """Add float32 samples in [-1, 1) at 16 kHz (with `band`, the same speech at the stream's 48 kHz); ignored
+        after end() or close()."""
         samples = np.asarray(samples, np.float32).reshape(-1)
-        if not len(samples):
-            return
+        band = None if band is None else np.asarray(band, np.float32).reshape(-1)
         now = time.monotonic()
         with self._lock:
             if self._ended or self._closed:
+                return
+            if band is not None:            # (its resampler gives its samples in other lumps than the 16 kHz one's)
+                self.has_band = True
+                if len(band):
+                    self._band.append(band.copy())
+            if not len(samples):
                 return
             start = self.received
             self._chunks.append(samples.copy())
@@ -66,6 +75,7 @@ class PushedSource:
         with self._lock:
             dropped = self._available
             self._chunks.clear()
+            self._band.clear()
             self._available = 0
             self.taken += dropped
             self.dropped += dropped
@@ -87,6 +97,16 @@ class PushedSource:
             if len(out):
                 self._takes.append((self.taken, time.monotonic()))
         return out
+
+    def take_band(self, n: int) -> np.ndarray | None:
+        """The band of the `n` samples take() gave last: [n * 3] float32 at 48 kHz (zeros where the resamplers' counts
+        differ); None when the caller pushes no band."""
+        if not self.has_band:
+            return None
+        with self._lock:
+            out = take_chunks(self._band, n * BAND_PER_SAMPLE)
+        return out if len(out) == n * BAND_PER_SAMPLE else np.concatenate(
+            [out, np.zeros(n * BAND_PER_SAMPLE - len(out), np.float32)])
 
     def available(self) -> int:
         """Samples buffered now."""
@@ -114,4 +134,5 @@ class PushedSource:
         with self._lock:
             self._closed = True
             self._chunks.clear()
+            self._band.clear()
             self._available = 0

@@ -1,6 +1,6 @@
 """A live stream handed back to whoever watches it, frame by frame: each frame encoded as one H.264 access unit
 (Annex B, constrained baseline, no B-frames, SPS and PPS with every key frame: what WebRTC carries and any decoder
-joins) with the speech of its slot, given to `send` — an engine's session sends them to the process that opened it
+joins) with the speech of its slot (48 kHz), given to `send` — an engine's session sends them to the process that opened it
 (serve's WebRTC viewers, a remote agent). Encoding runs only while someone watches; a new watcher gets a key frame
 at once. `Outputs` hands one session's frames to several outputs (a file and the watchers)."""
 

@@ -83,7 +83,7 @@ class LiveSession:
         self._errors: list[BaseException] = []
         self.render_estimate = 0.0                            # seconds a frame's stitch + warp + decode takes
         self.fused = renderer.fused.twin()                    # its own buffers: an engine may render beside it
-        self._sent_samples = 0                                # stream samples (16 kHz) gone out with their frames
+        self._sent = (-1, 0)            # the last frame gone out, and the stream samples (16 kHz) gone out with it
 
     # -- the clock ---------------------------------------------------------------------------------------------
     def slot_time(self, i: int) -> float:
@@ -91,17 +91,19 @@ class LiveSession:
         return self._t0 + float(i / self.s.rate)
 
     @property
-    def played(self) -> int:
-        """How far into the source the stream has gone out (the source index after the last sample sent)."""
+    def played(self) -> tuple[int, int]:
+        """How far into the source the stream has gone out, and with which frame: (the source index after the last
+        sample sent, the index of the frame it went with; -1 before the first)."""
+        frame, samples = self._sent
         audio = self.stats.audio
-        return audio.source_index(self._sent_samples) if audio is not None else 0
+        return (audio.source_index(samples) if audio is not None else 0), frame
 
     def interrupt(self) -> int:
         """A listener interrupts: the speech not yet taken is dropped (the source's clear()), what was taken and not
         yet sent goes out silent; the face idles again within the stream's delay. Returns the samples dropped."""
         dropped = self.source.clear()
         if self.stats.audio is not None:
-            self.stats.audio.silence(self._sent_samples)
+            self.stats.audio.silence(self._sent[1])
         return dropped
 
     def stop(self) -> None:
@@ -294,8 +296,8 @@ class LiveSession:
                     del ready[k]
                 samples = self._slot_samples(i)
                 t0 = time.perf_counter()
-                self.output.write(last, audio.pcm16(*samples))
-                self._sent_samples = samples[1]
+                self.output.write(last, audio.pcm(*samples))
+                self._sent = (i, samples[1])
                 sent = time.monotonic()
                 timer["write"] += time.perf_counter() - t0
                 if frame is not None:

@@ -189,6 +189,10 @@ class AudioSource:
             self.taken += len(out)
         return out
 
+    def take_band(self, n: int) -> None:
+        """None: a source read at 16 kHz has no band of its own (the stream upsamples what the model hears)."""
+        return None
+
     def available(self) -> int:
         """Samples buffered now."""
         with self._lock:

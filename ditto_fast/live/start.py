@@ -14,6 +14,7 @@ from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
 from ditto_fast.live.outputs import StreamOutput, check_destination
 from ditto_fast.live.sources import open_source
+from ditto_fast.media.rates import STREAM_SAMPLE_RATE
 
 ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", True): "h264_nvenc",
             ("hevc", True): "hevc_nvenc"}
@@ -81,7 +82,8 @@ def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: 
 def stream_output(renderer, request: LiveRequest, avatar, settings) -> StreamOutput:
     """The ffmpeg stream to `request.out` of a session of `avatar` (its size, its plate's pixel format)."""
     return StreamOutput(request.out, avatar.size, settings.rate, plate_pix_fmt(avatar), crf=renderer.setup.crf,
-                        preset=renderer.setup.preset, encoder=ENCODERS[settings.codec, renderer.setup.nvenc])
+                        preset=renderer.setup.preset, encoder=ENCODERS[settings.codec, renderer.setup.nvenc],
+                        audio_sample_rate=STREAM_SAMPLE_RATE)
 
 
 def plate_pix_fmt(avatar) -> str:

@@ -1,4 +1,6 @@
-"""The live stream's audio on the wall clock: what the source gave, silence where it gave nothing in time.
+"""The live stream's audio on the wall clock: what the source gave, silence where it gave nothing in time. The
+stream carries it at 48 kHz: the speech as it came where the source has its band (pushed speech), else what the
+model hears, upsampled.
 
 Stream sample p (16 kHz) is due `IN_JITTER` seconds after p / 16000 s of the stream's wall time: by then the source's
 next samples are taken if they came, and silence stands in for what did not (a quiet feed, a pause between
@@ -14,7 +16,7 @@ import threading
 
 import numpy as np
 
-from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+from ditto_fast.media.rates import BAND_PER_SAMPLE, SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE
 
 IN_JITTER = 0.1         # seconds a source's samples may come late before silence stands in for them
 KEEP_SECONDS = 120      # audio kept behind the newest sample for the output (far more than any latency allowed)
@@ -26,6 +28,9 @@ class StreamAudio:
     def __init__(self, source, start: float, jitter: float = IN_JITTER):
         self.source, self.start, self.jitter = source, start, jitter
         self._ring = np.zeros(KEEP_SECONDS * SPEECH_SAMPLE_RATE, np.float32)   # stream sample p at p % len
+        self._band = np.zeros(KEEP_SECONDS * STREAM_SAMPLE_RATE, np.float32)   # its 48 kHz, at 3p ... 3p + 2
+        self._band_length = 0
+        self._upsample = None                     # 16 -> 48 kHz, for a source without its band
         self.length = 0                           # samples decided so far
         self.arrivals: collections.deque = collections.deque(maxlen=4096)    # (stream pos, arrived at), in order
         self.first_speech: tuple[int, float] | None = None                   # (stream pos, arrived at)
@@ -55,26 +60,38 @@ class StreamAudio:
             if self.first_speech is None:
                 self.first_speech = (self.length, arrived)
         new = got if ending else np.concatenate([got, np.zeros(want - len(got), np.float32)])
+        band = self.source.take_band(len(got))
+        if band is not None:
+            band = np.concatenate([band, np.zeros((len(new) - len(got)) * BAND_PER_SAMPLE, np.float32)])
+        else:
+            band = self._upsampled(new)
         with self._lock:
-            size = len(self._ring)
-            tail = new[-size:]
-            at = (self.length + len(new) - len(tail)) % size
-            first = min(len(tail), size - at)
-            self._ring[at:at + first] = tail[:first]
-            self._ring[:len(tail) - first] = tail[first:]
+            _write_ring(self._ring, self.length, new)
+            _write_ring(self._band, self._band_length, band)
             self.length += len(new)
+            self._band_length += len(band)
             if ending:
                 self.closed_at = self.length
         return new
 
-    def pcm16(self, a: int, b: int) -> np.ndarray:
-        """Stream samples [a, b) as int16 (silence where the stream has none: past its end, or long forgotten)."""
+    def _upsampled(self, x: np.ndarray) -> np.ndarray:
+        """What the model hears at the stream's rate (a source without its band)."""
+        if self._upsample is None:
+            import soxr
+
+            self._upsample = soxr.ResampleStream(SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE, 1, dtype="float32")
+        return self._upsample.resample_chunk(x)
+
+    def pcm(self, a: int, b: int) -> np.ndarray:
+        """The stream's audio of stream samples [a, b) (16 kHz positions) at 48 kHz, int16 [(b - a) * 3] (silence
+        where the stream has none: past its end, or long forgotten)."""
+        a, b = a * BAND_PER_SAMPLE, b * BAND_PER_SAMPLE
         out = np.zeros(max(0, b - a), np.int16)
         with self._lock:
-            size = len(self._ring)
-            lo, hi = max(a, self.length - size, 0), min(b, self.length)
+            size = len(self._band)
+            lo, hi = max(a, self._band_length - size, 0), min(b, self._band_length)
             if hi > lo:
-                part = self._ring[np.arange(lo, hi) % size]
+                part = self._band[np.arange(lo, hi) % size]
                 out[lo - a:hi - a] = np.clip(np.round(part * 32768.0), -32768, 32767).astype(np.int16)
         return out
 
@@ -91,10 +108,11 @@ class StreamAudio:
         """Silence what the stream holds from stream position `start` on (speech taken, not yet sent: an
         interruption)."""
         with self._lock:
-            size = len(self._ring)
-            lo = max(start, self.length - size, 0)
-            if self.length > lo:
-                self._ring[np.arange(lo, self.length) % size] = 0.0
+            for ring, length, at in ((self._ring, self.length, start),
+                                     (self._band, self._band_length, start * BAND_PER_SAMPLE)):
+                lo = max(at, length - len(ring), 0)
+                if length > lo:
+                    ring[np.arange(lo, length) % len(ring)] = 0.0
 
     @property
     def speech(self) -> int:
@@ -110,3 +128,13 @@ class StreamAudio:
             if pos >= a:
                 out.append(t)
         return out
+
+
+def _write_ring(ring: np.ndarray, at: int, x: np.ndarray) -> None:
+    """`x` into `ring` from position `at` on (position p at p % len; only the last len(ring) samples stay)."""
+    size = len(ring)
+    tail = x[-size:]
+    start = (at + len(x) - len(tail)) % size
+    first = min(len(tail), size - start)
+    ring[start:start + first] = tail[:first]
+    ring[:len(tail) - first] = tail[first:]

@@ -8,6 +8,8 @@ from fractions import Fraction
 
 
 SPEECH_SAMPLE_RATE = 16000     # Hz: the mono speech HuBERT and the emotion classifier hear (every source resampled)
+STREAM_SAMPLE_RATE = 48000     # Hz: a live stream's audio, the speech as it came (its band kept up to 24 kHz)
+BAND_PER_SAMPLE = STREAM_SAMPLE_RATE // SPEECH_SAMPLE_RATE     # stream audio samples per sample the networks hear
 MOTION_FPS = 25                # the LMDM's motion frames a second: SPEECH_SAMPLE_RATE / MOTION_FPS samples each
 STANDARD_RATES = (Fraction(24000, 1001), Fraction(24), Fraction(25), Fraction(30000, 1001), Fraction(30),
                   Fraction(48), Fraction(50), Fraction(60000, 1001), Fraction(60))

@@ -46,7 +46,7 @@ from ditto_fast.live.options import LiveRequest
 from ditto_fast.live.pushed import PushedSource
 from ditto_fast.live.start import plate_pix_fmt, stream_live
 from ditto_fast.live.stream_audio import IN_JITTER
-from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+from ditto_fast.media.rates import BAND_PER_SAMPLE, SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE
 
 END_MARGIN_S = 10.0         # at an EndFrame, how long past the speech left and the latency the session may take
 STOP_WAIT_S = 30.0          # how long a cancelled session may take to close
@@ -54,7 +54,8 @@ STOP_WAIT_S = 30.0          # how long a cancelled session may take to close
 
 class DittoFastVideoService(AIService):
     """A talking face for a Pipecat pipeline, after the TTS: `TTSAudioRawFrame`s (any rate, mono or stereo) in;
-    `OutputImageRawFrame`s (the avatar's size, RGB) and the same speech as 16 kHz mono audio frames out, one of each
+    `OutputImageRawFrame`s (the avatar's size, RGB) and the same speech as 48 kHz mono audio frames out (its band as
+    the TTS spoke it), one of each
     per frame at the avatar's rate, from the start (the avatar idles: breathes, blinks) to the end.
 
     The audio of a frame that carries speech is a `TTSAudioRawFrame`, of one that does not a plain
@@ -63,13 +64,23 @@ class DittoFastVideoService(AIService):
     shown; the face is idle again within the session's latency (at most `max_latency`). `EndFrame` lets the speech
     already given finish, then ends; `CancelFrame` ends at once.
 
-    `avatar` names a registered avatar; `checkpoints`, `device`, `precision` are the engine's (as `render` takes
-    them), or `renderer` shares an engine already loaded; `home` is the avatar store ($DITTO_FAST_HOME, set for
+    `url="http://HOST:8750"` (and `token=`) has a running `ditto-fast serve` render the face instead: this process
+    then loads no network (pipecat/remote.py). Otherwise `avatar` names a registered avatar; `checkpoints`,
+    `device`, `precision` are the engine's (as `render` takes them), or `renderer` shares an engine already loaded; `home` is the avatar store ($DITTO_FAST_HOME, set for
     this process). `emotion`, `seed`, `steps`, `fps`, `blend`, `controls`, `overlap` and `max_latency` are `live`'s
     settings (None: the config's). Bad settings raise UsageError here; an unknown avatar or missing checkpoints are
     reported when the pipeline sets the service up (the engine loads then: give a `renderer` loaded before, or a
     `setup_timeout_secs` above the load time, where loading takes longer than the worker's 20 s default).
     """
+
+    def __new__(cls, avatar: str, *args: Any, url: str | None = None, **kwargs: Any):
+        """With `url` (a running `ditto-fast serve`, and its `token`), the face is rendered there: a
+        pipecat/remote.py RemoteVideoService, whose process loads no network."""
+        if url is not None:
+            from ditto_fast.pipecat.remote import RemoteVideoService
+
+            return RemoteVideoService(avatar, url=url, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, avatar: str, *, checkpoints: str | Path | None = None, home: str | Path | None = None,
                  device: str = "auto", precision: str = "auto", emotion: str | None = None, seed: int | None = None,
@@ -96,7 +107,7 @@ class DittoFastVideoService(AIService):
         self._session = None
         self._stopping = False
         self._summary: dict | None = None
-        self._resampler: Resampler | None = None
+        self._resampler: tuple[Resampler, Resampler] | None = None      # to 16 kHz, and to the stream's 48 kHz
         self._size: tuple[int, int] | None = None
         self._rate = Fraction(25)
         self._lock = threading.Lock()
@@ -257,22 +268,25 @@ class DittoFastVideoService(AIService):
         return self._source is not None and self._thread is not None and not self._done.is_set()
 
     def _feed(self, frame: TTSAudioRawFrame) -> None:
+        """The TTS's audio to what the model hears (16 kHz) and to the stream's 48 kHz (its band kept)."""
         r = self._resampler
-        if r is None or (r.rate, r.channels) != (frame.sample_rate, frame.num_channels):
+        if r is None or (r[0].rate, r[0].channels) != (frame.sample_rate, frame.num_channels):
             self._flush_resampler()
-            r = self._resampler = Resampler(frame.sample_rate, frame.num_channels)
-        self._source.push(r(frame.audio))
+            r = self._resampler = (Resampler(frame.sample_rate, frame.num_channels),
+                                   Resampler(frame.sample_rate, frame.num_channels, to=STREAM_SAMPLE_RATE))
+        self._source.push(r[0](frame.audio), r[1](frame.audio))
 
     def _flush_resampler(self) -> None:
         if self._resampler is not None and self._source is not None:
-            self._source.push(self._resampler.flush())
+            self._source.push(self._resampler[0].flush(), self._resampler[1].flush())
 
     def _interrupt(self) -> None:
         """Drop the speech not yet taken, silence what was taken, let go of the interruptible frames held."""
         if self._source is None:
             return
         if self._resampler is not None:
-            self._resampler.flush()                 # its tail belongs to the speech dropped
+            for r in self._resampler:
+                r.flush()                           # its tail belongs to the speech dropped
         self._source.clear()
         session = self._session
         if session is not None and getattr(session, "start", None) is not None:
@@ -314,7 +328,7 @@ class DittoFastVideoService(AIService):
         a, b = i * num // den, (i + 1) * num // den
         if a < self._mute_until:
             pcm = pcm.copy()
-            pcm[:self._mute_until - a] = 0
+            pcm[:(self._mute_until - a) * BAND_PER_SAMPLE] = 0
         speech = bool(pcm.any())
         released = []
         with self._lock:
@@ -332,7 +346,7 @@ class DittoFastVideoService(AIService):
                 _, image, pcm, speech, released = item
                 await self.push_frame(OutputImageRawFrame(image=image, size=self._size, format="RGB"))
                 audio = TTSAudioRawFrame if speech else OutputAudioRawFrame
-                await self.push_frame(audio(audio=pcm, sample_rate=SPEECH_SAMPLE_RATE, num_channels=1))
+                await self.push_frame(audio(audio=pcm, sample_rate=STREAM_SAMPLE_RATE, num_channels=1))
                 for f in released:
                     await self.push_frame(f)
             elif kind == "frames":

@@ -103,13 +103,14 @@ class ServedSession:
         self._listeners.append(hear)
         return lambda: self._listeners.remove(hear) if hear in self._listeners else None
 
-    def feed(self, samples: np.ndarray) -> None:
-        """Speech (16 kHz float32) for the session; UsageError when the client is far ahead of the stream."""
+    def feed(self, samples: np.ndarray, band: np.ndarray | None = None) -> None:
+        """Speech (16 kHz float32, and `band`: the same as it came, at 48 kHz) for the session; UsageError when the
+        client is far ahead of the stream."""
         if self.link.queued_seconds > QUEUED_AUDIO_S:
             raise UsageError(f"live session {self.id}: over {QUEUED_AUDIO_S} s of speech are waiting to be spoken; "
                              "send PCM at most as fast as it is spoken, give or take a sentence")
         self.received += len(samples)
-        self.link.push(samples)
+        self.link.push(samples, band)
 
     # ------------------------------------------------------------------ the end
     def end(self, wait: float = END_WAIT_S) -> None:

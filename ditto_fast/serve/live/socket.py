@@ -22,7 +22,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import shown
-from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE
 
 CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_UNKNOWN, CLOSE_TAKEN, CLOSE_ENDED = 1003, 1008, 4404, 4409, 4410
 PCM_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -58,7 +58,7 @@ def media_message(media: tuple, rate: Any) -> bytes:
     """One frame of the session for the client: header length, header, access unit, its slot's PCM."""
     index, unit, key, pcm = media
     header = json.dumps({"index": index, "key": key, "unit": len(unit), "pcm": len(pcm), "rate": str(rate),
-                         "pcm_rate": SPEECH_SAMPLE_RATE}).encode()
+                         "pcm_rate": STREAM_SAMPLE_RATE}).encode()
     return struct.pack(">I", len(header)) + header + unit + pcm
 
 
@@ -79,7 +79,8 @@ async def serve_socket(ws: WebSocket, session: Any) -> None:
     unlisten = session.listen(out)
     sender = asyncio.create_task(_send(ws, outbox, session))
     leave_media = None
-    resample: Resampler | None = None
+    resample: Resampler | None = None           # to what the model hears (16 kHz)
+    band: Resampler | None = None               # to the stream's 48 kHz: the speech keeps its band
     try:
         while True:
             try:
@@ -94,6 +95,7 @@ async def serve_socket(ws: WebSocket, session: Any) -> None:
                 said = read_message(message["text"], resample is None)
                 if "rate" in said:
                     resample = Resampler(said["rate"])
+                    band = Resampler(said["rate"], to=STREAM_SAMPLE_RATE)
                     if said["media"]:
                         leave_media = session.link.watch(lambda media: out(("media", media)))
                 elif "end" in said:
@@ -103,7 +105,9 @@ async def serve_socket(ws: WebSocket, session: Any) -> None:
                 continue
             if resample is None:
                 resample = Resampler(SPEECH_SAMPLE_RATE)
-            session.feed(resample(message.get("bytes") or b""))
+                band = Resampler(SPEECH_SAMPLE_RATE, to=STREAM_SAMPLE_RATE)
+            pcm = message.get("bytes") or b""
+            session.feed(resample(pcm), band(pcm))
             if not session.active:
                 return await refuse(ws, CLOSE_ENDED, f"live session {session.id} has {session.state}")
     except UsageError as e:

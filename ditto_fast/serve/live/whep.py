@@ -1,6 +1,6 @@
 """WebRTC viewers of the live sessions, by WHEP (the IETF WebRTC-HTTP Egress Protocol): a viewer POSTs an SDP offer and
 gets the answer; its peer connection (aiortc) sends the session's picture as the engine encoded it (H.264 access
-units passed through: one encode however many watch) and its speech as Opus 48 kHz. A viewer ends by DELETE, by
+units passed through: one encode however many watch) and its speech (as it came, 48 kHz) as Opus. A viewer ends by DELETE, by
 leaving (its connection fails or closes), or with its session."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ditto_fast.core.errors import UsageError
-from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+from ditto_fast.media.rates import STREAM_SAMPLE_RATE
 
 QUEUED = 50                     # frames a viewer may fall behind before it waits for the next key frame
 MAX_VIEWERS = 16                # viewers of one session
@@ -83,8 +83,8 @@ def _tracks(feed: _Feed, rate: Fraction):
                 raise MediaStreamError
             pcm = np.frombuffer(item[1], "<i2").reshape(1, -1)
             frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
-            frame.sample_rate, frame.pts = SPEECH_SAMPLE_RATE, self.samples
-            frame.time_base = Fraction(1, SPEECH_SAMPLE_RATE)
+            frame.sample_rate, frame.pts = STREAM_SAMPLE_RATE, self.samples
+            frame.time_base = Fraction(1, STREAM_SAMPLE_RATE)
             self.samples += pcm.shape[1]
             return frame
 
