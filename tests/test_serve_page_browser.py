@@ -143,3 +143,61 @@ def test_a_producer_s_whole_path_in_a_browser(serving, browser, tmp_path):
     assert urls and not [u for u in urls if SERVE_TOKEN in u]
     assert SERVE_TOKEN not in server.log.read_text()
     context.close()
+
+
+def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, browser, tmp_path):
+    """A session with no output of its own, watched on the page: Chromium's own WebRTC decodes the picture at its
+    size while speech goes in over the WebSocket; the page shows the session's latency and the viewer's figures."""
+    import asyncio
+    import json as json_
+
+    import numpy as np
+    import soundfile as sf
+    websockets = pytest.importorskip("websockets")
+
+    token_file = tmp_path / "token"
+    token_file.write_text(SERVE_TOKEN + "\n")
+    server = serving("--token-file", str(token_file))
+    server.token = SERVE_TOKEN
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor"})[1]["id"]
+    page = browser.new_context(viewport={"width": 1400, "height": 1200}).new_page()
+    page.goto(f"http://127.0.0.1:{server.port}/")
+    page.wait_for_selector("#token-panel:not([hidden])")
+    page.fill("#token", SERVE_TOKEN)
+    page.click("#token-form button")
+    page.wait_for_selector("#live button.watch", timeout=60_000)
+    page.click("#live button.watch")
+    _until(page, "() => { const v = document.getElementById('viewer'); return v.videoWidth > 0 && v.currentTime > 1; }",
+           timeout=60)
+    assert page.evaluate("[document.getElementById('viewer').videoWidth, "
+                         "document.getElementById('viewer').videoHeight]") == [1920, 1080]
+    speech, _ = sf.read(speech_clip(tmp_path, "s.wav", 4.0), dtype="float32")
+
+    async def talk() -> None:
+        async with websockets.connect(f"ws://127.0.0.1:{server.port}/v1/live/{sid}/audio",
+                                      additional_headers={"Authorization": f"Bearer {SERVE_TOKEN}"}) as ws:
+            pcm = np.round(speech * 32767).astype("<i2")
+            t0 = time.monotonic()
+            for k, i in enumerate(range(0, len(pcm), 320)):
+                await ws.send(pcm[i:i + 320].tobytes())
+                await asyncio.sleep(max(0.0, t0 + (k + 1) * 0.02 - 0.5 - time.monotonic()))
+            await ws.send(json_.dumps({"end": True}))
+            await asyncio.sleep(4.0)
+    import threading
+
+    talker = threading.Thread(target=lambda: asyncio.run(talk()))     # Playwright's own loop runs in this thread
+    talker.start()
+    while talker.is_alive():
+        page.wait_for_timeout(200)
+    print(page.evaluate("window.dittoViewerStats"), server.call("GET", f"/v1/live/{sid}")[1])
+    _until(page, "() => window.dittoViewerStats && window.dittoViewerStats.glass_to_glass_s !== null", timeout=30)
+    stats = page.evaluate("window.dittoViewerStats")
+    assert stats["frames_decoded"] >= 100 and (stats["width"], stats["height"]) == (1920, 1080), stats
+    assert 0 < stats["session_latency_s"] <= 3.0 + 0.5 and stats["glass_to_glass_s"] >= stats["session_latency_s"]
+    assert "glass to glass" in page.inner_text("#viewer-stats")
+    if os.environ.get("DITTO_FAST_VIEWER_STATS"):           # scripts/bench: the README's glass-to-glass figure
+        Path(os.environ["DITTO_FAST_VIEWER_STATS"]).write_text(json_.dumps(stats))
+    page.click("#viewer-close")
+    _until(page, "() => document.getElementById('viewer-panel').hidden")
+    assert server.call("GET", f"/v1/live/{sid}")[1]["viewers"] == 0
+    assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"

@@ -281,9 +281,97 @@ function showLive(sessions) {
   for (const s of sessions) {
     const row = el("tr");
     const state = s.state + (s.client_connected ? ", client connected" : "") + (s.error ? ": " + s.error : "");
-    for (const v of [s.id, s.avatar, state, s.out]) row.append(el("td", null, v === undefined ? "" : String(v)));
+    const latency = s.latency_s ? (s.latency_s.median * 1000).toFixed(0) + " ms" : "";
+    for (const v of [s.id, s.avatar, state, s.out || "viewers only", latency]) {
+      row.append(el("td", null, v === undefined || v === null ? "" : String(v)));
+    }
+    const cell = el("td");
+    if (["starting", "streaming", "idle"].includes(s.state)) {
+      const button = el("button", "watch", viewer.id === s.id ? "watching" : "watch");
+      button.disabled = viewer.id === s.id;
+      button.addEventListener("click", () => watch(s.id));
+      cell.append(button);
+    }
+    row.append(cell);
     body.append(row);
+    if (viewer.id === s.id) viewer.session = s;
   }
+  if (viewer.id && !sessions.some((s) => s.id === viewer.id && ["starting", "streaming", "idle"].includes(s.state))) {
+    stopWatching("the session has ended");
+  }
+}
+
+// ------------------------------------------------------------------ watching a live session (WebRTC, WHEP)
+const viewer = { id: null, pc: null, location: null, session: null, timer: null, stats: null };
+
+function iceGathered(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => { if (pc.iceGatheringState === "complete") resolve(); };
+    pc.addEventListener("icegatheringstatechange", done);
+    setTimeout(resolve, 2000);                   // host candidates come at once; none from the internet is needed
+  });
+}
+
+async function watch(id) {
+  await stopWatching();
+  const pc = new RTCPeerConnection();
+  Object.assign(viewer, { id: id, pc: pc, session: null, stats: null });
+  $("viewer-panel").hidden = false;
+  $("viewer-stats").textContent = "Connecting to " + id + "…";
+  const stream = new MediaStream();
+  $("viewer").srcObject = stream;
+  pc.addEventListener("track", (event) => stream.addTrack(event.track));
+  pc.addTransceiver("video", { direction: "recvonly" });
+  pc.addTransceiver("audio", { direction: "recvonly" });
+  try {
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGathered(pc);
+    const r = await api("/v1/live/" + id + "/whep", { method: "POST", headers: { "Content-Type": "application/sdp" },
+                                                      body: pc.localDescription.sdp });
+    const text = await r.text();
+    if (r.status !== 201) throw new Error(JSON.parse(text).error || r.status + " " + r.statusText);
+    viewer.location = r.headers.get("Location");
+    await pc.setRemoteDescription({ type: "answer", sdp: text });
+    viewer.timer = setInterval(showViewerStats, 1000);
+  } catch (e) {
+    if (e instanceof Unauthorized) showProblem(e);
+    await stopWatching(e.message);
+  }
+}
+
+async function stopWatching(why) {
+  const { pc, location } = viewer;
+  if (viewer.timer) clearInterval(viewer.timer);
+  Object.assign(viewer, { id: null, pc: null, location: null, session: null, timer: null });
+  if (pc) pc.close();
+  if (location) api(location, { method: "DELETE" }).catch(() => {});
+  $("viewer").srcObject = null;
+  $("viewer-panel").hidden = !why;
+  $("viewer-stats").textContent = why || "";
+}
+
+// what the viewer sees, from WebRTC's own figures (getStats) and the session's: speech in to the frame sent (the
+// session's latency), then the network's jitter buffer and the decode; their sum is the glass-to-glass delay
+async function showViewerStats() {
+  if (!viewer.pc) return;
+  const report = await viewer.pc.getStats();
+  let video = null;
+  report.forEach((r) => { if (r.type === "inbound-rtp" && r.kind === "video") video = r; });
+  if (!video || !video.framesDecoded) return;
+  const jitter = video.jitterBufferEmittedCount ? video.jitterBufferDelay / video.jitterBufferEmittedCount : 0;
+  const decode = video.totalDecodeTime / video.framesDecoded;
+  const s = viewer.session, session = s && s.latency_s ? s.latency_s.median : null;
+  viewer.stats = { frames_decoded: video.framesDecoded, width: video.frameWidth, height: video.frameHeight,
+                   fps: video.framesPerSecond || 0, jitter_buffer_s: jitter, decode_s: decode,
+                   session_latency_s: session,
+                   glass_to_glass_s: session === null ? null : session + jitter + decode };
+  window.dittoViewerStats = viewer.stats;
+  const parts = [video.frameWidth + "×" + video.frameHeight, (video.framesPerSecond || 0).toFixed(0) + " fps",
+                 "jitter buffer " + (jitter * 1000).toFixed(0) + " ms", "decode " + (decode * 1000).toFixed(1) + " ms"];
+  if (session !== null) parts.push("speech to picture " + (session * 1000).toFixed(0) + " ms",
+                                   "glass to glass ≈ " + (viewer.stats.glass_to_glass_s * 1000).toFixed(0) + " ms");
+  $("viewer-stats").textContent = "Watching " + viewer.id + ": " + parts.join(", ");
 }
 
 // ------------------------------------------------------------------ the form
@@ -353,5 +441,6 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("forget-token").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); location.reload(); });
   $("job-form").addEventListener("submit", submitJob);
+  $("viewer-close").addEventListener("click", () => stopWatching());
   start();
 });
