@@ -9,6 +9,7 @@
     python scripts/benchmark.py serve    [--quick] [--tiny]   cold render vs warm serve (--tiny: 20 jobs vs batch, breaking)
     python scripts/benchmark.py live     [--quick]          speech piped into `live`: latency, RTF per stage, tiny 720p/1080p, full 720p
     python scripts/benchmark.py pipecat  [--quick]          a Pipecat pipeline with DittoFastVideoService (second stack): latency, RTF
+    python scripts/benchmark.py sessions [--quick]          live sessions sharing one engine: memory and CPU per session
     python scripts/benchmark.py picture  [--quick]          per kind of source: plate, times, colour patches
     python scripts/benchmark.py plate    [--quick]          a grainy 720p camera clip: plate size, decode cost, error
     python scripts/benchmark.py delivery [--quick]          per profile: 10 s render and its QC, encoder cost, loudness
@@ -52,6 +53,7 @@ SUITES = {
     "live": ["bench_live"],
     "voice": ["bench_voice"],
     "pipecat": ["bench_pipecat"],
+    "sessions": ["bench_sessions"],
     "cpu": ["bench_cpu_speed"],
     "precision": ["bench_precision"],
 }
