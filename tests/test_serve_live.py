@@ -394,3 +394,46 @@ def test_the_stream_keeps_the_speech_band_and_level(serving, tmp_path):
         assert 20 * np.log10(rms / (0.5 / np.sqrt(2))) == pytest.approx(0.0, abs=1.0), rms     # its level kept
         spectrum = np.abs(np.fft.rfft(steady[:, channel]))
         assert abs(np.argmax(spectrum) * 48000 / len(steady) - 10000) < 50                    # its band kept
+
+
+def _tree_rss_mib(pid: int) -> float:
+    """RSS (MiB) of every process below `pid` (its engines and their encoders), not `pid` itself."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0.0, list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")), 0) / 1024
+        except OSError:
+            pass
+    return total
+
+
+@pytest.mark.slow
+def test_sessions_share_one_engine_a_second_adds_less_than_half(serving, tmp_path):
+    server = serving("--max-live", "2")
+    before = _tree_rss_mib(server.proc.pid)
+    views = []
+    for k in range(2):
+        sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / f"{k}.ts")})[1]["id"]
+        wait_state(server, sid, ("idle", "streaming"))
+        time.sleep(6)
+        views.append((sid, _tree_rss_mib(server.proc.pid)))
+    (engine,) = server.call("GET", "/healthz")[1]["engines"]
+    assert sorted(engine["sessions"]) == sorted(s for s, _ in views)         # one engine carries both
+    first, second = views[0][1], views[1][1] - views[0][1]
+    assert first > before and second < 0.5 * first, (before, first, second)
+    for sid, _ in views:
+        assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
