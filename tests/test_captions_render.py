@@ -19,8 +19,8 @@ import soundfile as sf
 from conftest import store_env
 from ditto_fast.captions.cues import read_cues
 from ditto_fast.captions.eia608 import cue_frame
-from ditto_fast.delivery.caption_readback import read_captions
 from ditto_fast.core.errors import UsageError
+from ditto_fast.delivery.caption_readback import read_captions
 from ditto_fast.engine.request import RenderRequest
 
 FF = imageio_ffmpeg.get_ffmpeg_exe()
