@@ -89,6 +89,12 @@ def parity_checkpoint(tmp_path_factory, parity_layout, fill_state_dict):
     return make
 
 
+def layout_shapes(keys: dict) -> dict[str, torch.Tensor]:
+    """A state dict of a parity layout's keys ({key: {"shape", "dtype"}}) as tensors on the meta device: the shapes
+    and dtypes without memory or values, for code that reads only shapes (widths_from_state_dict)."""
+    return {k: torch.empty(v["shape"], dtype=getattr(torch, v["dtype"]), device="meta") for k, v in keys.items()}
+
+
 def assert_close_to_ref(got: np.ndarray, ref: np.ndarray, what: str, rel: float = 2e-3) -> None:
     """The parity tolerance: max|got-ref| <= rel * max(1, max|ref|)."""
     got = np.asarray(got, dtype=np.float64)

@@ -6,6 +6,7 @@ back by ffmpeg's cc_dec, and by MediaInfo, at the cues' frames."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -239,6 +240,27 @@ def test_a_file_without_captions_reads_as_none(tmp_path):
     _encode(out, CARRIERS["mp4"][0], "mp4", 10)
     assert read_captions(out) is None
 
+
+
+def test_the_qc_of_a_profile_that_requires_captions_finds_them_or_fails(tmp_path, run_cli):
+    """QC against web-h264 with `captions: required`: its captions line is met by the embedded 608 (where carried,
+    how many cues, first and last time) and failed by the same picture without them."""
+    profile = tmp_path / "captioned-web.yaml"
+    text = (Path(__file__).parents[1] / "ditto_fast/configs/delivery/web-h264.yaml").read_text()
+    profile.write_text(text.replace("mode: embedded", "mode: required"))
+    cues = read_cues(_srt(tmp_path), 6.5)
+    captioned, bare = tmp_path / "captioned.mp4", tmp_path / "bare.mp4"
+    _encode(captioned, CARRIERS["mp4"][0], "mp4", 200)
+    _encode(bare, CARRIERS["mp4"][0], "mp4", 10)
+    embed(captioned, pace(cues, NTSC, 200), NTSC, "mp4", "h264", ["-f", "mp4"])
+    lines = {}
+    for out in (captioned, bare):
+        res = run_cli(["qc", out, "--delivery", profile, "--json"])
+        lines[out] = next(r for r in json.loads(res.stdout)["requirements"] if r["name"] == "captions")
+    first, last = (float(cue_frame(t, NTSC) / NTSC) for t in (cues[0].start, cues[-1].end))
+    assert lines[captioned]["ok"] and lines[captioned]["expected"] == "EIA-608 captions"
+    assert lines[captioned]["measured"] == f"EIA-608 CC1 in A/53 in the video: 3 cues, {first:.3f}-{last:.3f} s"
+    assert res.returncode == 8 and not lines[bare]["ok"] and lines[bare]["measured"] == "none"
 
 @pytest.mark.skipif(shutil.which("mediainfo") is None, reason="MediaInfo is not installed (apt-get install mediainfo)")
 def test_mediainfo_reads_the_mxf_caption_track(tmp_path):

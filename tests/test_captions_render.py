@@ -19,8 +19,8 @@ import soundfile as sf
 from conftest import store_env
 from ditto_fast.captions.cues import read_cues
 from ditto_fast.captions.eia608 import cue_frame
-from ditto_fast.delivery.caption_readback import read_captions
 from ditto_fast.core.errors import UsageError
+from ditto_fast.delivery.caption_readback import read_captions
 from ditto_fast.engine.request import RenderRequest
 
 FF = imageio_ffmpeg.get_ffmpeg_exe()
@@ -159,13 +159,25 @@ def test_bad_timed_text_is_one_line_and_exit_2_before_any_work(run_cli, tmp_path
     assert res.returncode == 2 and "past the audio's end (3.000 s)" in res.stderr and not out.exists()
 
 
-def test_a_profile_that_requires_captions(run_cli, tmp_path, engine, video_avatar, three_seconds, captioned):
+def _captions_required(tmp_path: Path) -> Path:
+    """The shipped web-h264 profile with `captions: required`."""
     profile = tmp_path / "captioned-web.yaml"
     text = (Path(__file__).parents[1] / "ditto_fast/configs/delivery/web-h264.yaml").read_text()
     profile.write_text(text.replace("mode: embedded", "mode: required"))
+    return profile
+
+
+def test_a_profile_that_requires_captions_refuses_a_render_without_them(tmp_path, engine, video_avatar, three_seconds):
     with pytest.raises(UsageError, match="requires captions; give --captions FILE or --script FILE"):
         engine.render(RenderRequest(avatar="anchor", audio=three_seconds, output=tmp_path / "x.mp4",
-                                    delivery=str(profile)))
+                                    delivery=str(_captions_required(tmp_path))))
+    assert not list(tmp_path.glob("*.mp4"))
+
+
+@pytest.mark.slow
+def test_a_rendered_file_meets_a_profile_that_requires_captions(run_cli, tmp_path, captioned):
+    """The QC of a profile that requires captions, on a render (test_captions.py checks it on a small file)."""
+    profile = _captions_required(tmp_path)
     plain, _ = captioned("plain.mp4")
     res = run_cli(["qc", plain, "--delivery", profile, "--json"])
     line = next(r for r in json.loads(res.stdout)["requirements"] if r["name"] == "captions")

@@ -23,6 +23,19 @@ def tiny_set(tiny_checkpoints):
     return find_checkpoints(tiny_checkpoints)
 
 
+@pytest.fixture(autouse=True)
+def small_probe_inputs(monkeypatch):
+    """The probe's sample batch cut to 16x16 source features (crops of 128x128, not 512x512): the same launches,
+    collects and bookkeeping timed, on a sixteenth of the pixels."""
+    full = bsz.sample_inputs
+
+    def small(fused, batch):
+        f_s, x_s, x_d = full(fused, batch)             # f_s [B, C, D, 64, 64]
+        return f_s[..., :16, :16], x_s, x_d
+
+    monkeypatch.setattr(bsz, "sample_inputs", small)
+
+
 def rows(*ms: float, peak: int = 0) -> list[dict]:
     return [{"batch": 2 ** i, "ms_per_frame": m, "peak_bytes": peak * 2 ** i} for i, m in enumerate(ms)]
 

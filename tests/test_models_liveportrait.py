@@ -45,15 +45,17 @@ def parity_outputs(parity_checkpoint, parity_vectors):
     return run
 
 
-def _tiny_inputs(name: str, batch: int, gen: torch.Generator) -> list[torch.Tensor]:
+def _tiny_inputs(name: str, batch: int, gen: torch.Generator, side: int = 16) -> list[torch.Tensor]:
+    """Inputs of a tiny network whose features are `side` x `side` (64 in a render, a sixteenth of the pixels at 16:
+    the networks are convolutional; test_tiny_chain_shapes runs the render's sizes)."""
     w = module_of(name).TINY_WIDTHS
     if name == "appearance_extractor":
-        return [torch.rand(batch, 3, 256, 256, generator=gen)]
+        return [torch.rand(batch, 3, 4 * side, 4 * side, generator=gen)]
     if name == "warp_network":
-        feat = torch.randn(batch, w["feature_channel"], w["feature_depth"], 64, 64, generator=gen)
+        feat = torch.randn(batch, w["feature_channel"], w["feature_depth"], side, side, generator=gen)
         kp_s = 0.4 * torch.randn(batch, 21, 3, generator=gen)
         return [feat, kp_s, kp_s + 0.05 * torch.randn(batch, 21, 3, generator=gen)]
-    return [torch.randn(batch, w["in_channels"], 64, 64, generator=gen)]
+    return [torch.randn(batch, w["in_channels"], side, side, generator=gen)]
 
 
 # ----------------------------------------------------------------------------- parity
@@ -221,7 +223,7 @@ def test_warp_identity_motion_keeps_feature_geometry():
         deformation, occlusion = dm(feat, kp_s, kp_s)
     from ditto_fast.models.blocks import make_coordinate_grid
     torch.testing.assert_close(deformation[0], make_coordinate_grid(*feat.shape[2:]), atol=1e-5, rtol=0)
-    assert occlusion.shape == (1, 1, 64, 64) and 0 <= occlusion.min() and occlusion.max() <= 1
+    assert occlusion.shape == (1, 1, *feat.shape[3:]) and 0 <= occlusion.min() and occlusion.max() <= 1
 
 
 def test_batch_items_are_independent():
@@ -246,7 +248,7 @@ def test_reduced_precision_tiny_chain(dtype):
         lo.load_state_dict(net.state_dict())
         lo.fuse_for_inference()
         nets_lo.append(lo.to(dtype))
-    img = torch.rand(1, 3, 256, 256, generator=gen, dtype=torch.float64)  # any float input dtype
+    img = torch.rand(1, 3, 64, 64, generator=gen, dtype=torch.float64)  # any float input dtype; 16x16 features
     kp_s = 0.4 * torch.randn(1, 21, 3, generator=gen)
     kp_d = kp_s + 0.05 * torch.randn(1, 21, 3, generator=gen)
     with torch.no_grad():
