@@ -88,6 +88,7 @@ def mediainfo(path: Path) -> dict | None:
     return {"format": general[0], "seconds": float(general[1]) / 1000, "video": video, "audio": audio}
 
 
+@pytest.mark.slow          # a real stream in real time
 def test_file_to_ts_stop_at_end(live_env, tmp_path):
     wav = speech(tmp_path / "s.wav", 2.0, 44100, 2)
     out, stats = tmp_path / "out.ts", tmp_path / "stats.json"
@@ -110,6 +111,7 @@ def test_file_to_ts_stop_at_end(live_env, tmp_path):
         assert mi["audio"] == ["AAC", "2"] and abs(mi["seconds"] - s["stream_seconds"]) < 0.1, (mi, s)
 
 
+@pytest.mark.slow          # a real stream in real time
 def test_stdin_fifo_goes_quiet_and_sigterm_ends_cleanly(live_env, tmp_path):
     """Speech on stdin, then nothing for 3 s (the stream goes on: idle motion), then SIGTERM: exit 0, a playable file
     whose length is the wall time streamed, not the speech's."""
@@ -133,6 +135,7 @@ def test_stdin_fifo_goes_quiet_and_sigterm_ends_cleanly(live_env, tmp_path):
     assert abs(info["seconds"] - s["stream_seconds"]) < 0.5, (info, s)
 
 
+@pytest.mark.slow          # a real stream in real time
 def test_udp_in_srt_out(live_env, tmp_path):
     """A UDP speech feed in, SRT out to a real ffmpeg receiver listening (our stream calls it)."""
     port_in, port_out = free_port(), free_port()
@@ -158,6 +161,7 @@ def test_udp_in_srt_out(live_env, tmp_path):
     assert len(info["video"]) == 1 and len(info["audio"]) == 1 and info["seconds"] > 3.0, (info, err)
 
 
+@pytest.mark.slow          # a real stream in real time
 def test_udp_and_hls_out(live_env, tmp_path):
     port = free_port()
     received = tmp_path / "udp.ts"
