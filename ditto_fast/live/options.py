@@ -120,6 +120,9 @@ class LiveOptions:
     stats: Path | None = declared(flags=("--stats",), kind="path",
                                   help="Write the session's figures here as JSON at the end (latency, real-time "
                                        "factor per stage, frames late or repeated).")
+    force: bool = declared(False, flags=("--force",), kind="flag",
+                           help="Replace an --out file (a .ts, or an HLS playlist and its segments) that is there "
+                                "already; without it such an --out is refused before anything loads.")
 
     def __post_init__(self) -> None:
         check_fields(self)

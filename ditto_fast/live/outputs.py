@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import tempfile
 import threading
@@ -20,6 +21,7 @@ import numpy as np
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.media.ffpipe import FinishedOnExit, first_stderr_line, own_session, widen_pipe
+from ditto_fast.media.outputs import overwrites
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE, rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
 
@@ -81,6 +83,53 @@ def check_destination(dest: str) -> str:
     if kind == "srt" and mode not in ("caller", "listener", "rendezvous"):
         raise UsageError(f"{dest}: SRT mode {mode!r} is not caller, listener or rendezvous; give {KINDS[kind]}")
     return kind
+
+
+def _segment_name(playlist: Path) -> re.Pattern:
+    """The names of an HLS playlist's segments beside it (NAME_00000.ts, as _muxer_args writes them)."""
+    return re.compile(re.escape(playlist.stem) + r"_\d{5,}\.ts")
+
+
+def stream_files(dest: str) -> list[Path]:
+    """The files a stream to `dest` writes that are there now: a .ts file, or an HLS playlist and its segments;
+    none for a URL."""
+    kind = describe_destination(dest)
+    out = Path(dest)
+    if kind not in ("ts file", "hls"):
+        return []
+    found = [out] if os.path.lexists(out) else []
+    if kind == "hls" and out.parent.is_dir():
+        pattern = _segment_name(out)
+        found += sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name))
+    return found
+
+
+def written_by_stream(dest: str, path: str | os.PathLike) -> bool:
+    """Whether a stream to `dest` would write over `path`: the .ts file or HLS playlist itself, one of the playlist's
+    segments, or the same file reached through a symbolic or hard link (ffmpeg writes in place)."""
+    kind = describe_destination(dest)
+    if kind not in ("ts file", "hls") or not os.path.lexists(path):
+        return False
+    out, other = Path(dest), Path(path)
+    if overwrites(out, other):
+        return True
+    try:
+        if out.exists() and os.path.samefile(out, other):
+            return True
+    except OSError:
+        pass
+    return kind == "hls" and other.resolve().parent == out.resolve().parent and \
+        _segment_name(out).fullmatch(other.resolve().name) is not None
+
+
+def check_stream_replaces(dest: str, force: bool) -> None:
+    """UsageError unless `force` where a stream to `dest` would replace files that are there (a .ts file, an HLS
+    playlist or its segments; a named pipe is written into, not replaced)."""
+    there = [p for p in stream_files(dest) if p.is_file()]
+    if there and not force:
+        more = f" and {len(there) - 1} more of its files" if len(there) > 1 else ""
+        raise UsageError(f"{there[0]}{more}: exists; a stream starts its file anew: give --force to replace it, or "
+                         "choose another --out")
 
 
 def _muxer_args(dest: str, kind: str) -> list[str]:

@@ -231,6 +231,11 @@ class AudioSource:
         self.close()
 
 
+def source_file(spec: str) -> Path | None:
+    """The file (or named pipe) a source spec names; None for stdin (`-`) and a URL."""
+    return None if spec == "-" or not spec.strip() or _URL.match(spec) else Path(spec)
+
+
 def open_source(spec: str, *, stdin_fd: int | None = None) -> AudioSource:
     """The source `spec` names, checked (not started): a file path, `-` (s16le 16 kHz mono on stdin, or on `stdin_fd`),
     a named pipe (read as stdin is), or a URL. InputError for a missing, unreadable or undecodable file; UsageError

@@ -12,8 +12,8 @@ from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
-from ditto_fast.live.outputs import StreamOutput, check_destination
-from ditto_fast.live.sources import open_source
+from ditto_fast.live.outputs import StreamOutput, check_destination, check_stream_replaces, written_by_stream
+from ditto_fast.live.sources import open_source, source_file
 
 ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", True): "h264_nvenc",
             ("hevc", True): "hevc_nvenc"}
@@ -33,6 +33,12 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
     """Stream `request.avatar` speaking what `options.audio_in` brings to `request.out` until the source ends
     (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`)."""
     check_live(request, engine.settings())
+    source_path = source_file(options.audio_in)
+    if request.out is not None:
+        if source_path is not None and written_by_stream(request.out, source_path):
+            raise UsageError(f"{request.out}: the stream would overwrite its own source ({source_path}); choose "
+                             "another --out")
+        check_stream_replaces(request.out, bool(options.force))
     if options.stats is not None and options.stats.is_dir():
         raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
     source = open_source(options.audio_in, stdin_fd=stdin_fd)         # checked: missing file, unknown scheme

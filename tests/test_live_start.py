@@ -1,0 +1,79 @@
+"""`ditto-fast live`'s checks before anything loads (live/start.py's run_live): what the stream and --stats would
+write, the source's own file, folders, destinations that cannot be reached. Each case runs the command in this
+process with the engine replaced by one that fails the test if it is ever made: a refusal must come first."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import imageio_ffmpeg
+import pytest
+
+FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
+
+
+@pytest.fixture()
+def no_engine(monkeypatch):
+    """Making the engine (loading the networks) fails the test: the refusals come before it."""
+    import ditto_fast.engine.renderer as renderer
+
+    class NoRenderer:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the networks were loaded before the refusal")
+
+    monkeypatch.setattr(renderer, "Renderer", NoRenderer)
+
+
+def tone_ts(path: Path, seconds: float = 1.0) -> Path:
+    """An MPEG-TS file holding a tone (speech a stream can read, and a name a stream can write)."""
+    subprocess.run([FFMPEG, "-hide_banner", "-nostdin", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                    f"sine=f=220:d={seconds}", "-c:a", "mp2", "-f", "mpegts", str(path)], check=True)
+    return path
+
+
+def live(run_cli, tmp_path, *args):
+    r = run_cli(["live", "--avatar", "small", *map(str, args)], {"DITTO_FAST_HOME": str(tmp_path / "home")})
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ditto-fast: error: "), r.stderr
+    return r.returncode, lines[0]
+
+
+# ----------------------------------------------------------------------------- 8: the stream's own source; --force
+def test_an_out_that_is_its_own_source_is_refused(run_cli, tmp_path, no_engine):
+    speech = tone_ts(tmp_path / "speech.ts")
+    before = speech.read_bytes()
+    (tmp_path / "link.ts").symlink_to(speech)
+    os.link(speech, tmp_path / "hard.ts")
+    for out in (speech, tmp_path / "link.ts", tmp_path / "hard.ts", tmp_path / "sub" / ".." / "speech.ts"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        code, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", out, "--force")
+        assert code == 2 and "its own source" in line and str(out) in line, line
+    # an HLS playlist's segments are written beside it: a segment is no source either
+    segment = tone_ts(tmp_path / "show_00002.ts")
+    code, line = live(run_cli, tmp_path, "--audio-in", segment, "--out", tmp_path / "show.m3u8", "--force")
+    assert code == 2 and "its own source" in line, line
+    assert speech.read_bytes() == before
+
+
+def test_an_existing_out_needs_force(run_cli, tmp_path, no_engine):
+    speech = tone_ts(tmp_path / "speech.ts")
+    done = tmp_path / "done.ts"
+    done.write_bytes(b"yesterday's stream")
+    code, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", done)
+    assert code == 2 and "done.ts: exists" in line and "--force" in line, line
+    (tmp_path / "hls").mkdir()
+    (tmp_path / "hls" / "show_00000.ts").write_bytes(b"a segment of yesterday's playlist")
+    code, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", tmp_path / "hls" / "show.m3u8")
+    assert code == 2 and "show_00000.ts: exists" in line and "--force" in line, line
+    assert done.read_bytes() == b"yesterday's stream"
+    # with --force the checks pass on to the engine (here one that fails as soon as it is made)
+    r = run_cli(["live", "--avatar", "small", "--audio-in", str(speech), "--out", str(done), "--force"],
+                {"DITTO_FAST_HOME": str(tmp_path / "home")})
+    assert "the networks were loaded" in r.stderr, r.stderr
+
+
+def test_help_says_what_force_does(run_cli):
+    r = run_cli(["live", "--help"])
+    assert "--force" in r.stdout and "Replace an --out file" in r.stdout
