@@ -77,3 +77,31 @@ def test_an_existing_out_needs_force(run_cli, tmp_path, no_engine):
 def test_help_says_what_force_does(run_cli):
     r = run_cli(["live", "--help"])
     assert "--force" in r.stdout and "Replace an --out file" in r.stdout
+
+
+# ----------------------------------------------------------------------------- 9: --stats, before the stream
+def test_stats_is_checked_before_anything_loads(run_cli, tmp_path, no_engine):
+    speech = tone_ts(tmp_path / "speech.ts")
+    out = tmp_path / "out.ts"
+    cases = [
+        (out, 2, "the stream (--out"),                                      # the stream's own file
+        (speech, 2, "would overwrite an input"),                            # the source
+        (tmp_path / "show_00001.ts", 2, "the stream (--out"),               # a segment of the HLS below
+        (tmp_path, 3, "is a directory"),                                    # a folder
+        (tmp_path / "gone" / "s.json", 3, "does not exist"),                # a folder that is not there
+    ]
+    for stats, code, says in cases:
+        dest = tmp_path / "show.m3u8" if stats.name.startswith("show_") else out
+        got, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", dest, "--stats", stats)
+        assert (got, says in line) == (code, True), (stats, line)
+    assert not out.exists()
+
+
+def test_stats_in_a_folder_that_cannot_be_written(run_cli, tmp_path, no_engine):
+    if os.geteuid() == 0:
+        pytest.skip("root writes in any folder")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    code, line = live(run_cli, tmp_path, "--audio-in", tone_ts(tmp_path / "speech.ts"), "--out",
+                      tmp_path / "out.ts", "--stats", locked / "s.json")
+    assert code == 3 and "cannot write" in line, line

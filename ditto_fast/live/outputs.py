@@ -105,16 +105,16 @@ def stream_files(dest: str) -> list[Path]:
 
 
 def written_by_stream(dest: str, path: str | os.PathLike) -> bool:
-    """Whether a stream to `dest` would write over `path`: the .ts file or HLS playlist itself, one of the playlist's
-    segments, or the same file reached through a symbolic or hard link (ffmpeg writes in place)."""
+    """Whether a stream to `dest` would write over `path` (there or not): the .ts file or HLS playlist itself, one of
+    the playlist's segments, or the same file reached through a symbolic or hard link (ffmpeg writes in place)."""
     kind = describe_destination(dest)
-    if kind not in ("ts file", "hls") or not os.path.lexists(path):
+    if kind not in ("ts file", "hls"):
         return False
     out, other = Path(dest), Path(path)
-    if overwrites(out, other):
+    if out.resolve() == other.resolve() or overwrites(out, other):
         return True
     try:
-        if out.exists() and os.path.samefile(out, other):
+        if out.exists() and other.exists() and os.path.samefile(out, other):
             return True
     except OSError:
         pass

@@ -4,16 +4,16 @@ halves: the checks in the server, the stream in an engine process of the engine 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Callable
 
 from ditto_fast.core.config import Config
 from ditto_fast.core.errors import UsageError
+from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
 from ditto_fast.live.outputs import StreamOutput, check_destination, check_stream_replaces, written_by_stream
 from ditto_fast.live.sources import open_source, source_file
+from ditto_fast.media.outputs import check_writes, write_json
 
 ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", True): "h264_nvenc",
             ("hevc", True): "hevc_nvenc"}
@@ -39,8 +39,12 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
             raise UsageError(f"{request.out}: the stream would overwrite its own source ({source_path}); choose "
                              "another --out")
         check_stream_replaces(request.out, bool(options.force))
-    if options.stats is not None and options.stats.is_dir():
-        raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
+    if options.stats is not None:           # written at the end: checked now, not after the whole stream
+        check_output_path(options.stats, example="live.json")
+        check_writes([("stats file (--stats)", options.stats)], [source_path])
+        if request.out is not None and written_by_stream(request.out, options.stats):
+            raise UsageError(f"--stats {options.stats}: the stream (--out {request.out}) writes there; give the "
+                             "figures a file of their own")
     source = open_source(options.audio_in, stdin_fd=stdin_fd)         # checked: missing file, unknown scheme
     from ditto_fast.engine.renderer import Renderer
 
@@ -51,7 +55,7 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
         raise
     stats = stream_live(renderer, request, source, stop_at_end, log)
     if options.stats is not None:
-        Path(options.stats).write_text(json.dumps(stats, indent=2) + "\n")
+        write_json(options.stats, stats)
     return stats
 
 
