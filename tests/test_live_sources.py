@@ -177,3 +177,96 @@ def test_refused_at_open_in_one_line(tmp_path, monkeypatch, spec, error, says):
     with pytest.raises(error, match=says) as caught:
         open_source(spec)
     assert "\n" not in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- what comes on stdin: sniffed
+def encoded(args: list[str], seconds: float = 1.0, freq: int = 440) -> bytes:
+    """A tone encoded by ffmpeg (`args`: the output's options up to the format), as the bytes a pipe would carry."""
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i",
+                          f"sine=frequency={freq}:duration={seconds}", *args, "pipe:1"],
+                         capture_output=True, check=True)
+    return res.stdout
+
+
+def stdin_samples(data: bytes, timeout: float = 10) -> tuple[np.ndarray, str | None]:
+    """What a source on a pipe makes of `data` written into it at once and closed."""
+    read_end, write_end = os.pipe()
+    try:
+        with at_most(timeout), open_source("-", stdin_fd=read_end) as source:
+            source.start()
+            writer = threading.Thread(target=lambda: (os.write(write_end, data), os.close(write_end)))
+            writer.start()
+            assert wait_until(lambda: source.ended, timeout - 1)
+            writer.join()
+            return source.take(1 << 24), source.error
+    finally:
+        os.close(read_end)
+
+
+def tone_level(x: np.ndarray) -> float:
+    """The tone's peak over its middle (a start or an end of a resampler's filter left out)."""
+    return float(np.abs(x[len(x) // 4:3 * len(x) // 4]).max())
+
+
+def ffmpeg_decoded(data: bytes) -> np.ndarray:
+    """`data` as ffmpeg decodes it to 16 kHz mono, from a file: what the source should hear."""
+    res = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-i", "pipe:0",
+                          "-ac", "1", "-ar", str(SAMPLE_RATE), "-f", "s16le", "pipe:1"], input=data,
+                         capture_output=True, check=True)
+    return np.frombuffer(res.stdout, "<i2").astype(np.float32) / 32768
+
+
+@pytest.mark.parametrize("args, how", [
+    (["-ar", "44100", "-ac", "2", "-c:a", "pcm_s16le", "-f", "wav"], "a 16-bit WAV, read here"),
+    (["-ar", "8000", "-c:a", "pcm_mulaw", "-f", "wav"], "a u-law WAV, ffmpeg's"),
+    (["-ar", "22050", "-c:a", "libmp3lame", "-f", "mp3"], "an MP3 with an ID3 tag"),
+    (["-ar", "24000", "-c:a", "libmp3lame", "-write_xing", "0", "-id3v2_version", "0", "-f", "mp3"], "MP3 frames"),
+    (["-ar", "48000", "-c:a", "flac", "-f", "flac"], "FLAC"),
+    (["-ar", "48000", "-c:a", "libopus", "-f", "ogg"], "Ogg Opus"),
+    (["-ar", "48000", "-c:a", "mp2", "-f", "mpegts"], "MPEG-TS"),
+    (["-ar", "16000", "-c:a", "aac", "-f", "adts"], "AAC in ADTS"),
+])
+def test_a_container_on_stdin_is_decoded_not_played_as_pcm(args, how):
+    data = encoded(args, seconds=1.5)
+    x, error = stdin_samples(data)
+    assert error is None, (how, error)
+    reference = ffmpeg_decoded(data)
+    assert abs(len(x) - len(reference)) < 0.02 * SAMPLE_RATE and len(x) > 1.4 * SAMPLE_RATE, (how, len(x))
+    want = tone_level(reference)
+    assert 0.03 < want and abs(tone_level(x) - want) < 0.1 * want, (how, tone_level(x), want)    # not noise
+
+
+@pytest.mark.parametrize("sized", [False, True])
+def test_wav_after_wav_on_stdin_each_at_its_rate(tmp_path, sized):
+    """A TTS writing one WAV per answer into the same pipe: each header read, each at its own rate, whether the
+    writer knew its sizes (a file) or not (a WAV written to a pipe says 'to the end')."""
+    first = encoded(["-ar", "22050", "-c:a", "pcm_s16le", "-f", "wav"], seconds=1.0)
+    second = encoded(["-ar", "48000", "-ac", "2", "-c:a", "pcm_s16le", "-f", "wav"], seconds=0.5, freq=300)
+    if sized:                           # written to a file, read back: the sizes filled in
+        for name, data in (("first", first), ("second", second)):
+            subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-i", "pipe:0", "-c", "copy",
+                            str(tmp_path / f"{name}.wav")], input=data, check=True)
+        first, second = (tmp_path / "first.wav").read_bytes(), (tmp_path / "second.wav").read_bytes()
+    x, error = stdin_samples(first + second)
+    assert error is None
+    assert abs(len(x) - 1.5 * SAMPLE_RATE) < 0.05 * SAMPLE_RATE, len(x)
+    assert float(np.abs(x).max()) < 0.13                            # the tones (1/8 and 1/8 at -3 dB), no header
+
+
+def test_random_bytes_on_stdin_are_refused_in_one_line():
+    rng = np.random.default_rng(0)
+    x, error = stdin_samples(rng.integers(0, 256, 64_000, dtype=np.uint8).tobytes())
+    assert len(x) == 0 and error is not None and "\n" not in error
+    assert error.startswith("stdin: the first bytes are neither s16le 16 kHz mono speech") and "WAV, MP3" in error
+
+
+def test_raw_pcm_that_starts_like_an_mpeg_frame_is_raw():
+    """Quiet PCM whose first bytes happen to read as an MPEG audio header (FF FF E7 FF: -1, -25) stays PCM."""
+    from ditto_fast.live.containers import sniff
+
+    t = np.arange(8000) / SAMPLE_RATE
+    pcm = np.concatenate([[-1, -25], (3000 * np.sin(2 * np.pi * 200 * t)).astype(np.int16)]).astype("<i2").tobytes()
+    assert pcm[:4] == b"\xff\xff\xe7\xff"
+    assert sniff(pcm[:4096]).kind == "raw"
+    x, error = stdin_samples(pcm)
+    assert error is None and len(x) == 8002

@@ -4,10 +4,11 @@ halves: the checks in the server, the stream in an engine process of the engine 
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from ditto_fast.core.config import Config
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
@@ -31,7 +32,9 @@ def check_live(request: LiveRequest, config: Config) -> None:
 def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
              log: Callable[[str], None], stdin_fd: int | None = None) -> dict:
     """Stream `request.avatar` speaking what `options.audio_in` brings to `request.out` until the source ends
-    (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`)."""
+    (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`). Every
+    file and destination is checked before the networks load; a source that fails before any speech came ends the
+    stream, and a source that failed at all is InputError (its line) once the stream is closed."""
     check_live(request, engine.settings())
     source_path = source_file(options.audio_in)
     if request.out is not None:
@@ -53,9 +56,26 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
     except BaseException:
         source.close()
         raise
-    stats = stream_live(renderer, request, source, stop_at_end, log)
+    done = threading.Event()
+
+    def stop_when_the_source_fails(session) -> None:
+        """A source that fails before any speech came (refused bytes, a URL that cannot be read) ends the stream:
+        there is nothing to stream but silence for ever."""
+        def watch() -> None:
+            while not done.wait(0.1):
+                if source.ended and source.error and source.received == 0:
+                    session.stop()
+                    return
+        threading.Thread(target=watch, name="live-source-watch", daemon=True).start()
+
+    try:
+        stats = stream_live(renderer, request, source, stop_at_end, log, started=stop_when_the_source_fails)
+    finally:
+        done.set()
     if options.stats is not None:
         write_json(options.stats, stats)
+    if source.error:                        # the stream is closed and complete up to here; the source failed
+        raise InputError(source.error)
     return stats
 
 
