@@ -105,3 +105,27 @@ def test_stats_in_a_folder_that_cannot_be_written(run_cli, tmp_path, no_engine):
     code, line = live(run_cli, tmp_path, "--audio-in", tone_ts(tmp_path / "speech.ts"), "--out",
                       tmp_path / "out.ts", "--stats", locked / "s.json")
     assert code == 3 and "cannot write" in line, line
+
+
+# ----------------------------------------------------------------------------- 11: a URL that answers 404
+def test_a_source_url_that_answers_404_is_exit_3_before_anything_loads(run_cli, tmp_path, no_engine):
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404, "Not Found")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/news.mp3"
+        code, line = live(run_cli, tmp_path, "--audio-in", url, "--out", tmp_path / "out.ts")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 3 and f"{url}: the server answers 404 Not Found" in line, line
+    assert not (tmp_path / "out.ts").exists()

@@ -1,5 +1,6 @@
 """Speech arriving while it is spoken, as 16 kHz mono float32 samples that a reader thread buffers: a file decoded at
-its own pace, raw PCM on stdin or a named pipe (what a TTS engine writes), or a URL ffmpeg reads live."""
+its own pace, raw PCM or a container on stdin or a named pipe (what a TTS engine writes), or a URL ffmpeg reads
+live. What bytes hold is told in containers.py."""
 
 from __future__ import annotations
 
@@ -36,6 +37,20 @@ POLL_S = 0.1                # how often a reader waiting for data looks whether 
 # a file at its own pace: -re with a 10 ms initial burst (ffmpeg's default burst is half a second, and 0 bursts too)
 _PACED = ["-re", "-readrate_initial_burst", "0.01"]
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# URLs whose bytes ffmpeg fetches as they come (-f data), for them to be told apart here (containers.SpeechBytes): a
+# WAV is read here, not by ffmpeg's WAV reader, which holds the first 64 KiB of 16-bit PCM back (4 s at 8 kHz, for
+# ever for a shorter utterance on a feed that stays open) to look for S/PDIF in it
+BYTE_SCHEMES = ("http", "https", "tcp", "udp", "srt")
+# http(s): a container other than a WAV is read from the URL again by ffmpeg itself (an MP4 needs to seek)
+REREAD_SCHEMES = ("http", "https")
+STALL_S = 10.0              # with --stop-at-end, a URL that gives nothing for this long has ended (an error)
+PROBE_TIMEOUT_S = 5.0       # an http(s) source's answer is awaited this long before anything loads
+
+
+def _fetch(url: str) -> list[str]:
+    """ffmpeg's arguments that write `url`'s bytes to stdout as they come."""
+    return ["-probesize", "32", "-analyzeduration", "0", "-f", "data", "-i", url, "-map", "0:0", "-c", "copy",
+            "-flush_packets", "1", "-f", "data", "pipe:1"]
 
 
 class Arrivals:
@@ -314,20 +329,52 @@ def source_file(spec: str) -> Path | None:
     return None if spec == "-" or not spec.strip() or _URL.match(spec) else Path(spec)
 
 
-def open_source(spec: str, *, stdin_fd: int | None = None) -> AudioSource:
-    """The source `spec` names, checked (not started): a file path, `-` (s16le 16 kHz mono on stdin, or on `stdin_fd`),
-    a named pipe (read as stdin is), or a URL. InputError for a missing, unreadable or undecodable file; UsageError
-    for an unknown URL scheme."""
+def check_source_url(spec: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Before anything loads: InputError (one line) when an http(s) source answers an error (404), cannot be reached
+    or does not answer within `timeout`. Other URLs are not tried: a listener waits for its caller, and a server
+    that takes one connection would have spent it."""
+    url = _URL.match(spec)
+    if not url or url.group(1).lower() not in REREAD_SCHEMES:
+        return
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context()      # certificates unchecked, as ffmpeg reads https by default
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(urllib.request.Request(spec, headers={"User-Agent": "ditto-fast"}),
+                                    timeout=timeout, context=context):
+            pass
+    except urllib.error.HTTPError as e:
+        raise InputError(f"{spec}: the server answers {e.code} {e.reason}; check the URL") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise InputError(f"{spec}: cannot be read ({reason}); check the URL and that its server is up") from None
+
+
+def open_source(spec: str, *, stdin_fd: int | None = None, stop_at_end: bool = False) -> AudioSource:
+    """The source `spec` names, checked (not started): a file path, `-` (stdin, or `stdin_fd`: s16le 16 kHz mono or a
+    container, see containers.py), a named pipe (read as stdin is; opened again for its next writer, except with
+    `stop_at_end`, where its first writer's end is the end), or a URL (with `stop_at_end`, one that gives nothing
+    for STALL_S has ended). InputError for a missing, unreadable or undecodable file; UsageError for an unknown URL
+    scheme."""
     if not spec.strip():
         raise UsageError(f"the speech source is empty; give one of: {'; '.join(SOURCE_KINDS)}")
     if spec == "-":
         return AudioSource("stdin", fd=sys.stdin.buffer.fileno() if stdin_fd is None else stdin_fd)
     url = _URL.match(spec)
     if url:
-        if url.group(1).lower() not in URL_SCHEMES:
+        scheme = url.group(1).lower()
+        if scheme not in URL_SCHEMES:
             raise UsageError(f"{spec}: speech cannot be read from a {url.group(1)}:// URL; give one of: "
                              f"{'; '.join(SOURCE_KINDS)}")
-        return AudioSource(spec, command=[*LIVE_PROBE, "-i", spec, *DECODE])
+        stall = STALL_S if stop_at_end else None
+        direct = [*LIVE_PROBE, "-i", spec, *DECODE]
+        if scheme in BYTE_SCHEMES:
+            return AudioSource(spec, fetch=_fetch(spec), direct=direct if scheme in REREAD_SCHEMES else None,
+                               stall_s=stall)
+        return AudioSource(spec, command=direct, stall_s=stall)
     check_path_text(spec, "the speech source")
     path = Path(spec)
     try:
@@ -337,7 +384,7 @@ def open_source(spec: str, *, stdin_fd: int | None = None) -> AudioSource:
     if stat.S_ISFIFO(mode):
         if not os.access(path, os.R_OK):
             raise InputError(f"{path}: cannot read the named pipe (permission denied); check its permissions")
-        return AudioSource(spec, fifo=path)
+        return AudioSource(spec, fifo=path, reopen=not stop_at_end)
     what = SOURCE_KINDS[0]
     check_input_file(path, what)
     target = f"file:{path.resolve()}"               # file: so that a name like "concat:x" is not a protocol

@@ -13,7 +13,7 @@ from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
 from ditto_fast.live.outputs import StreamOutput, check_destination, check_stream_replaces, written_by_stream
-from ditto_fast.live.sources import open_source, source_file
+from ditto_fast.live.sources import check_source_url, open_source, source_file
 from ditto_fast.media.outputs import check_writes, write_json
 
 ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", True): "h264_nvenc",
@@ -48,7 +48,8 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
         if request.out is not None and written_by_stream(request.out, options.stats):
             raise UsageError(f"--stats {options.stats}: the stream (--out {request.out}) writes there; give the "
                              "figures a file of their own")
-    source = open_source(options.audio_in, stdin_fd=stdin_fd)         # checked: missing file, unknown scheme
+    check_source_url(options.audio_in)                                  # an http(s) source that answers 404
+    source = open_source(options.audio_in, stdin_fd=stdin_fd, stop_at_end=stop_at_end)   # checked: missing file ...
     from ditto_fast.engine.renderer import Renderer
 
     try:
