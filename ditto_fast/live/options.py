@@ -122,7 +122,10 @@ class LiveOptions:
     audio_in: str = declared(flags=("--audio-in",), required=True, help=SOURCE_HELP)
     stats: Path | None = declared(flags=("--stats",), kind="path",
                                   help="Write the session's figures here as JSON at the end (latency, real-time "
-                                       "factor per stage, frames late or repeated).")
+                                       "factor per stage, frames late or repeated). Latency is what a viewer sees: "
+                                       "from a piece of speech being there to be spoken (its arrival, or its turn "
+                                       "on the stream's clock where it came ahead, as a TTS writing a whole answer "
+                                       "at once makes it) to its frame leaving.")
     force: bool = declared(False, flags=("--force",), kind="flag",
                            help="Replace an --out file (a .ts, or an HLS playlist and its segments) that is there "
                                 "already; without it such an --out is refused before anything loads.")
