@@ -129,3 +129,46 @@ def test_a_source_url_that_answers_404_is_exit_3_before_anything_loads(run_cli, 
         server.server_close()
     assert code == 3 and f"{url}: the server answers 404 Not Found" in line, line
     assert not (tmp_path / "out.ts").exists()
+
+
+# ----------------------------------------------------------------------------- 13: the exit codes the table gives
+def test_destinations_that_cannot_be_written_or_reached_are_exit_3_before_anything_loads(run_cli, tmp_path,
+                                                                                         no_engine):
+    from support import free_port
+
+    speech = tone_ts(tmp_path / "speech.ts")
+    port = free_port()
+    cases = [
+        (tmp_path / "gone" / "out.ts", "directory"),                                 # the table: 3, not 2
+        (f"rtmp://127.0.0.1:{port}/live/key", f"cannot connect to 127.0.0.1:{port}"),  # nobody takes RTMP there
+        ("srt://no-such-host.invalid:9000", "the host no-such-host.invalid is not known"),
+        ("udp://no-such-host.invalid:9000", "the host no-such-host.invalid is not known"),
+    ]
+    for out, says in cases:
+        code, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", out)
+        assert code == 3 and says in line and line.startswith(f"ditto-fast: error: {out}"), line
+
+
+def test_a_reachable_rtmp_server_passes_on_to_the_engine(run_cli, tmp_path, no_engine):
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        r = run_cli(["live", "--avatar", "small", "--audio-in", str(tone_ts(tmp_path / "speech.ts")), "--out",
+                     f"rtmp://127.0.0.1:{port}/live/key"], {"DITTO_FAST_HOME": str(tmp_path / "home")})
+    assert "the networks were loaded" in r.stderr, r.stderr
+
+
+def test_the_exit_code_table_says_what_live_does_on_an_interrupt():
+    """The table's 130/143 row and live's own section agree with the code: once it streams, Ctrl-C and SIGTERM end
+    the stream cleanly (exit 0, the file complete; test_live_session.py sends both); before, 130/143."""
+    from conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 130 / 143 |"))
+    assert "`live`" in row and "exit 0" in row and "complete" in row, row
+    table = text[text.index("## Exit codes"):text.index("## Delivery")]
+    three = next(ln for ln in table.splitlines() if ln.startswith("| 3 |"))
+    assert "`live`" in three and "RTMP" in three, three

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import socket
 import subprocess
 import tempfile
 import threading
@@ -35,6 +36,7 @@ QUEUED_FRAMES = 8           # frames (and their audio) waiting for ffmpeg before
 PUT_WAIT_S = 0.1            # how often a waiting write() looks whether ffmpeg is still there
 SRT_LINGER_S = 2            # at close, SRT waits at most this long for the receiver to take what was sent
 CLOSE_TIMEOUT_S = 30.0      # close() waits this long for ffmpeg to finish, then kills it
+REACH_TIMEOUT_S = 3.0       # an RTMP server's TCP connection is awaited this long before anything loads
 FILE_FIX = "check free disk space and that the folder is still writable"
 NETWORK_FIX = "check that the receiver is up and reachable"
 
@@ -60,14 +62,12 @@ def describe_destination(dest: str) -> str:
 
 
 def check_destination(dest: str) -> str:
-    """UsageError (one line) unless ffmpeg can be started on `dest`: a file's folder exists and is writable, a URL
-    has a host (and a port for udp and srt); starts nothing. Returns the kind (describe_destination)."""
+    """UsageError (one line) unless ffmpeg can be started on `dest`: a URL has a host (and a port for udp and srt);
+    InputError where a file's folder is missing or not writable, or a folder is named; starts nothing. Returns the
+    kind (describe_destination)."""
     kind = describe_destination(dest)
-    if kind in ("ts file", "hls"):
-        try:
-            check_output_path(dest, example="live" + Path(dest).suffix.lower())
-        except InputError as e:
-            raise UsageError(str(e)) from None
+    if kind in ("ts file", "hls"):              # a folder missing or not writable: InputError (exit 3), as for render
+        check_output_path(dest, example="live" + Path(dest).suffix.lower())
         return kind
     url = urlsplit(dest)
     try:
@@ -83,6 +83,27 @@ def check_destination(dest: str) -> str:
     if kind == "srt" and mode not in ("caller", "listener", "rendezvous"):
         raise UsageError(f"{dest}: SRT mode {mode!r} is not caller, listener or rendezvous; give {KINDS[kind]}")
     return kind
+
+
+def check_reachable(dest: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """Before anything loads: InputError (one line) where a network destination cannot be reached, as far as can be
+    told without streaming: an RTMP server that takes no TCP connection, an SRT or UDP host that does not resolve.
+    (An SRT caller whose host resolves but where nobody listens fails once it streams: only SRT's handshake tells.)"""
+    kind = describe_destination(dest)
+    if kind in ("ts file", "hls"):
+        return
+    url = urlsplit(dest)
+    host, port = url.hostname, url.port
+    try:
+        if kind == "rtmp":
+            port = port or (443 if url.scheme.lower() == "rtmps" else 1935)
+            socket.create_connection((host, port), timeout=timeout).close()
+        else:
+            socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        what = f"cannot connect to {host}:{port}" if kind == "rtmp" else f"the host {host} is not known"
+        raise InputError(f"{dest}: {what} ({reason}); {NETWORK_FIX}") from None
 
 
 def _segment_name(playlist: Path) -> re.Pattern:

@@ -12,7 +12,8 @@ from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
-from ditto_fast.live.outputs import StreamOutput, check_destination, check_stream_replaces, written_by_stream
+from ditto_fast.live.outputs import (StreamOutput, check_destination, check_reachable, check_stream_replaces,
+                                     written_by_stream)
 from ditto_fast.live.sources import check_source_url, open_source, source_file
 from ditto_fast.media.outputs import check_writes, write_json
 
@@ -42,6 +43,7 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
             raise UsageError(f"{request.out}: the stream would overwrite its own source ({source_path}); choose "
                              "another --out")
         check_stream_replaces(request.out, bool(options.force))
+        check_reachable(request.out)        # an RTMP server that takes no connection, an SRT/UDP host not known
     if options.stats is not None:           # written at the end: checked now, not after the whole stream
         check_output_path(options.stats, example="live.json")
         check_writes([("stats file (--stats)", options.stats)], [source_path])
