@@ -69,6 +69,15 @@ def sniff(head: bytes, raw: bool = True) -> Sniffed:
     return Sniffed("noise") if is_noise(head) else Sniffed("raw")
 
 
+def s16le(data: bytes):
+    """The whole s16le samples of `data` as float32 in [-1, 1) (numpy), and the odd byte left over (the first half of
+    the next read's first sample)."""
+    import numpy as np
+
+    cut = len(data) & ~1
+    return np.frombuffer(data[:cut], "<i2").astype(np.float32) / 32768.0, data[cut:]
+
+
 def is_noise(pcm: bytes) -> bool:
     """Whether s16le bytes sound like noise rather than speech: loud, and each sample unlike the one before (random
     bytes, big-endian or float samples, a compressed stream read as PCM)."""
@@ -338,13 +347,8 @@ class SpeechBytes:
 
     # -- the three ways
     def _pcm(self, data: bytes) -> None:
-        import numpy as np
-
-        data = self._half + data
-        cut = len(data) & ~1
-        self._half = data[cut:]
-        if cut:
-            self._deliver(np.frombuffer(data[:cut], "<i2").astype(np.float32) / 32768.0)
+        samples, self._half = s16le(self._half + data)
+        self._deliver(samples)
 
     def _wav_bytes(self, data: bytes) -> None:
         from ditto_fast.audio.resample import Resampler
@@ -389,8 +393,6 @@ class SpeechBytes:
             self._close_decoder(wait=True)
 
     def _read_decoded(self) -> None:
-        import numpy as np
-
         fd, half = self._decoder.stdout.fileno(), b""
         while True:
             try:
@@ -399,11 +401,8 @@ class SpeechBytes:
                 return
             if not data:
                 return
-            data = half + data
-            cut = len(data) & ~1
-            half = data[cut:]
-            if cut:
-                self._deliver(np.frombuffer(data[:cut], "<i2").astype(np.float32) / 32768.0)
+            samples, half = s16le(half + data)
+            self._deliver(samples)
 
     def _close_decoder(self, wait: bool) -> None:
         from ditto_fast.media.ffpipe import first_stderr_line

@@ -24,7 +24,7 @@ import numpy as np
 from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.core.files import check_path_text, unreadable
 from ditto_fast.media.ffpipe import first_stderr_line, own_session, stream_lines, widen_pipe
-from ditto_fast.live.containers import DECODE, LIVE_PROBE, READ_BYTES, SpeechBytes
+from ditto_fast.live.containers import DECODE, LIVE_PROBE, READ_BYTES, SpeechBytes, s16le
 from ditto_fast.media.inputs import check_input_file
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
@@ -236,11 +236,8 @@ class AudioSource:
         return True
 
     def _deliver_pcm(self, data: bytes) -> None:
-        data, self._half = self._half + data, b""
-        cut = len(data) & ~1
-        self._half = data[cut:]
-        if cut:
-            self._deliver(np.frombuffer(data[:cut], dtype="<i2").astype(np.float32) / 32768.0)
+        samples, self._half = s16le(self._half + data)
+        self._deliver(samples)
 
     def _deliver(self, samples: np.ndarray) -> None:
         if not len(samples):
