@@ -221,9 +221,14 @@ def test_random_bytes_on_stdin_end_the_stream_with_exit_3(live_env, tmp_path):
     out = tmp_path / "noise.ts"
     noise = np.random.default_rng(1).integers(0, 256, 64_000, dtype=np.uint8).tobytes()
     p = live(live_env, "--audio-in", "-", "--out", out, "--quiet", stdin=subprocess.PIPE)
-    p.stdin.buffer.write(noise)
-    p.stdin.flush()
-    _, err = p.communicate(timeout=120)
+    try:
+        p.stdin.buffer.write(noise)
+        p.stdin.flush()
+        _, err = p.communicate(timeout=120)             # before: noise on air, for ever
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert p.returncode == 3, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "stdin: the first bytes are neither s16le 16 kHz mono speech" in lines[0], err
