@@ -13,8 +13,9 @@ from ditto_fast.live.options import LIVE_FIELDS, LIVE_REQUEST_FIELDS, LiveOption
 @field_options(LIVE_REQUEST_FIELDS)
 @engine_options
 @click.option("--stop-at-end", is_flag=True,
-              help="End the stream once the source ends and its frames are out (rehearsal, tests); otherwise it runs "
-                   "until Ctrl-C or SIGTERM, which end it cleanly.")
+              help="End the stream once the source ends and its frames are out (rehearsal, tests): a named pipe at its "
+                   "first writer's close, a URL that stops sending (or stalls); otherwise it runs until Ctrl-C or "
+                   "SIGTERM, which end it cleanly, and a named pipe waits for its next writer.")
 @QUIET
 @CONFIG
 def live(stop_at_end, quiet, config_path, **values):
