@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import warnings
 from fractions import Fraction
 from pathlib import Path
 
@@ -113,8 +114,41 @@ def test_a_cue_too_soon_after_the_one_before_is_shown_as_soon_as_it_is_loaded():
 
 
 def test_a_cue_that_cannot_be_loaded_before_the_clip_ends_is_refused():
-    with pytest.raises(UsageError, match="cue 1 .* cannot be loaded and shown before the clip ends"):
-        pace([Cue(0.1, 0.3, ("A caption far too long to load",))], NTSC, 12)
+    with pytest.raises(UsageError, match="news.srt: cue 1 .* starts too near the clip's end for 608 to load"):
+        pace([Cue(0.1, 0.3, ("A caption far too long to load",))], NTSC, 12, where="news.srt")
+
+
+def test_cues_denser_than_608_carries_are_refused_as_such():
+    """Each cue shown later than its time, the lateness growing, until the last cannot be shown before the end: the
+    refusal says the cues are too dense (it was "cue 7 cannot be loaded"), naming the file and the cues."""
+    cues = [Cue(0.5 + 0.4 * i, 0.9 + 0.4 * i, (f"Caption number {i} of a fast", "run of captions here")) for i in range(7)]
+    with pytest.raises(UsageError) as caught:
+        pace(cues, Fraction(25), 100, where="news.srt")
+    line = str(caught.value)
+    assert line.startswith("news.srt: cues 1 to 4 come faster than EIA-608 carries them") and "cue 4 (" in line, line
+    assert "merge or shorten those cues" in line
+
+
+def test_an_overlap_cut_short_is_said(tmp_path):
+    notes: list[str] = []
+    cues = read_cues(_srt(tmp_path, "1\n00:00:01,000 --> 00:00:03,000\nFirst\n\n2\n00:00:02,000 --> 00:00:04,000\n"
+                                     "Second\n"), 5.0, notes)
+    assert [(c.start, c.end) for c in cues] == [(1.0, 2.0), (2.0, 4.0)]
+    assert notes == [f"{tmp_path / 'c.srt'}: cue 1 ('First') overlaps cue 2: shown until 2.000 s, not 3.000 s "
+                     "(608 shows one caption at a time); end it before the next starts"]
+
+
+def test_a_ttml_file_reads_without_a_word(tmp_path):
+    """pycaption reads TTML with BeautifulSoup's HTML parser, which warned a page about lxml for every file that
+    starts as XML does: nothing is printed now (the file is checked as XML before)."""
+    ttml = tmp_path / "c.ttml"
+    ttml.write_text('<?xml version="1.0" encoding="UTF-8"?>\n<tt xmlns="http://www.w3.org/ns/ttml" xml:lang="en">'
+                    '<body><div><p begin="00:00:00.500" end="00:00:01.500">Good evening.</p></div></body></tt>\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")                # what a command shows (pycaption's deprecations are not)
+        cues = read_cues(ttml, 5.0)
+    shown = [str(w.message)[:60] for w in caught if not issubclass(w.category, DeprecationWarning)]
+    assert [c.text for c in cues] == ["Good evening."] and shown == []
 
 
 def test_the_sei_carries_a53_cc_data_for_its_frame():
@@ -199,8 +233,44 @@ def test_words_group_into_whole_ordered_readable_cues():
 
 def test_a_script_the_speech_cannot_hold_is_refused():
     words = [TimedWord(f"word{i}.", 0.01 * i, 0.01 * i + 0.01) for i in range(30)]
-    with pytest.raises(UsageError, match="the script makes 30 captions, more than 1.00 s of speech can show"):
-        group_words(words, 1.0)
+    with pytest.raises(UsageError, match="s.txt: the script makes 30 captions, more than 1.00 s of speech can show"):
+        group_words(words, 1.0, where="s.txt")
+
+
+def _script_plan(tmp_path: Path, text: str, audio_seconds: float):
+    from types import SimpleNamespace
+
+    from ditto_fast.captions.plan import plan_captions
+
+    script = tmp_path / "news.txt"
+    script.write_text(text)
+    request = SimpleNamespace(captions=None, script=script, captions_out=None, burn_in=False, output=None)
+    return plan_captions(request, None, SimpleNamespace(container="mp4", codec="h264"), Fraction(25),
+                         int(audio_seconds * 25), audio_seconds)
+
+
+def test_a_script_longer_than_the_speech_is_refused_naming_it_before_hubert(tmp_path):
+    """Found when the request is checked (no HuBERT, no alignment): more letters than 20 ms frames, or more
+    captions than 608 can show however the words fall; the line names the script."""
+    assert _script_plan(tmp_path, "Good evening. Here is the news.", 3.0).words[0] == "Good"
+    with pytest.raises(UsageError, match=r"news.txt: the script is longer than the speech \(\d+ letters need"):
+        _script_plan(tmp_path, "Good evening and welcome to the late news " * 10, 3.0)
+    with pytest.raises(UsageError, match="news.txt: the script makes .* captions, more than 3.00 s of speech"):
+        _script_plan(tmp_path, "Go. Up. On. So. " * 5, 3.0)
+    with pytest.raises(UsageError, match="news.txt: the script has no letters to align"):
+        _script_plan(tmp_path, "1 2 3 42", 3.0)
+
+
+def test_the_head_letters_are_the_published_vocabulary_s():
+    from ditto_fast.captions.align import HEAD_LETTERS
+    from ditto_fast.checkpoints.random_hubert import CTC_VOCAB
+
+    assert set(HEAD_LETTERS) == {s for s in CTC_VOCAB if len(s) == 1 and s != "|"}
+
+
+def test_an_alignment_refusal_names_the_script():
+    with pytest.raises(UsageError, match=r"news.txt: the script is longer than the speech"):
+        align_logp(np.zeros((3, len(VOCAB))), ["Goodbye"], VOCAB, where="news.txt")
 
 
 # ------------------------------------------------------------------ embedded and decoded back

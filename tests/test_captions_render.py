@@ -157,6 +157,12 @@ def test_bad_timed_text_is_one_line_and_exit_2_before_any_work(run_cli, tmp_path
     res = run_cli(["render", "--avatar", "anchor", "--audio", three_seconds, "-o", out, "--captions", late,
                    "--quiet"], env=store_env(session_home, tiny_checkpoints))
     assert res.returncode == 2 and "past the audio's end (3.000 s)" in res.stderr and not out.exists()
+    ttml = tmp_path / "late.ttml"                 # an ordinary TTML file: with --quiet, its refusal is all there is
+    ttml.write_text('<?xml version="1.0" encoding="UTF-8"?>\n<tt xmlns="http://www.w3.org/ns/ttml" xml:lang="en">'
+                    '<body><div><p begin="00:00:01.000" end="00:00:09.000">Too long</p></div></body></tt>\n')
+    res = run_cli(["render", "--avatar", "anchor", "--audio", three_seconds, "-o", out, "--captions", ttml,
+                   "--quiet"], env=store_env(session_home, tiny_checkpoints))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "past the audio's end" in res.stderr, res.stderr
 
 
 def _captions_required(tmp_path: Path) -> Path:
@@ -210,7 +216,7 @@ def test_a_cue_608_cannot_show_before_the_end_is_refused_before_any_work(engine,
                                                                         tmp_path):
     late = tmp_path / "end.srt"
     late.write_text("1\n00:00:02,950 --> 00:00:03,000\nA last caption too long to load\n")
-    with pytest.raises(UsageError, match="cue 1 .* cannot be loaded and shown before the clip ends"):
+    with pytest.raises(UsageError, match=f"{late}: cue 1 .* starts too near the clip's end"):
         engine.render(RenderRequest(avatar="anchor", audio=three_seconds, output=tmp_path / "x.mp4",
                                     captions=late))
     assert not list(tmp_path.glob("*.mp4")) and not list(tmp_path.glob(".*"))

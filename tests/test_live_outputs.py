@@ -200,21 +200,21 @@ def test_destination_kinds(dest, kind):
     assert describe_destination(dest) == kind
 
 
-@pytest.mark.parametrize("dest, says", [
-    ("ftp://host/live.ts", "not a stream destination; give one of: a path ending .ts; .* rtmp://HOST/APP/KEY"),
-    ("{tmp}/out.mp4", "out.mp4: not a stream destination; give one of"),
-    ("{tmp}/missing/out.ts", "directory .*missing does not exist"),
-    ("{tmp}/folder.ts", "is a directory"),
-    ("udp://127.0.0.1", "needs a host and a port"),
-    ("srt://:9000", "needs a host and a port"),
-    ("srt://host:9000?mode=server", "SRT mode 'server' is not caller, listener or rendezvous"),
-    ("udp://host:99999", "the port is not a number"),
-    ("rtmp://host", "needs the application and stream key"),
+@pytest.mark.parametrize("dest, error, says", [
+    ("ftp://host/live.ts", UsageError, "not a stream destination; give one of: a path ending .ts; .* rtmp://HOST/APP"),
+    ("{tmp}/out.mp4", UsageError, "out.mp4: not a stream destination; give one of"),
+    ("{tmp}/missing/out.ts", InputError, "directory .*missing does not exist"),      # exit 3, as the table says
+    ("{tmp}/folder.ts", InputError, "is a directory"),
+    ("udp://127.0.0.1", UsageError, "needs a host and a port"),
+    ("srt://:9000", UsageError, "needs a host and a port"),
+    ("srt://host:9000?mode=server", UsageError, "SRT mode 'server' is not caller, listener or rendezvous"),
+    ("udp://host:99999", UsageError, "the port is not a number"),
+    ("rtmp://host", UsageError, "needs the application and stream key"),
 ])
-def test_bad_destinations_are_refused_in_one_line(tmp_path, dest, says):
+def test_bad_destinations_are_refused_in_one_line(tmp_path, dest, error, says):
     (tmp_path / "folder.ts").mkdir()
     dest = dest.format(tmp=tmp_path)
     for check in (check_destination, lambda d: StreamOutput(d, SIZE, RATE, "yuv420p")):
-        with pytest.raises(UsageError, match=says) as caught:
+        with pytest.raises(error, match=says) as caught:
             check(dest)
         assert "\n" not in str(caught.value) and str(caught.value).startswith(dest)

@@ -217,3 +217,22 @@ def test_numbers_on_the_command_line_are_numbers(live_env, tmp_path):
                         "--out", str(tmp_path / "x.ts"), "--max-latency", "5"], env=live_env, capture_output=True,
                        text=True, stdin=subprocess.DEVNULL, timeout=120)
     assert p.returncode == 5 and "nobody" in p.stderr, p.stderr
+
+
+def test_random_bytes_on_stdin_end_the_stream_with_exit_3(live_env, tmp_path):
+    """Bytes that are neither raw speech nor a container are refused in one line, and the stream ends (not silence
+    for ever): exit 3, without --stop-at-end."""
+    out = tmp_path / "noise.ts"
+    noise = np.random.default_rng(1).integers(0, 256, 64_000, dtype=np.uint8).tobytes()
+    p = live(live_env, "--audio-in", "-", "--out", out, "--quiet", stdin=subprocess.PIPE)
+    try:
+        p.stdin.buffer.write(noise)
+        p.stdin.flush()
+        _, err = p.communicate(timeout=120)             # before: noise on air, for ever
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 3, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "stdin: the first bytes are neither s16le 16 kHz mono speech" in lines[0], err

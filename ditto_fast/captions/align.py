@@ -19,6 +19,9 @@ from ditto_fast.core.errors import CheckpointError, UsageError
 
 FRAME_SECONDS = 0.02                # the head's frames: 50 Hz (320 samples at 16 kHz)
 BLANK, WORD = "<pad>", "|"
+# the letters the published head (facebook/hubert-large-ls960-ft) spells with, as its vocab.json and
+# checkpoints/random_hubert.CTC_VOCAB hold them: what the script's length is counted in before HuBERT loads
+HEAD_LETTERS = {c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZ'")}
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ def word_symbols(word: str, vocab: dict[str, int]) -> list[int]:
     return [vocab[c] for c in bare.replace("’", "'") if c in vocab and c not in (BLANK, WORD)]
 
 
+def frames_needed(tokens: list[int]) -> int:
+    """The fewest head frames a CTC path of `tokens` takes: one a token, and a blank between two that repeat."""
+    return len(tokens) + sum(a == b for a, b in zip(tokens, tokens[1:]))
+
+
 def viterbi_path(logp: np.ndarray, tokens: list[int], blank: int) -> np.ndarray:
     """The best CTC path of `tokens` through `logp` [T, V]: for each frame the index of its token (-1: blank).
     ValueError when the frames are too few for the tokens."""
@@ -59,7 +67,7 @@ def viterbi_path(logp: np.ndarray, tokens: list[int], blank: int) -> np.ndarray:
     # a token may be reached from two states back (skipping the blank) unless it repeats the token before it
     skip = np.zeros(S, dtype=bool)
     skip[3::2] = np.asarray(tokens[1:]) != np.asarray(tokens[:-1])
-    need = L + int(np.sum(np.asarray(tokens[1:]) == np.asarray(tokens[:-1])))
+    need = frames_needed(tokens)
     if T < need:
         raise ValueError(f"{L} symbols need {need} frames, the speech has {T}")
     neg = -np.inf
@@ -82,21 +90,23 @@ def viterbi_path(logp: np.ndarray, tokens: list[int], blank: int) -> np.ndarray:
     return np.where(path % 2 == 1, (path - 1) // 2, -1)
 
 
-def align_logp(logp: np.ndarray, words: tuple[str, ...] | list[str], vocab: dict[str, int]) -> list[TimedWord]:
+def align_logp(logp: np.ndarray, words: tuple[str, ...] | list[str], vocab: dict[str, int],
+               where: str = "the script") -> list[TimedWord]:
     """Each word's time from the head's log-probabilities `logp` [T, V] at 50 Hz. A word with no symbol the head
-    knows (a number, say) takes the time between its neighbours. UsageError when the script is longer than the
-    speech can hold."""
+    knows (a number, say) takes the time between its neighbours. UsageError naming `where` (the script's file) when
+    the script is longer than the speech can hold."""
     tokens, owner = [], []
     for i, w in enumerate(words):
         for sym in word_symbols(w, vocab):
             tokens.append(sym)
             owner.append(i)
     if not tokens:
-        raise UsageError("the script has no letters to align; give the words the voice reads")
+        raise UsageError(f"{where}: the script has no letters to align; give the words the voice reads")
     try:
         path = viterbi_path(logp, tokens, vocab[BLANK])
     except ValueError as e:
-        raise UsageError(f"the script is longer than the speech ({e}); give the words this audio reads") from None
+        raise UsageError(f"{where}: the script is longer than the speech ({e}); give the words this audio "
+                         "reads") from None
     first = np.full(len(words), -1)
     last = np.full(len(words), -1)
     for t, k in enumerate(path):
@@ -117,10 +127,12 @@ def align_logp(logp: np.ndarray, words: tuple[str, ...] | list[str], vocab: dict
     return out
 
 
-def align_words(logp: np.ndarray, words: tuple[str, ...], model_dir: str | Path) -> list[TimedWord]:
-    """The script's words timed from the render's HuBERT head output `logp` [T, V] (vocab.json from `model_dir`)."""
+def align_words(logp: np.ndarray, words: tuple[str, ...], model_dir: str | Path,
+                where: str = "the script") -> list[TimedWord]:
+    """The script's words timed from the render's HuBERT head output `logp` [T, V] (vocab.json from `model_dir`);
+    `where` names the script's file in a refusal."""
     vocab = read_vocab(model_dir)
     if logp.shape[1] != len(vocab):
         raise CheckpointError(f"{Path(model_dir) / 'vocab.json'}: {len(vocab)} symbols, the head gives "
                               f"{logp.shape[1]}; re-download the HuBERT directory")
-    return align_logp(logp, words, vocab)
+    return align_logp(logp, words, vocab, where)

@@ -6,6 +6,7 @@ names no line."""
 from __future__ import annotations
 
 import re
+import warnings
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,10 @@ def timed_text_kind(path: Path) -> str:
     return kind
 
 
-def read_cues(path: str | Path, audio_seconds: float) -> list[Cue]:
+def read_cues(path: str | Path, audio_seconds: float, notes: list[str] | None = None) -> list[Cue]:
     """The cues of a timed-text file, checked: ordered, none past `audio_seconds`, each wrapped into at most ROWS rows
-    of COLUMNS characters of EIA-608's set. UsageError (exit 2) naming the file, its line or cue, and the fix."""
+    of COLUMNS characters of EIA-608's set. UsageError (exit 2) naming the file, its line or cue, and the fix. A cue
+    cut short because the next one starts before it ends (608 shows one caption at a time) is said in `notes`."""
     from ditto_fast.captions.charset import check_608
 
     path = Path(path)
@@ -55,7 +57,7 @@ def read_cues(path: str | Path, audio_seconds: float) -> list[Cue]:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot be read as UTF-8 text ({e}); save it as UTF-8") from None
     _check_syntax(path, kind, text)
-    cues = _parse(path, kind, text)
+    cues = _parse(path, kind, text, notes if notes is not None else [])
     if not cues:
         raise UsageError(f"{path}: holds no captions; give a file with at least one cue, or leave --captions out")
     out = []
@@ -141,15 +143,17 @@ def pycaption():
     return module
 
 
-def _parse(path: Path, kind: str, text: str) -> list[Cue]:
-    """The file's cues as pycaption reads them, in time order, each wrapped for 608."""
+def _parse(path: Path, kind: str, text: str, notes: list[str]) -> list[Cue]:
+    """The file's cues as pycaption reads them, in time order, each wrapped for 608; an overlap cut short is noted."""
     pc = pycaption()
     DFXPReader, SCCReader, SRTReader, WebVTTReader = pc.DFXPReader, pc.SCCReader, pc.SRTReader, pc.WebVTTReader
     CaptionReadError = pc.exceptions.CaptionReadError
 
     reader = {"srt": SRTReader, "vtt": WebVTTReader, "scc": SCCReader, "ttml": DFXPReader}[kind]()
     try:
-        captions = reader.read(text)
+        with warnings.catch_warnings():     # TTML is checked as XML above; pycaption reads it with BeautifulSoup's
+            warnings.filterwarnings("ignore", message=".*HTML parser to parse an XML document")   # forgiving parser
+            captions = reader.read(text)
     except (CaptionReadError, ValueError, KeyError, IndexError) as e:
         raise UsageError(f"{path}: cannot be read as {kind.upper()} ({str(e)[:120] or type(e).__name__}); "
                          "fix the file") from None
@@ -165,7 +169,9 @@ def _parse(path: Path, kind: str, text: str) -> list[Cue]:
         if body.strip():
             cues.append(Cue(start, end, wrap_rows(body, f"{path}: cue {n}")))
     cues.sort(key=lambda c: c.start)
-    for n, (a, b) in enumerate(zip(cues, cues[1:]), 2):
+    for n, (a, b) in enumerate(zip(cues, cues[1:]), 1):
         if b.start < a.end - 1e-3:          # one caption at a time on air: an overlap ends the earlier one
-            cues[n - 2] = Cue(a.start, b.start, a.rows)
+            cues[n - 1] = Cue(a.start, b.start, a.rows)
+            notes.append(f"{path}: cue {n} ({shown(a.text[:40])}) overlaps cue {n + 1}: shown until {b.start:.3f} s, "
+                         f"not {a.end:.3f} s (608 shows one caption at a time); end it before the next starts")
     return cues

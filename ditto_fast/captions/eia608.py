@@ -88,10 +88,11 @@ def cue_frame(seconds: float, rate: Fraction) -> int:
     return int(round(seconds * rate))
 
 
-def pace(cues: list[Cue], rate: Fraction, frames: int, channel: str = "CC1") -> Paced:
+def pace(cues: list[Cue], rate: Fraction, frames: int, channel: str = "CC1", where: str = "captions") -> Paced:
     """Every cue loaded ahead into free frames after the previous caption's flip and shown by end-of-caption on its
-    cue's frame (or the first frame after its loading, when the cues before leave no room); UsageError for a cue
-    the clip ends before it can be shown."""
+    cue's frame (or the first frame after its loading, when the cues before leave no room); UsageError naming
+    `where` (the captions' file) for a cue the clip ends before it can be shown: the cues before it come faster than
+    608 carries them (each was shown late, and the lateness grew), or it starts too near the clip's end."""
     if channel not in CHANNELS:
         raise UsageError(f"caption channel {channel!r}: use one of {', '.join(CHANNELS)}")
     slots: list[tuple[int, int] | None] = [None] * frames
@@ -112,14 +113,23 @@ def pace(cues: list[Cue], rate: Fraction, frames: int, channel: str = "CC1") -> 
         return placed[0], placed[-1]
 
     floor = 0                           # the first frame after the previous flip: non-displayed memory is free
+    late_from: int | None = None        # the first of the cues shown late one after another, up to this one
     for n, cue in enumerate(cues):
         start, end = cue_frame(cue.start, rate), cue_frame(cue.end, rate)
         try:
             _, last = put(floor, load_pairs(cue.rows, channel))
             flip, _ = put(max(start, last + 1), control(EOC, channel))
         except _NoRoom:
-            raise UsageError(f"caption cue {n + 1} ({' '.join(cue.rows)[:40]!r}) cannot be loaded and shown before "
-                             f"the clip ends; end the captions earlier") from None
+            text = f"cue {n + 1} ({' '.join(cue.rows)[:40]!r})"
+            if late_from is not None and floor > start:
+                raise UsageError(
+                    f"{where}: cues {late_from + 1} to {n + 1} come faster than EIA-608 carries them (one byte pair, "
+                    f"two characters, a frame: at {float(rate):g} frames/s each was shown later than its time, "
+                    f"{shown[-1] - cue_frame(cues[n - 1].start, rate)} frames late by cue {n}), so {text} cannot "
+                    "be shown before the clip ends; merge or shorten those cues, or space them out") from None
+            raise UsageError(f"{where}: {text} starts too near the clip's end for 608 to load and show it "
+                             f"({len(load_pairs(cue.rows, channel)) + 2} frames); end the captions earlier") from None
+        late_from = (n if late_from is None else late_from) if flip > start else None
         shown.append(flip)
         floor = flip + 2
         following = cue_frame(cues[n + 1].start, rate) if n + 1 < len(cues) else None

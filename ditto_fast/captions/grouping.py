@@ -52,8 +52,9 @@ def load_seconds(text: str) -> float:
     return (2 + len(load_pairs(wrap_rows(text, "the script"))) + 1) / LOAD_RATE
 
 
-def group_words(words: list[TimedWord], audio_seconds: float) -> list[Cue]:
-    """Cues of whole words, in order, each of at most ROWS x COLUMNS characters, inside [0, audio_seconds]."""
+def group_words(words: list[TimedWord], audio_seconds: float, where: str = "the script") -> list[Cue]:
+    """Cues of whole words, in order, each of at most ROWS x COLUMNS characters, inside [0, audio_seconds];
+    UsageError naming `where` (the script's file) when the speech cannot show them all."""
     groups: list[list[TimedWord]] = []
     current: list[TimedWord] = []
     for w in _pieces(words):
@@ -79,12 +80,12 @@ def group_words(words: list[TimedWord], audio_seconds: float) -> list[Cue]:
         starts[i] = min(starts[i], latest)      # time 608 takes to load it
         latest = starts[i] - load_seconds(texts[i])
     if starts and starts[0] < load_seconds(texts[0]) - 1e-9:
-        raise UsageError(f"the script makes {len(groups)} captions, more than {audio_seconds:.2f} s of speech can "
-                         "show; give the words this audio reads")
+        raise UsageError(f"{where}: the script makes {len(groups)} captions, more than {audio_seconds:.2f} s of "
+                         "speech can show; give the words this audio reads")
     out = []
     for i, g in enumerate(groups):
         text = " ".join(x.text for x in g)
         wanted = starts[i] + max(MIN_SECONDS, len(text) / READ_CPS, g[-1].end - starts[i])
         end = min(wanted, starts[i + 1] if i + 1 < len(groups) else audio_seconds)
-        out.append(Cue(starts[i], end, wrap_rows(text, "the script")))
+        out.append(Cue(starts[i], end, wrap_rows(text, where)))
     return out

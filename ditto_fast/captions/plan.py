@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from ditto_fast.captions.align import FRAME_SECONDS, HEAD_LETTERS, TimedWord, frames_needed, word_symbols
 from ditto_fast.captions.charset import check_608
 from ditto_fast.captions.cues import Cue, read_cues
 from ditto_fast.captions.eia608 import pace
+from ditto_fast.captions.grouping import group_words
 from ditto_fast.captions.embed import check_embeddable, embeds_in_sei
 from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.delivery.profiles import DeliveryProfile
@@ -29,6 +31,7 @@ class CaptionPlan:
     channel: str
     sidecars: tuple[str, ...]
     burn_in: bool
+    notes: tuple[str, ...] = ()         # what the user should know (a cue cut short by the next one)
 
 
 def plan_captions(request, profile: DeliveryProfile | None, fmt, rate: Fraction, frames: int,
@@ -55,10 +58,12 @@ def plan_captions(request, profile: DeliveryProfile | None, fmt, rate: Fraction,
     except OSError as e:
         raise InputError(f"{path}: cannot be read ({e.strerror}); check the file") from None
     cues = words = None
+    notes: list[str] = []
     if request.captions:
-        cues = tuple(read_cues(path, audio_seconds))
+        cues = tuple(read_cues(path, audio_seconds, notes))
     else:
         words = script_words(path, data)
+        check_script_fits(words, audio_seconds, str(path))     # before HuBERT loads, where it surely cannot fit
     where = f"--delivery {profile.name}" if profile is not None else str(request.output or "the output")
     embed = mode != "none"
     if embed:
@@ -70,11 +75,11 @@ def plan_captions(request, profile: DeliveryProfile | None, fmt, rate: Fraction,
             embed = False               # a plain output that cannot carry 608: the sidecars or burn-in asked
     channel = profile.captions.channel if profile is not None else "CC1"
     if embed and cues is not None:
-        pace(list(cues), rate, frames, channel)         # a cue 608 cannot show in time: refused now
+        pace(list(cues), rate, frames, channel, where=str(path))    # a cue 608 cannot show in time: refused now
     sidecars = tuple(request.captions_out.split(",")) if request.captions_out else \
         (profile.captions.sidecars if profile is not None else ())
     return CaptionPlan(path, hashlib.sha256(data).hexdigest(), cues, words, embed, channel, sidecars,
-                       bool(request.burn_in))
+                       bool(request.burn_in), tuple(notes))
 
 
 def script_words(path: Path, data: bytes) -> tuple[str, ...]:
@@ -89,6 +94,21 @@ def script_words(path: Path, data: bytes) -> tuple[str, ...]:
     if not any(re.search(r"\w", w) for w in words):
         raise UsageError(f"{path}: the script has no words; give the text the voice reads")
     return tuple(words)
+
+
+def check_script_fits(words: tuple[str, ...], audio_seconds: float, where: str) -> None:
+    """Before HuBERT loads: UsageError naming the script's file where its words surely cannot be timed and shown in
+    `audio_seconds` of speech, whatever the alignment finds: more letters than the head has frames for (one a
+    letter, 50 a second), or more captions than 608 can load and show even with every word at its latest."""
+    tokens = [t for w in words for t in word_symbols(w, HEAD_LETTERS)]
+    frames = int(audio_seconds / FRAME_SECONDS) + 1
+    if not tokens:
+        raise UsageError(f"{where}: the script has no letters to align; give the words the voice reads")
+    if frames_needed(tokens) > frames:
+        raise UsageError(f"{where}: the script is longer than the speech ({len(tokens)} letters need "
+                         f"{frames_needed(tokens)} frames of 20 ms, the {audio_seconds:.2f} s of speech has {frames}); "
+                         "give the words this audio reads")
+    group_words([TimedWord(w, audio_seconds, audio_seconds) for w in words], audio_seconds, where)
 
 
 @dataclass(frozen=True)

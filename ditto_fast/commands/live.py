@@ -13,14 +13,16 @@ from ditto_fast.live.options import LIVE_FIELDS, LIVE_REQUEST_FIELDS, LiveOption
 @field_options(LIVE_REQUEST_FIELDS)
 @engine_options
 @click.option("--stop-at-end", is_flag=True,
-              help="End the stream once the source ends and its frames are out (rehearsal, tests); otherwise it runs "
-                   "until Ctrl-C or SIGTERM, which end it cleanly.")
+              help="End the stream once the source ends and its frames are out (rehearsal, tests): a named pipe at its "
+                   "first writer's close, a URL that stops sending (or stalls); otherwise it runs until Ctrl-C or "
+                   "SIGTERM, which end it cleanly, and a named pipe waits for its next writer.")
 @QUIET
 @CONFIG
 def live(stop_at_end, quiet, config_path, **values):
     """Stream AVATAR speaking what --audio-in brings, as it arrives, to --out: idle motion when nobody speaks, frames
     at the nominal rate by the wall clock, picture and the same audio in one stream. Exit 0 when ended by the
-    source's end (--stop-at-end), Ctrl-C or SIGTERM."""
+    source's end (--stop-at-end), Ctrl-C or SIGTERM; 3 when the source failed (bytes refused, a URL that answers
+    404, cannot be reached or stalls), the stream closed complete up to there."""
     options = LiveOptions(**take(values, LIVE_FIELDS))
     request = LiveRequest(**take(values, LIVE_REQUEST_FIELDS))
     if request.out is None:

@@ -28,7 +28,8 @@ class Captioning:
         rate = clip.format.rate if clip.delivery is not None else clip.rate
         frames = clip.frames // 2 if clip.delivery is not None and clip.delivery.video.field_rate else clip.frames
         self.rate = rate
-        self.paced: Paced | None = pace(self.cues, rate, frames, self.plan.channel) if self.plan.embed else None
+        self.paced: Paced | None = pace(self.cues, rate, frames, self.plan.channel, where=str(self.plan.source)) \
+            if self.plan.embed else None
         self._burn: Path | None = None
         if self.plan.burn_in:
             fd, name = tempfile.mkstemp(prefix="ditto-burn-in-", suffix=".srt")
@@ -82,5 +83,5 @@ def caption_cues(clip: Clip, char_logp: np.ndarray | None, hubert_dir: Path) -> 
         return None
     if plan.cues is not None:
         return list(plan.cues)
-    timed = align_words(char_logp, plan.words, hubert_dir)
-    return group_words(timed, clip.audio.seconds)
+    timed = align_words(char_logp, plan.words, hubert_dir, where=str(plan.source))
+    return group_words(timed, clip.audio.seconds, where=str(plan.source))

@@ -62,8 +62,10 @@ class Clip:
 
     @property
     def notes(self) -> list[str]:
-        """What checking decided that a user should hear of (a 5.1 file mixed to stereo, say)."""
-        return [self.soundtrack.note] if self.soundtrack and self.soundtrack.note else []
+        """What checking decided that a user should hear of (a 5.1 file mixed to stereo, a caption cut short by the
+        next one, say)."""
+        return ([self.soundtrack.note] if self.soundtrack and self.soundtrack.note else []) + \
+            (list(self.captions.notes) if self.captions is not None else [])
 
 
 def default_output(avatar: str, audio: Path, codec: str | None = None, suffix: str | None = None) -> Path:

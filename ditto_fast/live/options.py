@@ -13,14 +13,17 @@ from typing import Any
 from ditto_fast.core.config import Config
 from ditto_fast.core.declare import check_fields, declared
 from ditto_fast.core.errors import UsageError
+from ditto_fast.live.containers import CONTAINERS
 
 # the render request's fields that a stream has no use for (it has no audio file, output file or delivery profile)
 NOT_LIVE = ("audio", "output", "delivery", "loudness", "timecode", "captions", "script", "captions_out", "burn_in")
 LIVE_CODECS = ("h264", "hevc")
 CONTROL_HORIZON = 10**9      # frames a live control file may name (a stream has no last frame)
 
-SOURCE_HELP = ("Where the speech comes from: a FILE (played at its own pace), - (raw s16le 16 kHz mono on stdin, as a "
-               "TTS engine pipes it) or a URL ffmpeg reads live (srt://, udp://, rtmp://, http://).")
+SOURCE_HELP = ("Where the speech comes from: a FILE (played at its own pace), - (stdin: raw s16le 16 kHz mono, as a "
+               "TTS engine pipes it; a stream that starts as a container does (" + ", ".join(CONTAINERS) + ") is "
+               "decoded, and bytes that are neither are refused, not played as noise), a named pipe (read as stdin "
+               "is) or a URL ffmpeg reads live (srt://, udp://, rtmp://, http://).")
 DEST_HELP = ("Where the stream goes: a .ts file (written as it streams), an .m3u8 playlist (HLS, segments beside "
              "it), udp://HOST:PORT, srt://HOST:PORT (caller; ?mode=listener to wait for a caller) or rtmp://URL.")
 
@@ -119,7 +122,13 @@ class LiveOptions:
     audio_in: str = declared(flags=("--audio-in",), required=True, help=SOURCE_HELP)
     stats: Path | None = declared(flags=("--stats",), kind="path",
                                   help="Write the session's figures here as JSON at the end (latency, real-time "
-                                       "factor per stage, frames late or repeated).")
+                                       "factor per stage, frames late or repeated). Latency is what a viewer sees: "
+                                       "from a piece of speech being there to be spoken (its arrival, or its turn "
+                                       "on the stream's clock where it came ahead, as a TTS writing a whole answer "
+                                       "at once makes it) to its frame leaving.")
+    force: bool = declared(False, flags=("--force",), kind="flag",
+                           help="Replace an --out file (a .ts, or an HLS playlist and its segments) that is there "
+                                "already; without it such an --out is refused before anything loads.")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import queue
+import re
+import socket
 import subprocess
 import tempfile
 import threading
@@ -20,6 +22,7 @@ import numpy as np
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.media.ffpipe import FinishedOnExit, first_stderr_line, own_session, widen_pipe
+from ditto_fast.media.outputs import overwrites
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE, rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
 
@@ -34,6 +37,7 @@ QUEUED_FRAMES = 8           # frames (and their audio) waiting for ffmpeg before
 PUT_WAIT_S = 0.1            # how often a waiting write() looks whether ffmpeg is still there
 SRT_LINGER_S = 2            # at close, SRT waits at most this long for the receiver to take what was sent
 CLOSE_TIMEOUT_S = 30.0      # close() waits this long for ffmpeg to finish, then kills it
+REACH_TIMEOUT_S = 3.0       # an RTMP server's TCP connection is awaited this long before anything loads
 FILE_FIX = "check free disk space and that the folder is still writable"
 NETWORK_FIX = "check that the receiver is up and reachable"
 
@@ -59,14 +63,12 @@ def describe_destination(dest: str) -> str:
 
 
 def check_destination(dest: str) -> str:
-    """UsageError (one line) unless ffmpeg can be started on `dest`: a file's folder exists and is writable, a URL
-    has a host (and a port for udp and srt); starts nothing. Returns the kind (describe_destination)."""
+    """UsageError (one line) unless ffmpeg can be started on `dest`: a URL has a host (and a port for udp and srt);
+    InputError where a file's folder is missing or not writable, or a folder is named; starts nothing. Returns the
+    kind (describe_destination)."""
     kind = describe_destination(dest)
-    if kind in ("ts file", "hls"):
-        try:
-            check_output_path(dest, example="live" + Path(dest).suffix.lower())
-        except InputError as e:
-            raise UsageError(str(e)) from None
+    if kind in ("ts file", "hls"):              # a folder missing or not writable: InputError (exit 3), as for render
+        check_output_path(dest, example="live" + Path(dest).suffix.lower())
         return kind
     url = urlsplit(dest)
     try:
@@ -82,6 +84,74 @@ def check_destination(dest: str) -> str:
     if kind == "srt" and mode not in ("caller", "listener", "rendezvous"):
         raise UsageError(f"{dest}: SRT mode {mode!r} is not caller, listener or rendezvous; give {KINDS[kind]}")
     return kind
+
+
+def check_reachable(dest: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """Before anything loads: InputError (one line) where a network destination cannot be reached, as far as can be
+    told without streaming: an RTMP server that takes no TCP connection, an SRT or UDP host that does not resolve.
+    (An SRT caller whose host resolves but where nobody listens fails once it streams: only SRT's handshake tells.)"""
+    kind = describe_destination(dest)
+    if kind in ("ts file", "hls"):
+        return
+    url = urlsplit(dest)
+    host, port = url.hostname, url.port
+    try:
+        if kind == "rtmp":
+            port = port or (443 if url.scheme.lower() == "rtmps" else 1935)
+            socket.create_connection((host, port), timeout=timeout).close()
+        else:
+            socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        what = f"cannot connect to {host}:{port}" if kind == "rtmp" else f"the host {host} is not known"
+        raise InputError(f"{dest}: {what} ({reason}); {NETWORK_FIX}") from None
+
+
+def _segment_name(playlist: Path) -> re.Pattern:
+    """The names of an HLS playlist's segments beside it (NAME_00000.ts, as _muxer_args writes them)."""
+    return re.compile(re.escape(playlist.stem) + r"_\d{5,}\.ts")
+
+
+def stream_files(dest: str) -> list[Path]:
+    """The files a stream to `dest` writes that are there now: a .ts file, or an HLS playlist and its segments;
+    none for a URL."""
+    kind = describe_destination(dest)
+    out = Path(dest)
+    if kind not in ("ts file", "hls"):
+        return []
+    found = [out] if os.path.lexists(out) else []
+    if kind == "hls" and out.parent.is_dir():
+        pattern = _segment_name(out)
+        found += sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name))
+    return found
+
+
+def written_by_stream(dest: str, path: str | os.PathLike) -> bool:
+    """Whether a stream to `dest` would write over `path` (there or not): the .ts file or HLS playlist itself, one of
+    the playlist's segments, or the same file reached through a symbolic or hard link (ffmpeg writes in place)."""
+    kind = describe_destination(dest)
+    if kind not in ("ts file", "hls"):
+        return False
+    out, other = Path(dest), Path(path)
+    if out.resolve() == other.resolve() or overwrites(out, other):
+        return True
+    try:
+        if out.exists() and other.exists() and os.path.samefile(out, other):
+            return True
+    except OSError:
+        pass
+    return kind == "hls" and other.resolve().parent == out.resolve().parent and \
+        _segment_name(out).fullmatch(other.resolve().name) is not None
+
+
+def check_stream_replaces(dest: str, force: bool) -> None:
+    """UsageError unless `force` where a stream to `dest` would replace files that are there (a .ts file, an HLS
+    playlist or its segments; a named pipe is written into, not replaced)."""
+    there = [p for p in stream_files(dest) if p.is_file()]
+    if there and not force:
+        more = f" and {len(there) - 1} more of its files" if len(there) > 1 else ""
+        raise UsageError(f"{there[0]}{more}: exists; a stream starts its file anew: give --force to replace it, or "
+                         "choose another --out")
 
 
 def _muxer_args(dest: str, kind: str) -> list[str]:

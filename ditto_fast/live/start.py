@@ -4,16 +4,18 @@ halves: the checks in the server, the stream in an engine process of the engine 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import threading
 from typing import Any, Callable
 
 from ditto_fast.core.config import Config
-from ditto_fast.core.errors import UsageError
+from ditto_fast.core.errors import InputError, UsageError
+from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
-from ditto_fast.live.outputs import StreamOutput, check_destination
-from ditto_fast.live.sources import open_source
+from ditto_fast.live.outputs import (StreamOutput, check_destination, check_reachable, check_stream_replaces,
+                                     written_by_stream)
+from ditto_fast.live.sources import check_source_url, open_source, source_file
+from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.media.rates import STREAM_SAMPLE_RATE
 
 ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", True): "h264_nvenc",
@@ -32,11 +34,25 @@ def check_live(request: LiveRequest, config: Config) -> None:
 def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
              log: Callable[[str], None], stdin_fd: int | None = None) -> dict:
     """Stream `request.avatar` speaking what `options.audio_in` brings to `request.out` until the source ends
-    (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`)."""
+    (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`). Every
+    file and destination is checked before the networks load; a source that fails before any speech came ends the
+    stream, and a source that failed at all is InputError (its line) once the stream is closed."""
     check_live(request, engine.settings())
-    if options.stats is not None and options.stats.is_dir():
-        raise UsageError(f"--stats {options.stats}: is a folder; name a JSON file")
-    source = open_source(options.audio_in, stdin_fd=stdin_fd)         # checked: missing file, unknown scheme
+    source_path = source_file(options.audio_in)
+    if request.out is not None:
+        if source_path is not None and written_by_stream(request.out, source_path):
+            raise UsageError(f"{request.out}: the stream would overwrite its own source ({source_path}); choose "
+                             "another --out")
+        check_stream_replaces(request.out, bool(options.force))
+        check_reachable(request.out)        # an RTMP server that takes no connection, an SRT/UDP host not known
+    if options.stats is not None:           # written at the end: checked now, not after the whole stream
+        check_output_path(options.stats, example="live.json")
+        check_writes([("stats file (--stats)", options.stats)], [source_path])
+        if request.out is not None and written_by_stream(request.out, options.stats):
+            raise UsageError(f"--stats {options.stats}: the stream (--out {request.out}) writes there; give the "
+                             "figures a file of their own")
+    check_source_url(options.audio_in)                                  # an http(s) source that answers 404
+    source = open_source(options.audio_in, stdin_fd=stdin_fd, stop_at_end=stop_at_end)   # checked: missing file ...
     from ditto_fast.engine.renderer import Renderer
 
     try:
@@ -44,9 +60,26 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
     except BaseException:
         source.close()
         raise
-    stats = stream_live(renderer, request, source, stop_at_end, log)
+    done = threading.Event()
+
+    def stop_when_the_source_fails(session) -> None:
+        """A source that fails before any speech came (refused bytes, a URL that cannot be read) ends the stream:
+        there is nothing to stream but silence for ever."""
+        def watch() -> None:
+            while not done.wait(0.1):
+                if source.ended and source.error and source.received == 0:
+                    session.stop()
+                    return
+        threading.Thread(target=watch, name="live-source-watch", daemon=True).start()
+
+    try:
+        stats = stream_live(renderer, request, source, stop_at_end, log, started=stop_when_the_source_fails)
+    finally:
+        done.set()
     if options.stats is not None:
-        Path(options.stats).write_text(json.dumps(stats, indent=2) + "\n")
+        write_json(options.stats, stats)
+    if source.error:                        # the stream is closed and complete up to here; the source failed
+        raise InputError(source.error)
     return stats
 
 

@@ -60,11 +60,20 @@ class LiveStats:
     def latency(self, sent: float, arrivals: list[float], first_speech: tuple[int, float] | None,
                 samples: tuple[int, int]) -> None:
         """An output frame, made for its slot, left at `sent` carrying the motion of stream samples [a, b): the speech
-        that arrived in them, and the first speech of the stream once a frame at or after it leaves."""
+        that arrived in them, and the first speech of the stream once a frame at or after it leaves.
+
+        What is counted is what a viewer sees: from the moment a piece of speech was there to be spoken (it arrived,
+        or, where it came ahead of its turn, as a TTS writing a whole answer at once makes it, its turn on the
+        stream's clock came) to its frame leaving. Speech waiting for its turn is no delay of the picture's."""
         for t in arrivals:
-            self.latencies.add(sent - t)
+            self.latencies.add(sent - max(t, self.turn(samples[0])))
         if self.first_frame is None and first_speech is not None and samples[1] > first_speech[0]:
-            self.first_frame = sent - first_speech[1]
+            self.first_frame = sent - max(first_speech[1], self.turn(first_speech[0]))
+
+    def turn(self, position: int) -> float:
+        """When stream sample `position` had its turn on the stream's clock (time.monotonic(); before any time when
+        the stream's audio is not known)."""
+        return self.audio.start + position / SPEECH_SAMPLE_RATE if self.audio is not None else float("-inf")
 
     def note_behind(self, log: Callable[[str], None]) -> None:
         """Say in the log, at most every BEHIND_EVERY_S, that frames are being repeated."""
