@@ -437,3 +437,18 @@ def test_sessions_share_one_engine_a_second_adds_less_than_half(serving, tmp_pat
     assert first > before and second < 0.5 * first, (before, first, second)
     for sid, _ in views:
         assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
+
+
+def test_a_session_body_must_say_it_is_json(serve_parts, tmp_path):
+    """A body sent as a form (curl -d's default) is refused as such (415), not as "not a JSON object"."""
+    from fastapi.testclient import TestClient
+
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.live.sessions import LiveSessions
+
+    p = serve_parts
+    live = LiveSessions(p.dispatcher.handles, p.acceptor.setup, [tmp_path], p.acceptor.avatars, p.events.append)
+    client = TestClient(make_app(p.queue, p.acceptor, p.dispatcher, p.metrics, live=live))
+    for kind in ("application/x-www-form-urlencoded", None):
+        r = client.post("/v1/live", content=b'{"avatar": "anchor"}', headers={"Content-Type": kind} if kind else {})
+        assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"], r.text

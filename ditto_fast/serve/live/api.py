@@ -21,9 +21,13 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
     from ditto_fast.serve.auth import bearer_matches
 
     @app.post("/v1/live", status_code=201)
-    def open_session(body: Any = Body(None)):
+    async def open_session(request: Request, body: Any = Body(None)):
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            return refusal(f"POST /v1/live: send the session as a JSON object with Content-Type: application/json "
+                           f"(got {kind or 'no Content-Type'})", 415)
         try:
-            session = sessions.open(body)
+            session = await asyncio.to_thread(sessions.open, body)
         except DittoError as e:
             return error(e, 409 if "--max-live" in str(e) else 400)
         return session.view()
