@@ -64,8 +64,8 @@ class LiveLink:
     def push(self, samples: np.ndarray, band: np.ndarray | None = None) -> None:
         """Speech for the session: float32 samples in [-1, 1) at 16 kHz, what the model hears, and `band`, the same
         speech as it came at 48 kHz for the stream to carry (sent in order; dropped once the session ended)."""
-        if not self.active or not len(samples):
-            return
+        if not self.active or not (len(samples) or (band is not None and len(band))):
+            return                  # (the two resamplers give their samples in different lumps: either may be empty)
         self.pushed += len(samples)
         self._out.put(("live-pcm", self.id, _s16(samples), None if band is None else _s16(band)))
 
