@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from ditto_fast import models
 from ditto_fast.audio.emotion import SpeechEmotion
@@ -58,6 +59,7 @@ from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
 from ditto_fast.delivery import qc
 from ditto_fast.delivery.format import measured_as, programme_chain
+from ditto_fast.motion.ddim import Denoiser
 from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.encoding.writer import VideoWriter
 
@@ -124,13 +126,37 @@ class Renderer:
             raise UsageError(f"motion.overlap {self.config.motion.overlap} must be below the LMDM's window of "
                              f"{self.lmdm.seq_len} frames")
         self.stitch_net = models.load("stitch_network", files["stitch_network"], "cpu")
-        self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype)
+        self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype,
+                                   launch=self.setup.launch)
+        self.denoise = Denoiser(self.lmdm, self.setup.launch)     # the DDIM step as the engine launches it
         self.hubert = HubertFeatures(self.checkpoints.hubert_dir, device=self.device)
         self.random_weights = self.checkpoints.any_random(self.lmdm, self.stitch_net)
         self._avatars = OpenAvatars(self.checkpoints)
         self._speech_emotion: SpeechEmotion | None = None      # loaded by the first clip that asks for `auto`
+        if self.device.type == "cuda":
+            self.warm_up()
         self.load_seconds = time.perf_counter() - t0
         self._unreported_load = self.load_seconds      # goes into the first render's timings
+
+    def warm_up(self) -> None:
+        """Run each network once at the shapes a render gives it (HuBERT on a second of silence, one LMDM window of
+        two DDIM steps, warp + decode twice at the engine's batch size), so that the first clip pays no first-call
+        costs: CUDA's modules loaded on first use, cuDNN's and cuBLAS's choices, the allocator's growth, and with
+        `launch` graphs the captures. Nothing is kept but those; called by the constructor on CUDA, where it
+        takes well under a second (on a CPU it would cost seconds a frame and buy little)."""
+        from ditto_fast.engine.measurements import sample_inputs
+        from ditto_fast.motion.ddim import DDIMSampler
+
+        self.hubert.features(np.zeros(16000, np.float32))
+        lmdm, gen = self.lmdm, torch.Generator(device=self.device).manual_seed(0)
+        cond = torch.zeros((1, lmdm.seq_len, lmdm.cond_dim), device=self.device)
+        DDIMSampler(lmdm, 2, self.config.motion.guidance, self.denoise)(
+            torch.zeros((1, lmdm.motion_dim), device=self.device), cond, gen)
+        inputs = sample_inputs(self.fused, self.setup.batch_size)
+        for _ in range(2):
+            self.fused(*inputs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def avatar(self, name: str) -> Avatar:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
@@ -233,7 +259,8 @@ class Renderer:
                     emotion = (emotion_record(track, windows, time.perf_counter() - t0, self.speech_emotion()),
                                track.probabilities)
             with timer("motion"):
-                motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress)
+                motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress,
+                                              self.denoise)
             del feats
             # the plate's own planes (4:2:0 or 4:2:2, 8 or 10 bits) go to the encoder: only the face box is
             # converted and blended
@@ -243,9 +270,11 @@ class Renderer:
                 with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
                                  crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
                                  fmt=wfmt, pix_fmt=plate.layout.pix_fmt, soundtrack=clip.soundtrack,
-                                 check=_before_rename(check, commit, embed)) as writer:
+                                 check=_before_rename(check, commit, embed),
+                                 threads=self.setup.encoder_threads) as writer:
                     render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
-                                  self.config.render.lookahead, plate, writer, timer, progress)
+                                  self.config.render.lookahead, plate, writer, timer, progress,
+                                  self.setup.output_stage)
                     with timer("write"):        # the encoder's last frames, the mux (the captions, the QC), the rename
                         writer.close()
                 if captioning:
