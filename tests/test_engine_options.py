@@ -107,8 +107,9 @@ def test_good_options_made_in_python_are_kept_as_given():
 
 def test_the_frame_loops_options_settle_into_the_setup_and_the_digest(tiny_checkpoints, monkeypatch):
     """output_stage, launch and encoder_threads come from the options, else the settings (inline, eager, auto: today's
-    render); the digest names launch and encoder_threads only where they are not the defaults (the bytes they
-    change), so outputs made before keep their digests; the output stage gives the same bytes: never in it."""
+    render). The digest names what changes the bytes, and only then (outputs made before keep their digests): a
+    thread count given, and launch compile (compiled kernels); CUDA graphs replay the eager kernels and the output
+    stage moves work to a thread, so neither is in it."""
     import ditto_fast.engine.render_setup as render_setup
     from ditto_fast.engine.render_setup import RenderSetup
 
@@ -129,5 +130,5 @@ def test_the_frame_loops_options_settle_into_the_setup_and_the_digest(tiny_check
     clip = type("Clip", (), {"emotion_auto": None})()
     plain = base.digest(clip)
     assert "launch" not in plain and "encoder_threads" not in plain
-    assert dataclasses.replace(base, output_stage="thread").digest(clip) == plain
+    assert dataclasses.replace(base, output_stage="thread", launch="graphs").digest(clip) == plain
     assert other.digest(clip) == {**plain, "launch": "compile", "encoder_threads": 6}

@@ -72,7 +72,7 @@ class EngineOptions:
         flags=("--launch",), setting=("render", "launch"),
         help="How the LMDM's DDIM step and warp + decode reach the device: eager (kernel by kernel), graphs (each "
              "captured once as a CUDA graph and replayed: the same numbers; a CPU runs eager) or compile "
-             "(torch.compile, mode reduce-overhead: other numbers, so other bytes; minutes to compile).")
+             "(torch.compile, mode reduce-overhead: other numbers, so other bytes and digests; minutes to compile).")
     encoder_threads: int | str | None = declared(
         flags=("--encoder-threads",), setting=("render", "encoder_threads"),
         help="x264/x265 threads: auto (the encoder's own, 1.5 a core: its bytes differ from one host's core count to "

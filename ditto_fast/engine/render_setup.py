@@ -76,7 +76,7 @@ class RenderSetup:
                     "precision": str(self.dtype), "batch_size": self.batch_size, "crf": self.crf,
                     "preset": self.preset, "encoder": self.output_format(clip).encoder,
                     "motion": dataclasses.asdict(self.config.motion)}
-        if self.launch != "eager":              # compile's numbers are its own (outputs made eagerly keep theirs)
+        if self.launch == "compile":            # compiled kernels compute otherwise; CUDA graphs replay the same ones
             settings["launch"] = self.launch
         if self.encoder_threads is not None:    # x264's bytes follow its threads
             settings["encoder_threads"] = self.encoder_threads

@@ -1,9 +1,11 @@
 """The render engine: `Renderer` loads the networks and HuBERT once, then renders clip after clip.
 
 Each clip runs the synchronous loop audio -> features -> motion -> per-frame stitch, warp+decode,
-putback, write: one thread, frames in order, deterministic for a seed (the same bytes whether a clip
-is an engine's first or tenth). Overlap comes only from what is already asynchronous: CUDA kernel
-launches and the ffmpeg reader/writer processes. Nothing here prints or changes process-wide state;
+putback, write: frames in order, deterministic for a seed (the same bytes whether a clip is an engine's
+first or tenth). By default one thread: overlap comes from what is already asynchronous, CUDA kernel
+launches and the ffmpeg reader/writer processes; the engine option `output_stage` "thread" moves the
+putback and write to a thread of their own (the same bytes), and `launch` says how the LMDM's DDIM step
+and warp + decode reach the device (core/graphs.py). Nothing here prints or changes process-wide state;
 progress goes to a callback, `progress(stage, done, total)` for the audio features, the motion and the frames
 in turn (see engine/stages.py), and the stage timings into the result's timings.
 
@@ -52,6 +54,7 @@ from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.emotion_auto import emotion_record, read_emotion, with_auto_emotion
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.open_avatars import OpenAvatars
+from ditto_fast.engine.measurements import sample_inputs
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import EMOTION, Progress, audio_features, render_frames, sample_motion, timeline
@@ -59,7 +62,7 @@ from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
 from ditto_fast.delivery import qc
 from ditto_fast.delivery.format import measured_as, programme_chain
-from ditto_fast.motion.ddim import Denoiser
+from ditto_fast.motion.ddim import DDIMSampler, Denoiser
 from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.encoding.writer import VideoWriter
 
@@ -142,11 +145,9 @@ class Renderer:
         """Run each network once at the shapes a render gives it (HuBERT on a second of silence, one LMDM window of
         two DDIM steps, warp + decode twice at the engine's batch size), so that the first clip pays no first-call
         costs: CUDA's modules loaded on first use, cuDNN's and cuBLAS's choices, the allocator's growth, and with
-        `launch` graphs the captures. Nothing is kept but those; called by the constructor on CUDA, where it
-        takes well under a second (on a CPU it would cost seconds a frame and buy little)."""
-        from ditto_fast.engine.measurements import sample_inputs
-        from ditto_fast.motion.ddim import DDIMSampler
-
+        `launch` graphs the captures (compile: the compiles, minutes). Nothing is kept but those. The constructor
+        calls it on CUDA, where it is a few calls of each network; on a CPU warp + decode alone takes seconds a frame
+        at full size, more than the first calls cost there."""
         self.hubert.features(np.zeros(16000, np.float32))
         lmdm, gen = self.lmdm, torch.Generator(device=self.device).manual_seed(0)
         cond = torch.zeros((1, lmdm.seq_len, lmdm.cond_dim), device=self.device)
