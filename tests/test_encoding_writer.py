@@ -273,3 +273,28 @@ def test_dead_renders_partial_files_are_removed_by_the_next_writer_live_ones_kep
 
     remove_stale(tmp_path, "part")
     assert parts(tmp_path) == [".notes.part.txt"] and not (tmp_path / "live.mp4").exists()
+
+
+def _x264_threads(path: Path) -> int:
+    """The thread count x264 wrote into its settings string (an SEI in the stream)."""
+    return int(re.search(rb"x264 - core .*? threads=(\d+) ", path.read_bytes()).group(1))
+
+
+def test_encoder_threads_auto_is_x264s_own_count_and_a_count_given_is_kept(tmp_path):
+    """x264's bytes follow its thread count, which by default it takes from the host's cores (1.5 a core): `threads`
+    left out changes nothing in the command; given x264's own count, the same bytes; given another, that count."""
+    size, rng = (640, 352), np.random.default_rng(1)
+    picture = [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(12)]
+
+    def write(name: str, threads: int | None) -> Path:
+        with VideoWriter(tmp_path / name, size, threads=threads) as vw:
+            for f in picture:
+                vw.write(f)
+            assert ("-threads:v" in vw._proc.args) == (threads is not None)
+        return tmp_path / name
+
+    auto = write("auto.mp4", None)
+    own = _x264_threads(auto)
+    assert write("own.mp4", own).read_bytes() == auto.read_bytes()
+    other = 1 if own > 1 else 2
+    assert _x264_threads(write("other.mp4", other)) == other

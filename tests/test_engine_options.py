@@ -34,7 +34,7 @@ def test_the_engine_commands_take_every_engine_option_as_declared():
 
     assert set(DTYPES) == set(PRECISIONS) - {"auto"}         # what --precision names, the engine knows
     assert [tuple(opts[k].type.choices) for k in ("device", "precision", "encoder")] == [DEVICES, PRECISIONS, ENCODERS]
-    for key in ("batch_size", "crf", "preset"):             # checked by render.<key>'s declaration
+    for key in ("batch_size", "crf", "preset", "output_stage", "launch", "encoder_threads"):   # render.<key>'s declaration
         assert (opts[key].type.section, opts[key].type.key) == ("render", key)
     assert opts["batch_size"].type.decl == declaration("render", "batch_size")
 
@@ -80,6 +80,9 @@ def test_the_options_pickle_whole():
     ({"crf": 2.5}, "crf must be an integer in 0..51, got 2.5"),
     ({"preset": "warp"}, "preset must be one of ultrafast, superfast, veryfast, faster, fast, medium, slow, got"),
     ({"encoder": "x264"}, "encoder must be one of auto, software, nvenc, got 'x264'"),
+    ({"output_stage": "async"}, "output_stage must be one of inline, thread, got 'async'"),
+    ({"launch": "cuda"}, "launch must be one of eager, graphs, compile, got 'cuda'"),
+    ({"encoder_threads": 0}, "encoder_threads must be in 1..128 or auto, got 0"),
     ({"checkpoints": 3}, "checkpoints must be a checkpoint directory, got 3"),
     ({"config": {"render": {}}}, "config must be the settings (a Config, from load_config)"),
 ])
@@ -100,3 +103,32 @@ def test_good_options_made_in_python_are_kept_as_given():
         ("cuda:1", "auto", 0, "fast", Path("/ckpt"))
     assert EngineOptions(batch_size=8.0).batch_size == 8 and EngineOptions(checkpoints="ck").checkpoints == "ck"
     assert pickle.loads(pickle.dumps(options)) == options
+
+
+def test_the_frame_loops_options_settle_into_the_setup_and_the_digest(tiny_checkpoints, monkeypatch):
+    """output_stage, launch and encoder_threads come from the options, else the settings (inline, eager, auto: today's
+    render). The digest names what changes the bytes, and only then (outputs made before keep their digests): a
+    thread count given, and launch compile (compiled kernels); CUDA graphs replay the eager kernels and the output
+    stage moves work to a thread, so neither is in it."""
+    import ditto_fast.engine.render_setup as render_setup
+    from ditto_fast.engine.render_setup import RenderSetup
+
+    base = RenderSetup.resolve(EngineOptions(checkpoints=tiny_checkpoints, device="cpu"))
+    assert (base.output_stage, base.launch, base.encoder_threads) == ("inline", "eager", None)
+    other = RenderSetup.resolve(EngineOptions(checkpoints=tiny_checkpoints, device="cpu", output_stage="thread",
+                                              launch="compile", encoder_threads=6))
+    assert (other.output_stage, other.launch, other.encoder_threads) == ("thread", "compile", 6)
+    cfg = load_config()
+    cfg = dataclasses.replace(cfg, render=dataclasses.replace(cfg.render, output_stage="thread", launch="graphs",
+                                                              encoder_threads=3))
+    from_settings = RenderSetup.resolve(EngineOptions(checkpoints=tiny_checkpoints, device="cpu", config=cfg))
+    assert (from_settings.output_stage, from_settings.launch, from_settings.encoder_threads) == ("thread", "graphs", 3)
+    assert pickle.loads(pickle.dumps(other)).launch == "compile"        # what an engine process is sent
+
+    monkeypatch.setattr(render_setup, "clip_digest", lambda clip, settings: settings)   # what the digest is made of
+    monkeypatch.setattr(RenderSetup, "output_format", lambda self, clip: type("F", (), {"encoder": "libx264"})())
+    clip = type("Clip", (), {"emotion_auto": None})()
+    plain = base.digest(clip)
+    assert "launch" not in plain and "encoder_threads" not in plain
+    assert dataclasses.replace(base, output_stage="thread", launch="graphs").digest(clip) == plain
+    assert other.digest(clip) == {**plain, "launch": "compile", "encoder_threads": 6}

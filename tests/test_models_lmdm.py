@@ -186,3 +186,39 @@ def test_lmdm_rejects_wrong_condition_width():
     x, cond_frame, _ = _tiny_inputs(net, batch=1)
     with pytest.raises(ValueError, match="expects"):
         net(x, cond_frame, torch.zeros(1, 80, 41), torch.tensor([10]))
+
+
+def test_the_denoiser_graphed_gives_the_eager_sample_bit_for_bit():
+    """The engine's DDIM step through core/graphs' bookkeeping (on a CPU the stand-in replays the network on the
+    static buffers): windows after windows, the same samples as the network called as it is; the encoded condition
+    is copied into the graph once per window, not at every step."""
+    from ditto_fast.core.graphs import Launched
+    from ditto_fast.motion.ddim import Denoiser
+
+    net, steps = _tiny(), 5
+    denoise = Denoiser(net, "graphs")
+    assert denoise._launched is None                     # a CPU launches eagerly
+    denoise._launched = Launched(denoise._flat, cuda=False, skip_unchanged=True)
+    with torch.no_grad():
+        for window in range(3):
+            _, cond_frame, cond = _tiny_inputs(net, batch=1, seed=20 + window)
+            want = DDIMSampler(net, steps)(cond_frame, cond, torch.Generator().manual_seed(window))
+            got = DDIMSampler(net, steps, denoise=denoise)(cond_frame, cond, torch.Generator().manual_seed(window))
+            assert torch.equal(got, want), window
+    run = denoise._launched
+    assert dict(run.counts) == {"eager": 1, "capture": 1, "replay": 3 * steps - 2}
+    # every step through the graph copies its x and t; a window's first one also its cond_frame, the pooled
+    # condition and each decoder layer's keys and values
+    per_window = 2 + 2 * len(net.seqTransDecoder.stack)
+    assert run.copies == 2 * (3 * steps - 1) + 3 * per_window
+
+
+def test_the_denoiser_eager_is_the_network():
+    from ditto_fast.motion.ddim import Denoiser
+
+    net = _tiny()
+    _, cond_frame, cond = _tiny_inputs(net, batch=1)
+    with torch.no_grad():
+        a = DDIMSampler(net, 3, denoise=Denoiser(net))(cond_frame, cond, torch.Generator().manual_seed(1))
+        b = DDIMSampler(net, 3)(cond_frame, cond, torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)

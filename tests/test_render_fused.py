@@ -72,3 +72,21 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
         choose_precision("bf16", torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: not including_emulation)
     assert choose_precision("bf16", torch.device("cuda"))[0] == torch.bfloat16
+
+
+def test_warp_decode_graphed_gives_the_eager_crops_and_other_batches_run_eager(inputs):
+    """Warp + decode through core/graphs' bookkeeping (the CPU stand-in): a render's batches of 2, 2, 2 and a last
+    of 1 give the crops the networks give called as they are; the batch of 2 is captured at its second call, the
+    odd one runs eagerly; each batch's crops are its own (a graph's output is written again by the next replay)."""
+    from ditto_fast.core.graphs import Launched
+
+    cs, f_s, x_s, x_d = inputs
+    eager = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"))
+    graphed = eager.twin(launch="graphs")
+    assert graphed._launched is None and graphed.warp is eager.warp        # same networks; a CPU launches eagerly
+    graphed._launched = Launched(graphed._warp_decode, cuda=False)
+    batches = [(f_s, x_s, x_d + 0.01 * k) for k in range(3)] + [(f_s[:1], x_s[:1], x_d[:1] - 0.02)]
+    pending = [graphed.launch(*b) for b in batches]                         # all launched before any is collected
+    for b, p in zip(batches, pending):
+        assert np.array_equal(graphed.collect(p), eager(*b))
+    assert dict(graphed._launched.counts) == {"eager": 2, "capture": 1, "replay": 1}

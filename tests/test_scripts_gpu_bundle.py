@@ -63,10 +63,29 @@ def test_cpu_tiny_dry_run_of_the_gpu_check(bundle, tmp_path):
     assert data["avatar"] == "fingerprints match"
     assert [r["batch"] for r in data["batches"]] == [1, 4, 8, 16]
     assert data["parity"]["half"] == "bfloat16" and data["parity"]["psnr_db"] > 20
-    assert {(r["lookahead"], r["encoder"]) for r in data["renders"]} == {(False, "libx264"), (True, "libx264")}
-    for r in data["renders"]:
-        assert r["frames"] == 25 and r["fps"] > 0 and r["ms_per_frame"]["render"] > 0
-    assert "ms/frame" in res.stdout and "PSNR" in res.stdout
+    assert data["register_extractors"]["batch"] == 8 and data["register_extractors"]["ms_per_frame"] > 0
+    assert [r["launch"] for r in data["launch"]] == ["eager", "graphs"]
+    assert all(r["ddim_ms_per_step"] > 0 and r["warp_decode_ms_per_frame"]["1"] > 0 for r in data["launch"])
+    arms = {(r["output_stage"], r["launch"]): r for r in data["renders"]}
+    assert set(arms) == {(stage, launch) for stage in ("inline", "thread") for launch in ("eager", "graphs")}
+    for (stage, launch), r in arms.items():      # every arm: the baseline's bytes (graphs: the CPU's stand-in)
+        best = r["best"]
+        assert best["frames"] == 25 and best["encoder"] == "libx264" and best["ms_per_frame"]["render"] > 0
+        assert r["same_bytes_as_baseline"], (stage, launch)
+        assert ("handoff" in best["ms_per_frame"]) == (stage == "thread")     # timed only where there is a thread
+        if launch == "graphs":                   # captured once, replayed after, for warp + decode and the LMDM
+            assert {k: c["capture"] for k, c in r["launch_counts"].items()} == {"warp_decode": 1, "ddim": 1}
+            assert all(c["replay"] > 10 for c in r["launch_counts"].values())
+    process = {(r["output_stage"], r["launch"]): r for r in data["engine_process"]}
+    assert set(process) == {("inline", "eager"), ("thread", "graphs")}
+    for r in process.values():                   # a cold job and a warm one, the bytes of the same arm in process
+        assert "error" not in r and len(r["jobs"]) == 2 and r["same_bytes_as_in_process"], r
+    assert [(r["overlap"], r["steps"], r["launch"]) for r in data["live"]] == \
+        [(70, 25, "eager"), (70, 25, "graphs"), (75, 25, "graphs"), (78, 25, "graphs"), (70, 10, "eager")]
+    assert all(r["first_frame_latency_s"] and 0 <= r["on_time_share"] <= 1 for r in data["live"])
+    assert [r["threads"] for r in data["encoders"]][0] == "auto" and len(data["encoders"]) >= 2
+    assert data["compile"].startswith("not tried on a CPU") and data["skipped"] == []
+    assert "ms/frame" in res.stdout and "PSNR" in res.stdout and "same bytes as inline eager" in res.stdout
 
 
 def test_gpu_check_outside_a_bundle_says_how_to_build_one(tmp_path):

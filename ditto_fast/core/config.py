@@ -36,6 +36,11 @@ SOURCE_COLOURS = ("auto", "bt601", "bt709")   # a video's matrix: as tagged (unt
 DEVICES = ("auto", "cpu", "cuda")               # a Python caller may also name one GPU: cuda:1
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")   # the networks' dtype (fp16 on a GPU only)
 ENCODERS = ("auto", "software", "nvenc")        # H.264/HEVC: x264/x265, or the GPU's NVENC
+# how the networks' kernels are launched (render/fused.py, motion/ddim.py; core/graphs.py): one by one as called,
+# captured once as CUDA graphs and replayed (a CPU runs them as called), or compiled by torch.compile
+LAUNCHES = ("eager", "graphs", "compile")
+# where a render's putback and the encoder's pipe run: on the frame loop's thread, or on a thread of their own
+OUTPUT_STAGES = ("inline", "thread")
 
 
 def setting(kind: type, low: float | None = None, high: float | None = None,
@@ -86,6 +91,9 @@ class RenderConfig:
     preset: str = setting(str, choices=X264_PRESETS)  # x264 preset
     lookahead: bool = setting(bool)                   # next batch's warp+decode launched before this one is written
     blend: str = setting(str, choices=BLENDS)         # putback: seamless (face mask, seam colour-matched) or feather
+    output_stage: str = setting(str, choices=OUTPUT_STAGES)   # putback + encoder's pipe: the loop's thread or their own
+    launch: str = setting(str, choices=LAUNCHES)      # the LMDM's DDIM step and warp + decode: eager, graphs, compile
+    encoder_threads: int | str = setting(int, 1, 128, words=("auto",))   # x264/x265 threads (auto: the encoder's own)
 
 
 @dataclass

@@ -24,6 +24,8 @@ from ditto_fast.media.yuv import LAYOUTS, Layout
 from ditto_fast.encoding.formats import OutputFormat, output_format
 from ditto_fast.encoding.soundtrack import Soundtrack, plan_soundtrack
 
+SOFTWARE_THREADED = ("libx264", "libx265")     # the encoders whose threads `threads` sets
+
 
 def check_output_path(path: str | os.PathLike, example: str = "out.mp4") -> Path:
     """Raise InputError unless a file can be created at `path` (UsageError for a name that starts with a dot);
@@ -80,13 +82,15 @@ class VideoWriter(FinishedOnExit):
     A delivery's format (`fmt`) takes the profile's encoder, size, scan and audio track layout; `check` is called on the
     finished temporary file before the rename (QC: an exception leaves nothing at `out_path`), its result kept in
     `checked`.
+    `threads`: x264's or x265's threads (None: the encoder's own choice, 1.5 a core; x264's bytes follow the count,
+    so a count given makes the same bytes on every host); other encoders choose their own.
     """
 
     def __init__(self, out_path: str | os.PathLike, size: tuple[int, int], fps: Fraction | float = 25,
                  audio_path: str | os.PathLike | None = None, crf: int = 18, preset: str = "veryfast",
                  *, soundtrack: Soundtrack | None = None, comment: str | None = None, frames: int | None = None,
                  fmt: OutputFormat | None = None, pix_fmt: str = "rgb24",
-                 check: Callable[[Path], Any] | None = None):
+                 check: Callable[[Path], Any] | None = None, threads: int | None = None):
         if pix_fmt != "rgb24" and pix_fmt not in LAYOUTS:
             raise ValueError(f"pix_fmt must be rgb24 or one of {', '.join(LAYOUTS)}, got {pix_fmt}")
         self.pix_fmt = pix_fmt
@@ -108,6 +112,7 @@ class VideoWriter(FinishedOnExit):
         self.fps = Fraction(fps).limit_denominator(1001) if isinstance(fps, float) else Fraction(fps)
         self.frames_written = 0
         self._check, self.checked = check, None
+        self.threads = threads
         self._tmp_path, self._lock_fd = create_locked(self.out_path, "part", self.out_path.suffix)
         try:
             self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
@@ -137,6 +142,8 @@ class VideoWriter(FinishedOnExit):
             cmd += ["-i", str(audio_path)]
         cmd += ["-map", "0:v:0", "-vf", fmt.video_filters(self.size, planes=self._layout is not None),
                 *fmt.video_args(crf, preset)]
+        if self.threads is not None and fmt.encoder in SOFTWARE_THREADED:
+            cmd += ["-threads:v", str(self.threads)]
         if audio_path is not None:
             # audio padded with silence or cut to exactly the video's length, the same bytes every run (-shortest
             # cuts wherever the muxer happens to be when the video ends); the channels mixed first (5.1 to stereo)

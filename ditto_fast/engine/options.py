@@ -1,7 +1,8 @@
-"""The engine's options, declared once: device, precision, batch size, crf, preset, encoder, checkpoints and the
-settings. Their choices and ranges are the config's declarations; the `render`, `batch` and `serve` options are
-made from `ENGINE_FIELDS` (flags, types, choices, help), and an `EngineOptions` goes whole from the command line to
-the engine (RenderSetup.resolve, in render_setup.py) and to each Ray actor. Light to import: no torch here.
+"""The engine's options, declared once: device, precision, batch size, crf, preset, encoder, output stage, launch,
+encoder threads, checkpoints and the settings. Their choices and ranges are the config's declarations; the `render`,
+`batch` and `serve` options are made from `ENGINE_FIELDS` (flags, types, choices, help), and an `EngineOptions` goes
+whole from the command line to the engine (RenderSetup.resolve, in render_setup.py) and to each Ray actor. Light to
+import: no torch here.
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ class EngineOptions:
     encoder: str = declared("auto", flags=("--encoder",), choices=ENCODERS,
                             help="H.264/HEVC encoder: software (x264/x265), nvenc (the GPU's), or auto (NVENC when "
                                  "rendering on CUDA and it works).")
+    output_stage: str | None = declared(
+        flags=("--output-stage",), setting=("render", "output_stage"),
+        help="Where each frame's putback and its hand-off to the encoder run: inline (on the frame loop's thread, "
+             "between the networks' batches) or thread (a thread of their own, so the networks never wait for them); "
+             "the same bytes either way.")
+    launch: str | None = declared(
+        flags=("--launch",), setting=("render", "launch"),
+        help="How the LMDM's DDIM step and warp + decode reach the device: eager (kernel by kernel), graphs (each "
+             "captured once as a CUDA graph and replayed: the same numbers; a CPU runs eager) or compile "
+             "(torch.compile, mode reduce-overhead: other numbers, so other bytes and digests; minutes to compile).")
+    encoder_threads: int | str | None = declared(
+        flags=("--encoder-threads",), setting=("render", "encoder_threads"),
+        help="x264/x265 threads: auto (the encoder's own, 1.5 a core: its bytes differ from one host's core count to "
+             "another's) or N (the same bytes on every host).")
     checkpoints: str | Path | CheckpointSet | None = declared(
         flags=("--checkpoints",), kind="path", check=_checkpoints,
         help="Checkpoint directory (default $DITTO_FAST_CHECKPOINTS or ./checkpoints).")

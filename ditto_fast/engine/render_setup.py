@@ -1,5 +1,6 @@
 """The RenderSetup an engine's options settle into before any network loads: everything that decides its outputs'
-bytes (checkpoints, device, precision, batch size, encoder, crf, preset, settings)."""
+bytes (checkpoints, device, precision, batch size, encoder and its threads, crf, preset, launch, settings), and how its
+frame loop runs (the output stage)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ class RenderSetup:
     nvenc: bool = False              # H.264/HEVC through the GPU's encoder
     precision_choice: str = ""       # why this precision (`auto`: the CPU flags that decided it)
     batch_choice: str = ""           # why `auto` gave this batch size
+    output_stage: str = "inline"     # putback + the encoder's pipe: on the frame loop's thread, or on their own
+    launch: str = "eager"            # the DDIM step and warp + decode: eager, graphs or compile (core/graphs.py)
+    encoder_threads: int | None = None   # x264/x265 threads (None: the encoder's own choice)
 
     @classmethod
     def resolve(cls, options: EngineOptions | None = None) -> "RenderSetup":
@@ -55,7 +59,10 @@ class RenderSetup:
             batch_why = f"{batch}: set by --batch-size or render.batch_size"
         crf = r.crf if o.crf is None else o.crf
         preset = r.preset if o.preset is None else o.preset
-        return cls(config, cs, dev, dtype, batch, crf, preset, _use_nvenc(o.encoder, dev), why, batch_why)
+        threads = r.encoder_threads if o.encoder_threads is None else o.encoder_threads
+        return cls(config, cs, dev, dtype, batch, crf, preset, _use_nvenc(o.encoder, dev), why, batch_why,
+                   output_stage=o.output_stage or r.output_stage, launch=o.launch or r.launch,
+                   encoder_threads=None if threads == "auto" else threads)
 
     def output_format(self, clip: Clip) -> OutputFormat:
         """The clip's format with this setup's encoder (the software one for a codec whose NVENC does not work
@@ -69,6 +76,10 @@ class RenderSetup:
                     "precision": str(self.dtype), "batch_size": self.batch_size, "crf": self.crf,
                     "preset": self.preset, "encoder": self.output_format(clip).encoder,
                     "motion": dataclasses.asdict(self.config.motion)}
+        if self.launch == "compile":            # compiled kernels compute otherwise; CUDA graphs replay the same ones
+            settings["launch"] = self.launch
+        if self.encoder_threads is not None:    # x264's bytes follow its threads
+            settings["encoder_threads"] = self.encoder_threads
         if clip.emotion_auto is not None:       # what read the speech, and how (outputs without auto keep theirs)
             settings["emotion_auto"] = {"model": self.checkpoints.emotion_fingerprint(),
                                         "track": AUTO_SETTINGS.as_dict()}

@@ -1,9 +1,11 @@
 """The render engine: `Renderer` loads the networks and HuBERT once, then renders clip after clip.
 
 Each clip runs the synchronous loop audio -> features -> motion -> per-frame stitch, warp+decode,
-putback, write: one thread, frames in order, deterministic for a seed (the same bytes whether a clip
-is an engine's first or tenth). Overlap comes only from what is already asynchronous: CUDA kernel
-launches and the ffmpeg reader/writer processes. Nothing here prints or changes process-wide state;
+putback, write: frames in order, deterministic for a seed (the same bytes whether a clip is an engine's
+first or tenth). By default one thread: overlap comes from what is already asynchronous, CUDA kernel
+launches and the ffmpeg reader/writer processes; the engine option `output_stage` "thread" moves the
+putback and write to a thread of their own (the same bytes), and `launch` says how the LMDM's DDIM step
+and warp + decode reach the device (core/graphs.py). Nothing here prints or changes process-wide state;
 progress goes to a callback, `progress(stage, done, total)` for the audio features, the motion and the frames
 in turn (see engine/stages.py), and the stage timings into the result's timings.
 
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from ditto_fast import models
 from ditto_fast.audio.emotion import SpeechEmotion
@@ -51,6 +54,7 @@ from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.emotion_auto import emotion_record, read_emotion, with_auto_emotion
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.engine.open_avatars import OpenAvatars
+from ditto_fast.engine.measurements import sample_inputs
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import EMOTION, Progress, audio_features, render_frames, sample_motion, timeline
@@ -58,6 +62,7 @@ from ditto_fast.media.claims import claimed
 from ditto_fast.media.rates import rate_text
 from ditto_fast.delivery import qc
 from ditto_fast.delivery.format import measured_as, programme_chain
+from ditto_fast.motion.ddim import DDIMSampler, Denoiser
 from ditto_fast.render.fused import FusedRenderer
 from ditto_fast.encoding.writer import VideoWriter
 
@@ -124,13 +129,35 @@ class Renderer:
             raise UsageError(f"motion.overlap {self.config.motion.overlap} must be below the LMDM's window of "
                              f"{self.lmdm.seq_len} frames")
         self.stitch_net = models.load("stitch_network", files["stitch_network"], "cpu")
-        self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype)
+        self.fused = FusedRenderer(files["warp_network"], files["decoder"], self.device, self.dtype,
+                                   launch=self.setup.launch)
+        self.denoise = Denoiser(self.lmdm, self.setup.launch)     # the DDIM step as the engine launches it
         self.hubert = HubertFeatures(self.checkpoints.hubert_dir, device=self.device)
         self.random_weights = self.checkpoints.any_random(self.lmdm, self.stitch_net)
         self._avatars = OpenAvatars(self.checkpoints)
         self._speech_emotion: SpeechEmotion | None = None      # loaded by the first clip that asks for `auto`
+        if self.device.type == "cuda":
+            self.warm_up()
         self.load_seconds = time.perf_counter() - t0
         self._unreported_load = self.load_seconds      # goes into the first render's timings
+
+    def warm_up(self) -> None:
+        """Run each network once at the shapes a render gives it (HuBERT on a second of silence, one LMDM window of
+        two DDIM steps, warp + decode twice at the engine's batch size), so that the first clip pays no first-call
+        costs: CUDA's modules loaded on first use, cuDNN's and cuBLAS's choices, the allocator's growth, and with
+        `launch` graphs the captures (compile: the compiles, minutes). Nothing is kept but those. The constructor
+        calls it on CUDA, where it is a few calls of each network; on a CPU warp + decode alone takes seconds a frame
+        at full size, more than the first calls cost there."""
+        self.hubert.features(np.zeros(16000, np.float32))
+        lmdm, gen = self.lmdm, torch.Generator(device=self.device).manual_seed(0)
+        cond = torch.zeros((1, lmdm.seq_len, lmdm.cond_dim), device=self.device)
+        DDIMSampler(lmdm, 2, self.config.motion.guidance, self.denoise)(
+            torch.zeros((1, lmdm.motion_dim), device=self.device), cond, gen)
+        inputs = sample_inputs(self.fused, self.setup.batch_size)
+        for _ in range(2):
+            self.fused(*inputs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def avatar(self, name: str) -> Avatar:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
@@ -233,7 +260,8 @@ class Renderer:
                     emotion = (emotion_record(track, windows, time.perf_counter() - t0, self.speech_emotion()),
                                track.probabilities)
             with timer("motion"):
-                motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress)
+                motion, mouth = sample_motion(self.lmdm, self.config.motion, clip, feats, tl, self.device, progress,
+                                              self.denoise)
             del feats
             # the plate's own planes (4:2:0 or 4:2:2, 8 or 10 bits) go to the encoder: only the face box is
             # converted and blended
@@ -243,9 +271,11 @@ class Renderer:
                 with VideoWriter(clip.output, avatar.size, fps=clip.rate, audio_path=clip.request.audio,
                                  crf=self.setup.crf, preset=self.setup.preset, comment=digest, frames=clip.frames,
                                  fmt=wfmt, pix_fmt=plate.layout.pix_fmt, soundtrack=clip.soundtrack,
-                                 check=_before_rename(check, commit, embed)) as writer:
+                                 check=_before_rename(check, commit, embed),
+                                 threads=self.setup.encoder_threads) as writer:
                     render_frames(clip, motion, tl, self.stitch_net, self.fused, self.setup.batch_size,
-                                  self.config.render.lookahead, plate, writer, timer, progress)
+                                  self.config.render.lookahead, plate, writer, timer, progress,
+                                  self.setup.output_stage)
                     with timer("write"):        # the encoder's last frames, the mux (the captions, the QC), the rename
                         writer.close()
                 if captioning:

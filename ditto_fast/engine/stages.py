@@ -5,6 +5,8 @@ from its start, so an hour of audio shows movement in its first second."""
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
@@ -21,7 +23,7 @@ from ditto_fast.engine.clip import Clip
 from ditto_fast.media.rates import MOTION_FPS
 from ditto_fast.media.timeline import mirror_positions, motion_timeline, source_indices
 from ditto_fast.motion.conditions import build_conditions, condition_parts
-from ditto_fast.motion.ddim import DDIMSampler
+from ditto_fast.motion.ddim import DDIMSampler, Denoiser
 from ditto_fast.motion.keypoints import info_to_motion, motion_to_info
 from ditto_fast.motion.lips import lip_opening
 from ditto_fast.motion.sampling import MotionSampler
@@ -71,14 +73,16 @@ def audio_features(hubert: HubertFeatures, clip: Clip, progress: Progress | None
 
 
 def sample_motion(lmdm: torch.nn.Module, settings: MotionConfig, clip: Clip, feats: np.ndarray, tl: Timeline,
-                  device: torch.device, progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The clip's motion [M, 265] at 25 fps from its conditions, and the generated lip opening [N] per output frame."""
+                  device: torch.device, progress: Progress | None = None, denoise: Denoiser | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The clip's motion [M, 265] at 25 fps from its conditions, and the generated lip opening [N] per output frame;
+    `denoise`: the engine's DDIM step as it launches it (None: the network called as it is)."""
     avatar = clip.avatar
     parts = condition_parts(lmdm.cond_dim, feats.shape[1])
     cond = build_conditions(feats, parts, clip.emotion[tl.emo_rows], avatar.eye_open, avatar.eye_ball, avatar.sc,
                             src_idx=tl.motion_src)
     gen = torch.Generator(device=device).manual_seed(clip.seed)
-    sampler = MotionSampler(DDIMSampler(lmdm, clip.steps, settings.guidance), window=lmdm.seq_len,
+    sampler = MotionSampler(DDIMSampler(lmdm, clip.steps, settings.guidance, denoise), window=lmdm.seq_len,
                             overlap=settings.overlap, smooth_window=settings.smooth_window, device=device)
     motion = sampler(cond, info_to_motion(avatar.frame_info(0)), gen, _for(progress, MOTION))   # [M, 265]
     lips = lip_opening(motion, avatar.sc)                                        # [M] at 25 fps
@@ -100,15 +104,17 @@ def plate_jumps(src_idx: np.ndarray) -> np.ndarray:
 
 def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torch.nn.Module, fused: FusedRenderer,
                   batch_size: int, lookahead: bool, plate: PlateReader, writer: VideoWriter, timer: StageTimer,
-                  progress: Progress | None) -> None:
+                  progress: Progress | None, output_stage: str = "inline") -> None:
     """The frame loop: each micro-batch stitched and launched, then collected, pasted into its background frames
     and written, in order. With `lookahead` batch k+1 is launched before batch k is pasted and written, so a GPU
-    computes while this thread works; the output is the same either way."""
+    computes while this thread works; with `output_stage` "thread" the pasting and writing run on a thread of their
+    own (OutputStage), so the networks never wait for them. The output is the same either way."""
     avatar, n = clip.avatar, clip.frames
     stitch = MotionStitch(stitch_net, is_image=avatar.is_image, controls=clip.controls)
     putback = YuvPutback(layout=plate.layout, blend=clip.blend)
     batches = [range(b0, min(n, b0 + batch_size)) for b0 in range(0, n, batch_size)]
     cuts = plate_jumps(tl.src_idx[:n])
+    threaded = output_stage == "thread"
 
     def launch(idx: range):
         """Stitch a batch's keypoints (all its frames at once) and start its warp + decode."""
@@ -120,15 +126,8 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
         with timer("render"):
             return fused.launch(avatar.features(src), x_s, x_d), np.asarray(x_s), np.asarray(x_d)
 
-    if progress is not None:
-        progress(FRAMES, 0, n)
-    pending = launch(batches[0]) if batches else None
-    for k, idx in enumerate(batches):
-        following = batches[k + 1] if k + 1 < len(batches) else None
-        after = launch(following) if lookahead and following else None
-        handle, x_s, x_d = pending
-        with timer("render"):
-            crops = fused.collect(handle)                    # uint8 [b,512,512,3]
+    def paste_and_write(idx: range, crops: np.ndarray, x_s: np.ndarray, x_d: np.ndarray) -> None:
+        """Each frame of a collected batch pasted into its background frame and handed to the encoder."""
         for j, i in enumerate(idx):
             with timer("write"):                 # ffmpeg I/O: the plate decoder here, the encoder below
                 background = plate.frame(int(tl.src_idx[i]))
@@ -136,6 +135,85 @@ def render_frames(clip: Clip, motion: np.ndarray, tl: Timeline, stitch_net: torc
                 frame = putback(background, crops[j], avatar.M_c2o[tl.src_idx[i]], x_s[j], x_d[j], bool(cuts[i]))
             with timer("write"):
                 writer.write(frame)
-        if progress is not None:
-            progress(FRAMES, idx.stop, n)
-        pending = after if lookahead else (launch(following) if following else None)
+
+    if progress is not None:
+        progress(FRAMES, 0, n)
+    with OutputStage(paste_and_write, threaded, timer) as output:
+        pending = launch(batches[0]) if batches else None
+        for k, idx in enumerate(batches):
+            following = batches[k + 1] if k + 1 < len(batches) else None
+            after = launch(following) if lookahead and following else None
+            handle, x_s, x_d = pending
+            with timer("render"):
+                crops = fused.collect(handle, keep=threaded)    # uint8 [b,512,512,3]
+            output.put(idx, crops, x_s, x_d)
+            if progress is not None:
+                progress(FRAMES, idx.stop, n)
+            pending = after if lookahead else (launch(following) if following else None)
+
+
+class OutputStage:
+    """A render's putback and hand-off to the encoder, `work(*batch)` for each collected batch in order: on the
+    caller's thread (inline), or on a thread of its own (threaded) fed through a queue of `depth` batches, so the
+    frame loop goes on stitching and launching meanwhile. Used as a context: leaving it normally waits for the last
+    batch and raises what the thread raised; leaving it with an exception (a cancel, an error of the loop) stops the
+    thread after the batch it is on, so the caller's cleanup (the writer's abort) never races it. The threaded stage
+    times its waits for a free place in the queue as `handoff` (the loop waiting for the output)."""
+
+    _END = None
+
+    def __init__(self, work: Callable[..., None], threaded: bool, timer: StageTimer, depth: int = 2):
+        self.work, self.threaded, self.timer = work, threaded, timer
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name="ditto-fast-output", daemon=True) if threaded else None
+
+    def __enter__(self) -> "OutputStage":
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def put(self, *batch) -> None:
+        """Hand one batch on (inline: done now); raises the output thread's error once it has failed."""
+        if self._thread is None:
+            self.work(*batch)
+            return
+        self._raise()
+        with self.timer("handoff"):
+            while True:
+                try:
+                    self._queue.put(batch, timeout=0.1)
+                    break
+                except queue.Full:
+                    self._raise()
+
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is self._END or self._stop.is_set():
+                return
+            try:
+                self.work(*batch)
+            except BaseException as e:  # noqa: BLE001 - raised again in the frame loop's thread
+                self.error = e
+                return
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def __exit__(self, kind, value, tb) -> None:
+        if self._thread is None:
+            return
+        if kind is not None:
+            self._stop.set()
+        while self._thread.is_alive():       # the end mark goes in once there is room (a failed thread takes none)
+            try:
+                self._queue.put(self._END, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        self._thread.join()
+        if kind is None:
+            self._raise()

@@ -334,7 +334,7 @@ class LiveSession:
         if r.device.type == "cpu":      # two threads of networks (motion, frames): one core each, not both on both
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         motion = LiveMotion(r.hubert, r.lmdm, r.config.motion, self.avatar, self.s.emotion, self.s.seed, self.s.steps,
-                            self.s.overlap, r.device)
+                            self.s.overlap, r.device, r.denoise)
         self.start = time.monotonic()
         self.source.start()
         audio = StreamAudio(self.source, self.start)

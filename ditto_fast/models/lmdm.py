@@ -317,11 +317,13 @@ class LMDM(nn.Module):
         return a * x_t.float() - x_start / b
 
     def guided(self, x: torch.Tensor, cond_frame: torch.Tensor, enc: EncodedCondition, t: torch.Tensor,
-               guidance: float = DEFAULT_GUIDANCE) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pred_noise, x_start) [B, N, F] float32, guided by `guidance`, from an encoding with both kinds of rows."""
+               guidance: float = DEFAULT_GUIDANCE, model_output=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pred_noise, x_start) [B, N, F] float32, guided by `guidance`, from an encoding with both kinds of rows;
+        `model_output`: what computes the raw output in place of `self.model_output` (the same function, launched
+        otherwise: a captured CUDA graph)."""
         if not (enc.num_cond and enc.num_null):
             raise ValueError("guidance needs an encoding with conditional and null rows")
-        out = self.model_output(x, cond_frame, enc, t)
+        out = (model_output or self.model_output)(x, cond_frame, enc, t)
         cond_out, uncond_out = out[: enc.batch], out[enc.batch:]
         x_start = uncond_out + (cond_out - uncond_out) * guidance
         return self.predict_noise_from_start(x, t, x_start), x_start

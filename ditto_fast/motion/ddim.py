@@ -1,4 +1,5 @@
-"""DDIM sampling for the LMDM: a small scheduler (set_timesteps / step) and the per-window sampling loop.
+"""DDIM sampling for the LMDM: a small scheduler (set_timesteps / step), the per-window sampling loop, and the
+network's step as the engine launches it (`Denoiser`).
 
 The scheduler holds all of DDIM's maths (which timesteps, the per-step coefficients, the update);
 the network only predicts (pred_noise, x_start) at a timestep, and this module wires the two.
@@ -9,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ditto_fast.models.lmdm import DEFAULT_GUIDANCE, cosine_alphas_cumprod
+from ditto_fast.core.graphs import launcher
+from ditto_fast.models.lmdm import DEFAULT_GUIDANCE, EncodedCondition, cosine_alphas_cumprod
 
 
 class DDIMScheduler:
@@ -65,15 +67,46 @@ class DDIMScheduler:
                 + self.sigma[index].item() * noise)
 
 
+class Denoiser:
+    """The LMDM's raw output at a DDIM step, (x [B,N,F], cond_frame [B,F], encoded condition, t [B]) -> [R,N,F]
+    float32, launched as the engine option `launch` says (core/graphs.py): eager, or on CUDA captured once as a graph
+    and replayed every step after (the step's hundreds of kernel launches in one: the same numbers), or compiled.
+    One per engine: its graph serves every window of every clip and live session, one step at a time; each call's
+    result is its own (a copy of the graph's output). The guidance and the DDIM update stay eager (they draw the
+    step's noise from the caller's generator)."""
+
+    def __init__(self, net: nn.Module, launch: str = "eager"):
+        self.net = net
+        device = net.input_projection.weight.device
+        self._launched = launcher(self._flat, launch, device, max_graphs=2, skip_unchanged=True)
+
+    def _flat(self, x: torch.Tensor, cond_frame: torch.Tensor, t: torch.Tensor, hidden: torch.Tensor,
+              *kv: torch.Tensor) -> torch.Tensor:
+        """model_output over plain tensors (a graph's inputs): the encoding's keys and values flattened, layer by
+        layer; its rows are B conditional then B null ones, as a guided step's are."""
+        b = x.shape[0]
+        enc = EncodedCondition(b, b, b, kv[0].shape[2], hidden, list(zip(kv[0::2], kv[1::2])))
+        return self.net.model_output(x, cond_frame, enc, t)
+
+    def __call__(self, x: torch.Tensor, cond_frame: torch.Tensor, enc: EncodedCondition,
+                 t: torch.Tensor) -> torch.Tensor:
+        if self._launched is None or not (enc.num_cond == enc.num_null == enc.batch == x.shape[0]):
+            return self.net.model_output(x, cond_frame, enc, t)
+        flat = [tensor for pair in enc.kv for tensor in pair]
+        return self._launched(x, cond_frame, t, enc.hidden, *flat, take=torch.Tensor.clone)
+
+
 class DDIMSampler:
     """One LMDM window by Ditto's DDIM loop: (cond_frame [B, F], cond [B, seq_len, C], generator) -> [B, seq_len, F].
 
     All noise (the start and every step's) is drawn from the generator; the condition is encoded
-    once per window and reused by every step. Guided by weight `guidance` (Ditto's 2 by default).
+    once per window and reused by every step. Guided by weight `guidance` (Ditto's 2 by default). `denoise`: the
+    engine's Denoiser (the network's step as it launches it); None: the network called as it is.
     """
 
-    def __init__(self, net: nn.Module, steps: int, guidance: float = DEFAULT_GUIDANCE):
-        self.net, self.guidance = net, guidance
+    def __init__(self, net: nn.Module, steps: int, guidance: float = DEFAULT_GUIDANCE,
+                 denoise: Denoiser | None = None):
+        self.net, self.guidance, self.denoise = net, guidance, denoise
         self.scheduler = DDIMScheduler(net.alphas_cumprod)
         self.scheduler.set_timesteps(steps)
 
@@ -87,6 +120,6 @@ class DDIMSampler:
         encoded = net.encode_condition(cond)
         for i, t in enumerate(scheduler.timesteps):
             time = torch.full((batch,), t, dtype=torch.long, device=device)
-            pred_noise, x_start = net.guided(x, cond_frame, encoded, time, self.guidance)
+            pred_noise, x_start = net.guided(x, cond_frame, encoded, time, self.guidance, self.denoise)
             x = scheduler.step(pred_noise, x_start, i, generator)
         return x  # [B, seq_len, motion_dim] float32

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ditto_fast import models
+from ditto_fast.core.graphs import launcher
 
 
 @dataclass
@@ -27,21 +28,29 @@ class FusedRenderer:
     uint8 crop. (The two networks stay separate modules; no kernels are fused.) On CUDA the source
     features travel in, and the crops back, through pinned buffers with non-blocking copies, so
     `launch` returns while the device works and `collect` waits only when the crops are needed.
+    `launch_mode` (the engine option `launch`, core/graphs.py): eager, graphs (on CUDA each batch size met twice is
+    captured once and replayed: the same crops) or compile.
     """
 
     def __init__(self, warp_path: str | Path, decoder_path: str | Path, device: torch.device,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, launch: str = "eager"):
         self.device, self.dtype = torch.device(device), dtype
         self.warp = models.load("warp_network", warp_path, self.device, dtype)
         self.decoder = models.load("decoder", decoder_path, self.device, dtype)
+        self._own_buffers(launch)
+
+    def _own_buffers(self, launch: str) -> None:
+        self.launch_mode = launch
+        self._launched = launcher(self._warp_decode, launch, self.device)   # None: eager
         self._pinned: dict[tuple, torch.Tensor] = {}
         self._slot = 0
 
-    def twin(self) -> FusedRenderer:
-        """The same networks with host buffers of its own, for another thread (a live session beside a render)."""
+    def twin(self, launch: str | None = None) -> FusedRenderer:
+        """The same networks with host buffers (and graphs) of its own, for another thread (a live session beside a
+        render), launched as this one is or as `launch` says."""
         other = object.__new__(FusedRenderer)
         other.device, other.dtype, other.warp, other.decoder = self.device, self.dtype, self.warp, self.decoder
-        other._pinned, other._slot = {}, 0
+        other._own_buffers(self.launch_mode if launch is None else launch)
         return other
 
     def _to_device(self, array: np.ndarray, slot: int, name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -72,11 +81,22 @@ class FusedRenderer:
         f_3d = self._to_device(f_s, slot, "f_s", self.dtype)                 # [B,C,D,64,64]
         kp_s = self._to_device(np.asarray(x_s, np.float32), slot, "x_s", torch.float32)   # [B,21,3]
         kp_d = self._to_device(np.asarray(x_d, np.float32), slot, "x_d", torch.float32)
+        if self._launched is None:
+            return self._to_host(self._warp_decode(f_3d, kp_s, kp_d), slot)
+        return self._launched(f_3d, kp_s, kp_d, take=lambda crop: self._to_host(crop, slot))
+
+    def _warp_decode(self, f_3d: torch.Tensor, kp_s: torch.Tensor, kp_d: torch.Tensor) -> torch.Tensor:
+        """The networks on the device: (f_3d [B,C,D,64,64], kp_s, kp_d [B,21,3]) -> uint8 crops [B,512,512,3] (a view
+        of [B,3,512,512])."""
         feature = self.warp(f_3d, kp_s, kp_d)                                # [B,256,64,64]
         image = self.decoder(feature)                                        # [B,3,512,512] in 0..1
-        crop = (image.float() * 255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        return (image.float() * 255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+    def _to_host(self, crop: torch.Tensor, slot: int) -> Pending:
+        """The crops on their way to this slot's pinned host buffer (on a CPU a contiguous copy of their own: a graph's
+        output is written again by its next replay)."""
         if self.device.type != "cuda":
-            return Pending(crop.contiguous(), None)
+            return Pending(crop.clone(memory_format=torch.contiguous_format), None)
         host = self._staging(("out", slot), crop.shape, torch.uint8)
         host.copy_(crop, non_blocking=True)
         done = torch.cuda.Event()
@@ -84,15 +104,15 @@ class FusedRenderer:
         return Pending(host, done)
 
     @staticmethod
-    def collect(pending: Pending) -> np.ndarray:
-        """The uint8 crops [B,512,512,3] of a launched batch, waiting for the device if it is still busy."""
+    def collect(pending: Pending, keep: bool = False) -> np.ndarray:
+        """The uint8 crops [B,512,512,3] of a launched batch, waiting for the device if it is still busy; `keep`: an
+        array of the caller's own (on CUDA a copy: the pinned buffer is reused two launches later)."""
         if pending.done is not None:
             pending.done.synchronize()
-        return pending.crops.numpy()
+        crops = pending.crops.numpy()
+        return crops.copy() if keep and pending.done is not None else crops
 
     def __call__(self, f_s: np.ndarray, x_s: np.ndarray, x_d: np.ndarray) -> np.ndarray:
         """Warp + decode one batch and wait for it: uint8 crops [B,512,512,3] of the caller's own (on CUDA
         a copy: the pinned buffer is reused two launches later)."""
-        pending = self.launch(f_s, x_s, x_d)
-        crops = self.collect(pending)
-        return crops if pending.done is None else crops.copy()
+        return self.collect(self.launch(f_s, x_s, x_d), keep=True)
