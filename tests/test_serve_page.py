@@ -31,6 +31,7 @@ def page_api(serve_parts, tmp_path):
     client = TestClient(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics, token=SERVE_TOKEN,
                                  files=files))
     client.headers["Authorization"] = "Bearer " + SERVE_TOKEN
+    client.headers["X-Requested-With"] = "ditto-fast"          # as the page sends an upload
     return client, parts, files
 
 

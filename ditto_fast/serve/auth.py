@@ -1,5 +1,5 @@
-"""The API's door: the bearer token, checked before a body is read, and the body read whole up to a limit (a refused
-body drained so that its client gets the answer)."""
+"""The API's door: the Host and a browser's Origin (serve/hosts.py), the bearer token, each checked before a body is
+read, and the body read whole up to a limit (a refused body drained so that its client gets the answer)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import hmac
 from typing import Collection
 
 from ditto_fast.serve.answers import refusal
+from ditto_fast.serve.hosts import AllowedHosts, origin_host
 
 BODY_LIMIT = 64 << 10           # a job is a few hundred bytes
 DRAIN_LIMIT = 64 << 20          # a refused body is read (and dropped) up to this, so its client sees the answer
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")      # what changes nothing: any page may cause it (it reads no answer)
+FORM_PROOF = b"x-requested-with"    # a header an upload must carry: a web form cannot send one, and another site's
+#                                     script can only after a CORS preflight this server never answers
 
 
 def bearer_matches(header: bytes, token: str) -> bool:
@@ -18,27 +22,67 @@ def bearer_matches(header: bytes, token: str) -> bool:
     return hmac.compare_digest(given, token.encode()) and scheme.lower() == b"bearer"
 
 
+def foreign(headers: dict[bytes, bytes], hosts: AllowedHosts | None, changes: bool) -> tuple[str, int] | None:
+    """Why a request from elsewhere is refused, with its status, or None: a Host that does not name this server
+    (421; any Host without `hosts`); on a request that `changes` state, an Origin that is not this server's (the
+    Host's own, or one `hosts` allows; 403), or no Origin from a browser that says the request is cross-site."""
+    host = headers.get(b"host", b"").decode("latin-1")
+    if hosts is not None and not hosts.allows(host):
+        return (f"Host {host or '(none)'}: not a name this server answers to ({hosts.described()}); behind a "
+                "reverse proxy or under another name, start serve with --allow-host NAME", 421)
+    if not changes:
+        return None
+    origin = headers.get(b"origin")
+    if origin is None:
+        site = headers.get(b"sec-fetch-site", b"")
+        if site in (b"cross-site", b"same-site"):
+            return ("a request another site's page sent may change nothing here (Sec-Fetch-Site: "
+                    f"{site.decode('latin-1')}); use the newsroom page this server serves", 403)
+        return None
+    text = origin.decode("latin-1")
+    netloc = origin_host(text)
+    if netloc is not None and (netloc.lower() == host.lower() or (hosts is not None and hosts.allows(netloc))):
+        return None
+    return (f"Origin {text}: a page of another site may change nothing here; use the newsroom page this server "
+            "serves (a page served under another name: start serve with --allow-host NAME)", 403)
+
+
 class RequestGate:
-    """ASGI middleware before every route: with a token, a request without it is 401 before its body is read or
-    parsed (but on `open_paths`); then the body is read whole, at most `limit` bytes (413 over it, with
-    Content-Length or chunked). A refused request's body is read on to its end (up to DRAIN_LIMIT) and dropped, so
-    that its client gets the answer rather than a reset connection. A POST to one of `streamed` (an upload) is passed
-    on as it comes: its route streams the body to a file under its own limit."""
+    """ASGI middleware before every route: a request (or WebSocket) from elsewhere is refused first (see `foreign`:
+    its Host must be one of `hosts`, and its Origin this server's when it would change state; a WebSocket always
+    counts as one that does); with a token, a request without it is 401 (but on `open_paths`); an upload (a POST to
+    one of `streamed`) must carry FORM_PROOF (403 without): each before its body is read or parsed. Then the body is
+    read whole, at most `limit` bytes (413 over it, with Content-Length or chunked). A refused request's body is read
+    on to its end (up to DRAIN_LIMIT) and dropped, so that its client gets the answer rather than a reset
+    connection. An upload is passed on as it comes: its route streams the body to a file under its own limit."""
 
     def __init__(self, app, token: str | None = None, limit: int = BODY_LIMIT, open_paths: Collection[str] = (),
-                 streamed: Collection[str] = ()):
+                 streamed: Collection[str] = (), hosts: AllowedHosts | None = None):
         self.app, self.token, self.limit = app, token, limit
-        self.open_paths, self.streamed = open_paths, streamed
+        self.open_paths, self.streamed, self.hosts = open_paths, streamed, hosts
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            refused = foreign(dict(scope["headers"]), self.hosts, changes=True)
+            if refused is not None:
+                return await _refuse_websocket(scope, receive, send, *refused)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        refused = foreign(headers, self.hosts, changes=scope["method"] not in SAFE_METHODS)
+        if refused is not None:
+            await _drain(receive)
+            return await refusal(*refused)(scope, receive, send)
         if self.token is not None and scope["path"] not in self.open_paths:
             if not bearer_matches(dict(scope["headers"]).get(b"authorization", b""), self.token):
                 await _drain(receive)
                 return await refusal("missing or wrong bearer token", 401,
                                      headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
         if scope["path"] in self.streamed and scope["method"] == "POST":
+            if not headers.get(FORM_PROOF):
+                await _drain(receive)
+                return await refusal("an upload must carry the header X-Requested-With (any value), which a web "
+                                     "form cannot send; the newsroom page sends it", 403)(scope, receive, send)
             return await self.app(scope, receive, send)
         body, more = b"", True
         while more:
@@ -62,6 +106,16 @@ class RequestGate:
             return {"type": "http.request", "body": body, "more_body": False}
 
         return await self.app(scope, replay, send)
+
+
+async def _refuse_websocket(scope, receive, send, message: str, status: int) -> None:
+    """Refuse a WebSocket before it is accepted: the API's JSON refusal as its HTTP answer where the server can send
+    one, else closed with 1008 (the client sees HTTP 403)."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        return await refusal(message, status)(scope, receive, send)
+    await send({"type": "websocket.close", "code": 1008, "reason": message.encode()[:123].decode("utf-8", "ignore")})
 
 
 async def _drain(receive, seen: int = 0) -> None:

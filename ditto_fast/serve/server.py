@@ -6,7 +6,6 @@ or SIGTERM: each running job stops at its next frame batch and is queued again f
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import socket
 import sys
@@ -19,6 +18,7 @@ from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageErro
 from ditto_fast.core.files import read_input
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
+from ditto_fast.serve.hosts import is_loopback
 from ditto_fast.serve.jobs.callbacks import parse_networks
 from ditto_fast.serve.options import ServeOptions
 
@@ -27,15 +27,6 @@ if TYPE_CHECKING:
     from ditto_fast.handles.base import EngineHandle
 
 TOKEN_MAX_BYTES = 4096
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token(path: Path) -> str:
@@ -214,6 +205,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
 
     from ditto_fast.engine.open_avatars import OpenAvatars
     from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.hosts import AllowedHosts
     from ditto_fast.serve.jobs.accept import Acceptor
     from ditto_fast.serve.jobs.callbacks import CallbackPolicy, CallbackSender
     from ditto_fast.serve.jobs.dispatch import Dispatcher
@@ -249,7 +241,8 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     metrics.live_sessions = live
     watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, dispatcher.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
-    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live, files=files)
+    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live, files=files,
+                   hosts=AllowedHosts(opts.host, opts.port, opts.allow_host))
     server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     heartbeat.start()
