@@ -209,3 +209,33 @@ def test_uploads_go_under_the_first_root_else_the_out_folder_never_a_watch_folde
     assert uploads_default(ServeOptions(roots=[tmp_path / "a", tmp_path / "b"])) == tmp_path / "a" / "uploads"
     watched = ServeOptions(watch=tmp_path / "in", out=tmp_path / "out")
     assert uploads_default(watched) == tmp_path / "out" / "uploads"
+
+
+def test_an_uploads_folder_swapped_for_a_link_or_moved_out_stores_nothing_outside(page_api, clips, tmp_path,
+                                                                                  tmp_path_factory, monkeypatch):
+    """The folder is confined as it is written, as a job's paths are when it starts: a link out of the roots put in
+    its place while the server runs, or the folder moved out while an upload is written, leaves nothing anywhere."""
+    from ditto_fast.serve.page import uploads
+
+    client, _, files = page_api
+    wav = clips[0].read_bytes()
+    assert client.post("/v1/uploads", files={"file": ("a.wav", wav, "audio/wav")}).status_code == 201
+    outside = tmp_path_factory.mktemp("outside")
+    files.uploads.rename(tmp_path / "uploads-before")
+    files.uploads.symlink_to(outside, target_is_directory=True)
+    r = client.post("/v1/uploads", files={"file": ("b.wav", wav, "audio/wav")})
+    assert r.status_code == 403 and "outside the folders" in r.json()["error"], r.text
+    assert list(outside.iterdir()) == [] and len(list((tmp_path / "uploads-before").iterdir())) == 1
+    # moved out of the roots while an upload is written in it: removed, refused
+    files.uploads.unlink()
+    files.uploads.mkdir()
+    real_name = uploads.safe_name
+
+    def moved_out(sent):
+        files.uploads.rename(outside / "moved")
+        return real_name(sent)
+
+    monkeypatch.setattr(uploads, "safe_name", moved_out)
+    r = client.post("/v1/uploads", files={"file": ("c.wav", wav, "audio/wav")})
+    assert r.status_code == 403 and "outside the folders" in r.json()["error"], r.text
+    assert list((outside / "moved").iterdir()) == []

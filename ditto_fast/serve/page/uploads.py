@@ -1,6 +1,8 @@
 """`POST /v1/uploads`: a speech file sent from the newsroom page, streamed (multipart, field `file`) into the server's
 uploads folder under the roots: at most `limit` bytes (nothing half-written is left beyond it), its name reduced to
-safe characters and made unique, then checked as any job's audio is (a file that does not decode is removed)."""
+safe characters and made unique, then checked as any job's audio is (a file that does not decode is removed). The
+folder is confined to the roots as it is written, as a job's paths are when it starts: opened once, its real path
+checked before and after the file is written in it, the file created there and never through a link."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from python_multipart.multipart import parse_options_header
 
 from ditto_fast.audio.decode import DecodedAudio, decode_audio
 from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.serve.checks import confine, inside
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 NAME_MAX = 80
@@ -26,6 +29,10 @@ DRAIN_LIMIT = 64 << 20          # of a refused upload's body, read and dropped
 
 class UploadTooLarge(UsageError):
     """The upload is over the server's --max-upload-mb."""
+
+
+class UploadsOutside(UsageError):
+    """The uploads folder lies outside the roots now (moved, or swapped for a link, while the server runs)."""
 
 
 def too_large(limit: int) -> UploadTooLarge:
@@ -49,17 +56,56 @@ def boundary_of(content_type: str) -> bytes:
     return params[b"boundary"]
 
 
-async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: str, folder: Path,
-                         limit: int, declared: int | None = None) -> Path:
-    """Stream the multipart field `file` of a request's body (ASGI `receive`) into `folder` (a temporary name,
-    renamed once whole); returns the stored file. UploadTooLarge past `limit` bytes of body (the rest of the body
-    read and dropped, up to DRAIN_LIMIT, so that its client gets the answer; at once when its Content-Length,
-    `declared`, says so), UsageError for no file field; nothing is left behind on either."""
-    boundary = boundary_of(content_type)
+def open_folder(folder: Path, roots: list[Path]) -> int:
+    """The uploads folder opened (a descriptor to create files in), made if missing; UploadsOutside unless its real
+    path lies under `roots` (checked before anything is made, and on the folder as opened)."""
+    try:
+        confine(folder, roots, "uploads folder")        # before mkdir: a link out makes nothing out there
+    except UsageError as e:
+        raise UploadsOutside(f"{e} (was it moved, or swapped for a link?); nothing was stored") from None
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".upload-{uuid.uuid4().hex}.part"
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        check_opened(fd, folder, roots)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_opened(fd: int, folder: Path, roots: list[Path]) -> Path:
+    """The real path of the folder open at `fd`; UploadsOutside unless it lies under `roots`."""
+    real = Path(os.readlink(f"/proc/self/fd/{fd}")) if os.path.exists(f"/proc/self/fd/{fd}") else folder.resolve()
+    if not inside(real, roots):
+        raise UploadsOutside(f"{folder}: the uploads folder is now {real}, outside the folders this server may use "
+                             f"({', '.join(map(str, roots))}) (was it moved, or swapped for a link?); nothing was "
+                             "stored")
+    return real
+
+
+async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: str, folder: Path,
+                         limit: int, declared: int | None = None, roots: list[Path] | None = None) -> Path:
+    """Stream the multipart field `file` of a request's body (ASGI `receive`) into `folder` (a temporary name,
+    renamed once whole), which must lie under `roots` (default: the folder itself) as it is written; returns the
+    stored file (named under `folder`, or under the folder's real path if `folder` no longer leads there).
+    UploadTooLarge past `limit` bytes of body (the rest of the body read and dropped, up to DRAIN_LIMIT, so that its
+    client gets the answer; at once when its Content-Length, `declared`, says so), UsageError for no file field,
+    UploadsOutside for a folder outside the roots; nothing is left behind on any."""
+    boundary = boundary_of(content_type)
+    roots = roots if roots is not None else [folder.resolve()]
+    try:
+        dir_fd = open_folder(folder, roots)
+    except UploadsOutside:
+        await _drain(receive, DRAIN_LIMIT)
+        raise
+    tmp = f".upload-{uuid.uuid4().hex}.part"
+    try:
+        out = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                                dir_fd=dir_fd), "wb")
+    except BaseException:
+        os.close(dir_fd)
+        raise
     state: dict = {"headers": {}, "field": b"", "value": b"", "name": None, "in_file": False, "found": False}
-    out = open(tmp, "wb")
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
         state["field"] += data[start:end]
@@ -97,23 +143,46 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
             chunk, more = message.get("body", b""), message.get("more_body", False)
             seen += len(chunk)
             if seen > limit or (declared or 0) > limit:
-                while more and seen <= DRAIN_LIMIT + limit:
-                    message = await receive()
-                    seen += len(message.get("body", b""))
-                    more = message["type"] == "http.request" and message.get("more_body", False)
+                if more:
+                    await _drain(receive, DRAIN_LIMIT + limit - seen)
                 raise too_large(limit)
             parser.write(chunk)
         parser.finalize()
         out.close()
         if not state["found"]:
             raise UsageError("the upload has no field \"file\"; send the speech file as multipart field \"file\"")
-        stored = folder / safe_name(state["name"])
-        os.replace(tmp, stored)
-        return stored
+        name = safe_name(state["name"])
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = name                                      # what to remove if the folder is found outside now
+        real = check_opened(dir_fd, folder, roots)      # not moved out of the roots while it was written
+        stored = folder / name
+        try:
+            same = os.path.samestat(os.stat(stored), os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+        except OSError:
+            same = False
+        return stored if same else real / name
     except BaseException:
         out.close()
-        tmp.unlink(missing_ok=True)
+        _unlink(tmp, dir_fd)
         raise
+    finally:
+        os.close(dir_fd)
+
+
+async def _drain(receive: Callable[[], Awaitable[dict]], most: int) -> None:
+    """Read and drop the rest of a request's body (at most `most` bytes more), so that its client gets the answer."""
+    seen, more = 0, True
+    while more and seen <= most:
+        message = await receive()
+        seen += len(message.get("body", b""))
+        more = message["type"] == "http.request" and message.get("more_body", False)
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 def check_upload(path: Path) -> DecodedAudio:
