@@ -90,7 +90,7 @@ def test_a_job_on_an_upload_decodes_it_no_more(page_api, clips, tmp_path, monkey
     path = client.post("/v1/uploads", files={"file": ("news.wav", clips[0].read_bytes(), "audio/wav")}).json()["path"]
     decodes = []
     real = clip_module.decode_audio
-    monkeypatch.setattr(clip_module, "decode_audio", lambda p: decodes.append(p) or real(p))
+    monkeypatch.setattr(clip_module, "decode_audio", lambda p, *limit: decodes.append(p) or real(p, *limit))
     r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": path, "output": str(tmp_path / "n.mp4")})
     assert r.status_code == 202, r.text
     assert decodes == []
@@ -239,3 +239,51 @@ def test_an_uploads_folder_swapped_for_a_link_or_moved_out_stores_nothing_outsid
     r = client.post("/v1/uploads", files={"file": ("c.wav", wav, "audio/wav")})
     assert r.status_code == 403 and "outside the folders" in r.json()["error"], r.text
     assert list((outside / "moved").iterdir()) == []
+
+
+def _silence(path, seconds: float, length_declared: bool = True):
+    """A FLAC of `seconds` of silence (a few hundred bytes a minute); without `length_declared`, its header says
+    nothing of its length (STREAMINFO's total samples 0, as a streaming encoder writes)."""
+    import subprocess
+
+    import imageio_ffmpeg
+
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i",
+                    "anullsrc=r=16000:cl=mono", "-t", str(seconds), "-c:a", "flac", str(path)], check=True)
+    if not length_declared:
+        data = bytearray(path.read_bytes())
+        assert data[:4] == b"fLaC"
+        data[21] &= 0xF0                        # STREAMINFO's 36 bits of total samples
+        data[22:26] = b"\0\0\0\0"
+        path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_small_file_of_long_silence_is_refused_before_it_fills_the_server(page_api, tmp_path):
+    """A job's audio lasts at most MAX_SPEECH_S: a file whose header says more is refused before it is decoded, one
+    whose header says nothing once that much has decoded (bounded chunks): the server never holds more."""
+    import tracemalloc
+
+    from ditto_fast.serve.decoded import MAX_SPEECH_S
+
+    client, parts, files = page_api
+    assert MAX_SPEECH_S == 3600
+    parts.acceptor.decoded.longest = 60.0        # a minute here, for a short test
+    declared = _silence(tmp_path / "declared.flac", 600)
+    undeclared = _silence(tmp_path / "undeclared.flac", 600, length_declared=False)
+    assert declared.stat().st_size < 200_000
+    r = client.post("/v1/uploads", files={"file": ("news.flac", declared.read_bytes(), "audio/flac")})
+    assert r.status_code == 400 and r.json()["exit_code"] == 3, r.text
+    assert "lasts 10.0 min of audio, over the 60.0 s one clip may last" in r.json()["error"], r.text
+    tracemalloc.start()
+    try:
+        r = client.post("/v1/uploads", files={"file": ("news.flac", undeclared.read_bytes(), "audio/flac")})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.status_code == 400 and "lasts more than 60.0 s" in r.json()["error"], r.text
+    assert peak < 20 << 20, peak                 # all of it decoded would be 38 MB, twice over
+    assert list(files.uploads.iterdir()) == []
+    for audio in (declared, undeclared):         # a job naming such a file on the server: the same refusal
+        r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "o.mp4")})
+        assert r.status_code == 400 and "one clip may last" in r.json()["error"], r.text

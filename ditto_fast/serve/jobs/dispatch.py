@@ -20,7 +20,7 @@ from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
 from ditto_fast.handles.outcome import internal_error
-from ditto_fast.serve.decoded import DecodedMemo
+from ditto_fast.serve.decoded import MAX_SPEECH_S, DecodedMemo
 from ditto_fast.serve.jobs.callbacks import CallbackSender
 from ditto_fast.serve.jobs.queue import CANCELLED_RUNNING, JobQueue
 from ditto_fast.serve.metrics import Metrics
@@ -205,7 +205,8 @@ class Dispatcher:
         if self.at_start is not None:
             self.at_start(job, request)
         audio = self.audio.take(request.audio) if self.audio else None
-        return check_clip(request, self.avatars.get(request.avatar), self.setup.config, audio=audio)
+        return check_clip(request, self.avatars.get(request.avatar), self.setup.config, audio=audio,
+                          max_seconds=self.audio.longest if self.audio else MAX_SPEECH_S)
 
     def _run(self, job: dict, handle: EngineHandle) -> None:
         t0 = time.perf_counter()

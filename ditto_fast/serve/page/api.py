@@ -177,7 +177,7 @@ def add_page_routes(app: FastAPI, find_job: Callable[[str], dict | None], files:
             length = request.headers.get("content-length", "")
             stored = await receive_upload(request.receive, request.headers.get("content-type", ""), files.uploads,
                                           files.max_upload, int(length) if length.isdigit() else None, files.roots)
-            decoded.put(stored, await run_in_threadpool(check_upload, stored))
+            decoded.put(stored, await run_in_threadpool(check_upload, stored, decoded.longest))
         except UploadTooLarge as e:
             return refusal(str(e), 413, e.exit_code)
         except UploadsOutside as e:

@@ -185,11 +185,12 @@ def _unlink(name: str, dir_fd: int) -> None:
         pass
 
 
-def check_upload(path: Path) -> DecodedAudio:
-    """The audio check every job's audio has (it decodes, whole): its decoding, which the job's own check then takes
-    instead of decoding again; the file is removed if it fails (DittoError)."""
+def check_upload(path: Path, max_seconds: float) -> DecodedAudio:
+    """The audio check every job's audio has (it decodes, whole, and lasts at most `max_seconds`: no more of it is
+    decoded): its decoding, which the job's own check then takes instead of decoding again; the file is removed if
+    it fails (DittoError)."""
     try:
-        return decode_audio(path)
+        return decode_audio(path, max_seconds)
     except DittoError:
         path.unlink(missing_ok=True)
         raise
