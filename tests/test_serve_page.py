@@ -287,3 +287,39 @@ def test_a_small_file_of_long_silence_is_refused_before_it_fills_the_server(page
     for audio in (declared, undeclared):         # a job naming such a file on the server: the same refusal
         r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "o.mp4")})
         assert r.status_code == 400 and "one clip may last" in r.json()["error"], r.text
+
+
+def test_an_upload_into_a_full_disk_is_one_line_naming_the_folder_and_leaves_nothing(page_api, clips, monkeypatch):
+    import errno
+    import io
+
+    from ditto_fast.serve.page import uploads
+
+    client, _, files = page_api
+    real_fdopen = os.fdopen
+
+    class FullDisk(io.RawIOBase):           # the disk fills after 10 KB of the file
+        def __init__(self, fd):
+            self.raw, self.written = real_fdopen(fd, "wb", buffering=0), 0
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            if self.written + len(data) > 10_000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.written += len(data)
+            return self.raw.write(data)
+
+        def close(self):
+            self.raw.close()
+            super().close()
+
+    monkeypatch.setattr(uploads.os, "fdopen", lambda fd, mode="r", *a, **kw:
+                        io.BufferedWriter(FullDisk(fd)) if mode == "wb" else real_fdopen(fd, mode, *a, **kw))
+    r = client.post("/v1/uploads", files={"file": ("news.wav", clips[0].read_bytes(), "audio/wav")})
+    assert r.status_code == 507, r.text
+    body = r.json()
+    assert set(body) == {"error", "exit_code"} and body["exit_code"] == 3 and "\n" not in body["error"]
+    assert body["error"].startswith(f"{files.uploads}: no space left") and "--uploads" in body["error"]
+    assert list(files.uploads.iterdir()) == []

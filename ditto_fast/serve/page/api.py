@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.serve.checks import confine
 from ditto_fast.serve.decoded import DecodedMemo
-from ditto_fast.serve.page.uploads import UploadsOutside, UploadTooLarge, check_upload, receive_upload
+from ditto_fast.serve.page.uploads import UploadsFull, UploadsOutside, UploadTooLarge, check_upload, receive_upload
 
 PAGE_DIR = Path(__file__).parent / "static"
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
@@ -182,6 +182,8 @@ def add_page_routes(app: FastAPI, find_job: Callable[[str], dict | None], files:
             return refusal(str(e), 413, e.exit_code)
         except UploadsOutside as e:
             return refusal(str(e), 403, e.exit_code)
+        except UploadsFull as e:
+            return refusal(str(e), 507, e.exit_code)
         except DittoError as e:
             return error(e)
         return {"path": str(stored)}

@@ -6,6 +6,7 @@ checked before and after the file is written in it, the file created there and n
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -17,7 +18,7 @@ from python_multipart import MultipartParser
 from python_multipart.multipart import parse_options_header
 
 from ditto_fast.audio.decode import DecodedAudio, decode_audio
-from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.serve.checks import confine, inside
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -33,6 +34,19 @@ class UploadTooLarge(UsageError):
 
 class UploadsOutside(UsageError):
     """The uploads folder lies outside the roots now (moved, or swapped for a link, while the server runs)."""
+
+
+class UploadsFull(InputError):
+    """The uploads folder's disk (or the user's quota on it) is full."""
+
+
+def disk_full(error: OSError, folder: Path, seen: int) -> UploadsFull | None:
+    """The UploadsFull for an OSError that says the disk or quota is full (None for any other)."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return UploadsFull(f"{folder}: no space left on its disk for the upload ({error.strerror}, after "
+                       f"{seen / (1 << 20):.1f} MB received); free space there, or start serve with --uploads on "
+                       "another disk; nothing was kept")
 
 
 def too_large(limit: int) -> UploadTooLarge:
@@ -90,21 +104,24 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
     stored file (named under `folder`, or under the folder's real path if `folder` no longer leads there).
     UploadTooLarge past `limit` bytes of body (the rest of the body read and dropped, up to DRAIN_LIMIT, so that its
     client gets the answer; at once when its Content-Length, `declared`, says so), UsageError for no file field,
-    UploadsOutside for a folder outside the roots; nothing is left behind on any."""
+    UploadsOutside for a folder outside the roots, UploadsFull for a full disk; nothing is left behind on any."""
     boundary = boundary_of(content_type)
     roots = roots if roots is not None else [folder.resolve()]
-    try:
-        dir_fd = open_folder(folder, roots)
-    except UploadsOutside:
-        await _drain(receive, DRAIN_LIMIT)
-        raise
     tmp = f".upload-{uuid.uuid4().hex}.part"
     try:
-        out = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                                dir_fd=dir_fd), "wb")
-    except BaseException:
-        os.close(dir_fd)
-        raise
+        dir_fd = open_folder(folder, roots)
+        try:
+            out = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    0o666, dir_fd=dir_fd), "wb")
+        except BaseException:
+            os.close(dir_fd)
+            raise
+    except (UploadsOutside, OSError) as e:
+        full = disk_full(e, folder, 0) if isinstance(e, OSError) else e
+        if full is None:
+            raise
+        await _drain(receive, DRAIN_LIMIT)
+        raise full from None
     state: dict = {"headers": {}, "field": b"", "value": b"", "name": None, "in_file": False, "found": False}
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
@@ -161,12 +178,28 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
         except OSError:
             same = False
         return stored if same else real / name
+    except OSError as e:
+        _discard(out, tmp, dir_fd)
+        full = disk_full(e, folder, seen)
+        if full is None:
+            raise
+        if more:
+            await _drain(receive, DRAIN_LIMIT)
+        raise full from None
     except BaseException:
-        out.close()
-        _unlink(tmp, dir_fd)
+        _discard(out, tmp, dir_fd)
         raise
     finally:
         os.close(dir_fd)
+
+
+def _discard(out, name: str, dir_fd: int) -> None:
+    """Close the upload's file (what it could not write is dropped) and remove it."""
+    try:
+        out.close()
+    except OSError:             # the buffer's last flush failed too (a full disk): nothing of it is kept anyway
+        pass
+    _unlink(name, dir_fd)
 
 
 async def _drain(receive: Callable[[], Awaitable[dict]], most: int) -> None:
