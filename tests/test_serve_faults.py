@@ -109,3 +109,52 @@ def test_health_is_down_while_no_engine_can_start_and_up_again_when_one_can(vide
         assert server.wait(queued)["status"] == "done"
     finally:
         assert server.stop() == 0
+
+
+def _encoders(engine: int) -> list[int]:
+    """The ffmpeg processes engine process `engine` started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")[0]
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == engine and b"ffmpeg" in os.path.basename(command):
+            found.append(int(entry))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")     # dead, not yet reaped by init
+    except OSError:
+        return True
+
+
+def test_a_server_killed_mid_render_takes_its_encoder_along_and_its_restart_clears_what_was_left(serving, tmp_path):
+    server = serving()
+    out = tmp_path / "out"
+    out.mkdir()
+    job = _submit(server, speech_clip(tmp_path, "long.wav", 4.0), out / "a.mp4")
+    wait_for_frames(server, job)
+    encoders = _encoders(_engine_pid(server))
+    assert encoders, "the engine's encoder"
+    for pid in encoders:            # an encoder still busy when its engine goes (a long flush, a slow disk)
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        server.stop(signal.SIGKILL)                     # the engine dies with its server; its encoder with it
+        _until(lambda: all(_gone(pid) for pid in encoders), "the encoder gone", server, timeout=15)
+        assert sorted(p.name[:8] for p in out.iterdir()) == [".a.mp4.c", ".a.mp4.p"], list(out.iterdir())
+        again = serving("--max-crashes", "1")           # the job is failed at the restart: nothing renders there
+        failed = again.wait(job)
+        assert failed["status"] == "failed" and "server died" in failed["error"], failed
+        assert list(out.iterdir()) == [], "the dead engine's partial file and claim"
+        assert again.stop() == 0
+    finally:
+        for pid in encoders:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -204,6 +204,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     import uvicorn
 
     from ditto_fast.engine.open_avatars import OpenAvatars
+    from ditto_fast.media.claims import remove_dead_writers
     from ditto_fast.serve.app import make_app
     from ditto_fast.serve.hosts import AllowedHosts
     from ditto_fast.serve.jobs.accept import Acceptor
@@ -219,6 +220,8 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
     metrics = Metrics(queue)
     for job in queue.recover(opts.max_crashes):         # what a server that is gone was rendering
+        if job["output"]:                               # its engine's claim and partial file, once its encoder ended
+            remove_dead_writers(job["output"])
         metrics.crashed(job)
         if job["status"] != "queued":
             metrics.ended(job)
