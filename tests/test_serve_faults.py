@@ -86,7 +86,7 @@ def test_a_job_that_kills_its_engine_every_time_is_failed_and_the_next_job_rende
     assert failed["status"] == "failed" and "killed its engine 2 times" in failed["error"], failed
     assert not (tmp_path / "doomed.mp4").exists()
     nxt = server.wait(_submit(server, speech_clip(tmp_path, "short.wav", 0.6), tmp_path / "next.mp4"))
-    assert nxt["status"] == "done" and nxt["attempts"] == 1, nxt
+    assert nxt["status"] == "done" and nxt["attempts"] == 1, (nxt["error"], server.log.read_text()[-3000:])
     assert server.stop() == 0
 
 
@@ -158,3 +158,19 @@ def test_a_server_killed_mid_render_takes_its_encoder_along_and_its_restart_clea
         for pid in encoders:
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_job_past_job_timeout_fails_once_naming_it_and_the_next_job_renders(serving, tmp_path):
+    server = serving("--job-timeout", "30")
+    job = _submit(server, speech_clip(tmp_path, "long.wav", 2.0), tmp_path / "slow.mp4")
+    wait_for_frames(server, job)
+    os.kill(_engine_pid(server), signal.SIGSTOP)     # a render that goes on for ever (alive: no stall, no hang yet)
+    slow = server.wait(job)
+    assert slow["status"] == "failed" and slow["exit_code"] == 3, slow
+    assert "--job-timeout (30 s)" in slow["error"] and "hung" not in slow["error"], slow["error"]
+    assert slow["attempts"] == 1 and slow["crashes"] == 0 and slow["crash_causes"] == [], slow
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not re.search(r'ditto_fast_job_crashes_total\{[^}]*\} [1-9]', server.call_text("/metrics"))
+    nxt = server.wait(_submit(server, speech_clip(tmp_path, "short.wav", 0.6), tmp_path / "next.mp4"))
+    assert nxt["status"] == "done" and nxt["attempts"] == 1, nxt
+    assert server.stop() == 0

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import ditto_fast
 from ditto_fast.core.errors import InputError, one_line
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
-                                     at_memory_cap, signal_words)
+                                     JobTimedOut, at_memory_cap, signal_words)
 from ditto_fast.handles.live_link import LiveJob, LiveLink
 from ditto_fast.handles.outcome import answer
 from ditto_fast.media.claims import remove_dead_writers
@@ -302,7 +302,7 @@ class ProcessEngine:
         self._state.state, self._state.job = "busy", job.label or str(job.request.output)
         try:
             return self._render(job, progress, commit)
-        except (EngineDied, JobCancelled, EngineError):
+        except (EngineDied, JobCancelled, EngineError, JobTimedOut):
             raise
         except BaseException:       # an interrupt, or this process's own trouble: the engine is let go at once
             self._kill(why="was let go in the middle of a job")
@@ -325,8 +325,10 @@ class ProcessEngine:
             message = self._next(inbox, deadline, time.time())
             if message is None:
                 now = time.monotonic()
-                why = f"ran past its limit of {self.limits.job_s:g} s" if self.limits.job_s and \
-                    now >= started + self.limits.job_s else f"made no progress for {self.limits.stall_s:g} s" if \
+                if self.limits.job_s and now >= started + self.limits.job_s:      # the job's length, not a hang
+                    self._dying(job, f"was stopped: its job ran past the job limit of {self.limits.job_s:g} s")
+                    raise JobTimedOut(self.limits.job_s)
+                why = f"made no progress for {self.limits.stall_s:g} s" if \
                     now >= last_progress + self.limits.stall_s else \
                     f"stopped answering (no heartbeat for {self.limits.beat_s:g} s)"
                 cap = at_memory_cap(self._proc.pid) if self._proc else None

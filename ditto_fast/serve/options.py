@@ -55,8 +55,9 @@ class ServeOptions:
                                          help="An address or CIDR a job's callback may go to although it is "
                                               "private, loopback or link-local (repeatable; e.g. 10.20.0.0/16).")
     job_timeout: float | None = declared(flags=("--job-timeout",), kind="float", range=(1, 7 * 86400),
-                                         help="Seconds a job may render before its engine is killed and the job "
-                                              "counted as one that killed it [default: no limit].")
+                                         help="Seconds a job may render: past them its engine is stopped (a "
+                                              "fresh one starts) and the job fails once, exit 3, naming this "
+                                              "limit; it is not run again [default: no limit].")
     stall_timeout: float = declared(900.0, flags=("--stall-timeout",), kind="float", range=(5, 86400),
                                     help="Seconds an engine may render (or a live session stream) without progress "
                                          "before it is taken for hung and killed.")
