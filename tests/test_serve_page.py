@@ -5,6 +5,7 @@ path traversal refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -323,3 +324,59 @@ def test_an_upload_into_a_full_disk_is_one_line_naming_the_folder_and_leaves_not
     assert set(body) == {"error", "exit_code"} and body["exit_code"] == 3 and "\n" not in body["error"]
     assert body["error"].startswith(f"{files.uploads}: no space left") and "--uploads" in body["error"]
     assert list(files.uploads.iterdir()) == []
+
+
+def test_an_upload_that_trickles_in_is_cut_off_and_leaves_nothing(serve_parts, tmp_path, monkeypatch):
+    """A client sending a byte a second holds neither a connection nor a partial file for longer than a window."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from ditto_fast.serve import auth
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.page.api import PageFiles
+    from support import free_port
+
+    monkeypatch.setattr(auth, "BODY_WINDOW_S", 1.0)          # 30 s on a server
+    parts, port = serve_parts, free_port()
+    files = PageFiles([tmp_path.resolve()], tmp_path / "uploads", tmp_path / "previews")
+    server = uvicorn.Server(uvicorn.Config(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics,
+                                                    files=files), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        head = (b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n" + b"RIFF" * 100)
+        for chunked in (False, True):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=15)
+            framing = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: 100000\r\n"
+            conn.sendall(b"POST /v1/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Requested-With: x\r\n"
+                         b"Content-Type: multipart/form-data; boundary=b\r\n" + framing + b"\r\n" +
+                         (b"%x\r\n%s\r\n" % (len(head), head) if chunked else head))
+            t0, answer, held = time.monotonic(), b"", False
+            while b"\r\n\r\n" not in answer:          # a byte now and then, until the server answers
+                assert time.monotonic() - t0 < 10, "the trickle was never cut off"
+                held = held or any(p.name.endswith(".part") for p in files.uploads.glob("*"))
+                try:
+                    conn.sendall(b"1\r\n0\r\n" if chunked else b"0")
+                except OSError:
+                    pass
+                conn.settimeout(0.3)
+                try:
+                    answer += conn.recv(65536)
+                except TimeoutError:
+                    pass
+            conn.settimeout(5)
+            while (more := conn.recv(65536)):          # the answer, then the connection closed
+                answer += more
+            conn.close()
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert "too slowly" in body["error"] and body["exit_code"] == 2, body
+            assert held and list(files.uploads.iterdir()) == [], "the partial upload"
+    finally:
+        server.should_exit = True
+        thread.join(10)

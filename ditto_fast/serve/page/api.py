@@ -17,6 +17,7 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.serve.auth import BodyTooSlow, too_slow
 from ditto_fast.serve.checks import confine
 from ditto_fast.serve.decoded import DecodedMemo
 from ditto_fast.serve.page.uploads import UploadsFull, UploadsOutside, UploadTooLarge, check_upload, receive_upload
@@ -180,6 +181,8 @@ def add_page_routes(app: FastAPI, find_job: Callable[[str], dict | None], files:
             decoded.put(stored, await run_in_threadpool(check_upload, stored, decoded.longest))
         except UploadTooLarge as e:
             return refusal(str(e), 413, e.exit_code)
+        except BodyTooSlow as e:
+            return too_slow(e)
         except UploadsOutside as e:
             return refusal(str(e), 403, e.exit_code)
         except UploadsFull as e:

@@ -19,13 +19,12 @@ from python_multipart.multipart import parse_options_header
 
 from ditto_fast.audio.decode import DecodedAudio, decode_audio
 from ditto_fast.core.errors import DittoError, InputError, UsageError
+from ditto_fast.serve.auth import drain
 from ditto_fast.serve.checks import confine, inside
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 NAME_MAX = 80
 
-
-DRAIN_LIMIT = 64 << 20          # of a refused upload's body, read and dropped
 
 
 class UploadTooLarge(UsageError):
@@ -102,9 +101,10 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
     """Stream the multipart field `file` of a request's body (ASGI `receive`) into `folder` (a temporary name,
     renamed once whole), which must lie under `roots` (default: the folder itself) as it is written; returns the
     stored file (named under `folder`, or under the folder's real path if `folder` no longer leads there).
-    UploadTooLarge past `limit` bytes of body (the rest of the body read and dropped, up to DRAIN_LIMIT, so that its
-    client gets the answer; at once when its Content-Length, `declared`, says so), UsageError for no file field,
-    UploadsOutside for a folder outside the roots, UploadsFull for a full disk; nothing is left behind on any."""
+    UploadTooLarge past `limit` bytes of body (the rest of the body read and dropped, up to auth.DRAIN_LIMIT, so that
+    its client gets the answer; at once when its Content-Length, `declared`, says so), UsageError for no file field,
+    UploadsOutside for a folder outside the roots, UploadsFull for a full disk, auth.BodyTooSlow from a paced
+    `receive` whose body trickles; nothing is left behind on any."""
     boundary = boundary_of(content_type)
     roots = roots if roots is not None else [folder.resolve()]
     tmp = f".upload-{uuid.uuid4().hex}.part"
@@ -120,7 +120,7 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
         full = disk_full(e, folder, 0) if isinstance(e, OSError) else e
         if full is None:
             raise
-        await _drain(receive, DRAIN_LIMIT)
+        await drain(receive)
         raise full from None
     state: dict = {"headers": {}, "field": b"", "value": b"", "name": None, "in_file": False, "found": False}
 
@@ -161,7 +161,7 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
             seen += len(chunk)
             if seen > limit or (declared or 0) > limit:
                 if more:
-                    await _drain(receive, DRAIN_LIMIT + limit - seen)
+                    await drain(receive, seen - limit)
                 raise too_large(limit)
             parser.write(chunk)
         parser.finalize()
@@ -184,7 +184,7 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
         if full is None:
             raise
         if more:
-            await _drain(receive, DRAIN_LIMIT)
+            await drain(receive)
         raise full from None
     except BaseException:
         _discard(out, tmp, dir_fd)
@@ -200,15 +200,6 @@ def _discard(out, name: str, dir_fd: int) -> None:
     except OSError:             # the buffer's last flush failed too (a full disk): nothing of it is kept anyway
         pass
     _unlink(name, dir_fd)
-
-
-async def _drain(receive: Callable[[], Awaitable[dict]], most: int) -> None:
-    """Read and drop the rest of a request's body (at most `most` bytes more), so that its client gets the answer."""
-    seen, more = 0, True
-    while more and seen <= most:
-        message = await receive()
-        seen += len(message.get("body", b""))
-        more = message["type"] == "http.request" and message.get("more_body", False)
 
 
 def _unlink(name: str, dir_fd: int) -> None:
