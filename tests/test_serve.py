@@ -343,6 +343,30 @@ def test_serve_in_its_default_set_up_answers_no_other_site_nor_a_rebound_name(se
     assert server.stop() == 0
 
 
+@pytest.mark.slow
+def test_listening_is_logged_once_the_port_is_bound_and_never_when_it_cannot_be(serving, tmp_path, video_avatar,
+                                                                             session_home, tiny_checkpoints):
+    server = serving()                                  # started: its health answered
+    events = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    assert [e["url"] for e in events if e.get("event") == "listening"] == [f"http://127.0.0.1:{server.port}"]
+    assert server.stop() == 0
+    # the port taken after serve looked at it (while its engine loads): no "listening", one line, exit 2
+    late = Server(store_env(tmp_path / "home", tiny_checkpoints), tmp_path)
+    late.proc = subprocess.Popen(late.args, env=late.env, stdout=subprocess.DEVNULL, stderr=open(late.log, "wb"),
+                                 start_new_session=True)
+    deadline, lock = time.monotonic() + 60, tmp_path / "home" / "serve" / "server.lock"
+    while not (lock.exists() and lock.read_text().strip() == str(late.proc.pid)):     # past its look at the port
+        assert time.monotonic() < deadline and late.proc.poll() is None, late.log.read_text()
+        time.sleep(0.05)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", late.port))
+        taken.listen()
+        assert late.proc.wait(120) == 2, late.log.read_text()
+    text = late.log.read_text()
+    assert '"listening"' not in text, text
+    assert f"ditto-fast: error: cannot listen on 127.0.0.1:{late.port}" in text, text
+
+
 # ----------------------------------------------------------------------------- on Ray
 @pytest.mark.slow
 def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(local_ray, serving, tmp_path, run_cli,

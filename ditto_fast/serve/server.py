@@ -246,8 +246,10 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
                         opts.poll_s) if opts.watch else None
     app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live, files=files,
                    hosts=AllowedHosts(opts.host, opts.port, opts.allow_host))
-    server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
-                                           access_log=False, lifespan="off"))
+    listening = {"event": "listening", "url": f"http://{opts.host}:{opts.port}", "roots": [str(r) for r in roots],
+                 "watch": str(opts.watch) if opts.watch else None}
+    server = _bound_server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning", access_log=False,
+                                          lifespan="off"), lambda: log(listening))
     heartbeat.start()
     if live:
         live.start()
@@ -255,10 +257,13 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     dispatcher.start()
     if watch:
         watch.start()
-    log({"event": "listening", "url": f"http://{opts.host}:{opts.port}", "roots": [str(r) for r in roots],
-         "watch": str(opts.watch) if opts.watch else None})
     try:
-        server.run()
+        server.run()                                    # "listening" is logged once the port is bound
+    except SystemExit:
+        if server.started:
+            raise
+        raise UsageError(f"cannot listen on {opts.host}:{opts.port} (taken since serve started?); choose another "
+                         "--port or --host") from None
     finally:
         if watch:
             watch.stop()
@@ -268,3 +273,15 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
         callbacks.stop(timeout=15)  # what is not sent yet is sent after the next start
         heartbeat.stop()
         log({"event": "stopped", "queued": queue.counts()["queued"]})
+
+
+def _bound_server(config: Any, bound: Callable[[], None]) -> Any:
+    """A uvicorn server for `config` that calls `bound()` once its port is bound, before the first request."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)      # exits (SystemExit) when the port cannot be bound
+            if self.started:
+                bound()
+    return Server(config)
