@@ -133,6 +133,47 @@ def test_an_interrupted_batch_leaves_its_report_and_no_partial_output(clips, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4", "r.json"]
 
 
+def _engine_processes() -> list[int]:
+    """The engine processes (handles/child.py) this process started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"ditto_fast.handles.child" in command:
+            found.append(int(entry))
+    return found
+
+
+def test_an_engine_that_dies_under_a_batch_job_is_a_warning_and_its_cause_is_in_the_row(clips, tmp_path, video_avatar,
+                                                                                       tiny_checkpoints):
+    import signal
+
+    jobs = [Job(0, RenderRequest("anchor", clips[0], tmp_path / "a.mp4")),
+            Job(1, RenderRequest("anchor", clips[1], tmp_path / "b.mp4"))]
+    killed, warnings = [], []
+
+    def progress(stage, done, total):
+        if stage == "job 1/2 frames" and done > 0 and not killed:      # inside the first job's frames, once
+            killed.extend(_engine_processes())
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+
+    run_batch(jobs, RenderSetup.resolve(EngineOptions(device="cpu", checkpoints=tiny_checkpoints)),
+              report=tmp_path / "r.json", progress=progress, warn=warnings.append)
+    assert len(killed) == 1
+    rows = json.loads((tmp_path / "r.json").read_text())["jobs"]
+    assert [r["status"] for r in rows] == ["done", "done"] and rows[0]["attempts"] == 2, rows
+    assert len(rows[0]["crash_causes"]) == 1 and "SIGKILL" in rows[0]["crash_causes"][0], rows[0]
+    assert "crash_causes" not in rows[1]
+    assert len(warnings) == 1 and warnings[0].startswith("job 0: engine-0 ") and "SIGKILL" in warnings[0] and \
+        "once more" in warnings[0], warnings
+
+
 @pytest.mark.register
 def test_a_render_reads_the_avatar_it_opened_while_register_force_replaces_it(engine, tmp_path, anchor_video,
                                                                               tiny_checkpoints, clips):

@@ -164,3 +164,24 @@ def test_the_engine_runs_this_process_s_code_whatever_folder_it_starts_in(engine
         assert handle.state().state == "idle"
     finally:
         handle.close()
+
+
+def test_a_segfault_s_cause_names_the_crashing_frame_in_a_few_hundred_characters(engine, clips, tmp_path):
+    """faulthandler's dump ends with the list of every extension module (thousands of characters): the cause keeps
+    the frame it names first under "Current thread", the one that crashed."""
+    said: list[str] = []
+    handle = ProcessEngine(engine.setup, output=said.append)
+    try:
+        handle.start()
+        with pytest.raises(EngineDied) as died:
+            handle.render(_job(engine, clips[0], tmp_path / "a.mp4"), progress=_kill_during_frames(handle,
+                                                                                              signal.SIGSEGV))
+        state = handle.state()
+    finally:
+        handle.close()
+    dump = [line.split(": ", 1)[1] for line in said if ": " in line]
+    frame = dump[next(i for i, line in enumerate(dump) if line.startswith("Current thread")) + 1].strip()
+    assert frame.startswith("File ") and any(line.startswith("Extension modules:") for line in dump)
+    for cause in (str(died.value), state.last_death):
+        assert "SIGSEGV" in cause and frame in cause and "Extension modules" not in cause, cause
+        assert len(cause) <= 500, len(cause)

@@ -59,13 +59,14 @@ def test_no_module_imports_from_a_layer_above_it():
     assert not upward, sorted(upward)
 
 
-# serve's rooms, lowest first (docs/layout.md): what every room shares (the answers, the token's gate, the checks of
-# what a client sends, the decoded-audio memo, the metrics, the options, the service threads, the home's lock); the
+# serve's rooms, lowest first (docs/layout.md): what every room shares (the answers, the token's gate, the names it
+# answers to, the checks of what a client sends, the decoded-audio memo, the metrics, the options, the service
+# threads, the home's lock); the
 # rooms side by side, none importing another (the jobs, the live sessions, the newsroom page); the app that wires
 # their routes; the server that starts it all
 SERVE = PACKAGE / "serve"
 SERVE_FLOORS = (
-    {"answers", "auth", "checks", "decoded", "home_lock", "metrics", "options", "service_thread"},
+    {"answers", "auth", "checks", "decoded", "home_lock", "hosts", "metrics", "options", "service_thread"},
     {"jobs", "live", "page"},
     {"app"},
     {"server"},

@@ -309,6 +309,64 @@ def test_serve_refuses_to_listen_beyond_this_machine_without_a_token(tmp_path, r
     assert r.returncode == 2 and "--workers goes with --ray" in r.stderr
 
 
+@pytest.mark.slow
+def test_serve_in_its_default_set_up_answers_no_other_site_nor_a_rebound_name(serving, tmp_path, clips):
+    """Loopback, no token: a form POSTed from any web page, or a page whose name was rebound to 127.0.0.1, reads and
+    stores nothing (an upload needs a header no form can send: the newsroom page sends it)."""
+    import http.client
+
+    server = serving("--allow-host", "news.example")
+
+    def call(method: str, path: str, headers: dict, body: bytes | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        answer = r.status, json.loads(r.read() or b"null")
+        conn.close()
+        return answer
+
+    own = f"127.0.0.1:{server.port}"
+    form = (b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+            + clips[0].read_bytes() + b"\r\n--b--\r\n")
+    multipart = {"Content-Type": "multipart/form-data; boundary=b"}
+    status, body = call("GET", "/v1/settings", {"Host": f"evil.example:{server.port}"})
+    assert status == 421 and set(body) == {"error", "exit_code"} and "--allow-host" in body["error"], body
+    assert call("GET", "/v1/settings", {"Host": f"news.example:{server.port}"})[0] == 200
+    status, body = call("POST", "/v1/uploads", {"Host": own, "Origin": "http://evil.example", **multipart}, form)
+    assert status == 403 and body["exit_code"] == 2, body
+    status, body = call("POST", "/v1/uploads", {"Host": own, **multipart}, form)          # what a form sends
+    assert status == 403 and "X-Requested-With" in body["error"], body
+    assert not (tmp_path / "uploads").exists() or not list((tmp_path / "uploads").iterdir())
+    status, body = call("POST", "/v1/uploads", {"Host": own, "Origin": f"http://{own}", "X-Requested-With": "x",
+                                                **multipart}, form)
+    assert status == 201, body
+    assert server.stop() == 0
+
+
+@pytest.mark.slow
+def test_listening_is_logged_once_the_port_is_bound_and_never_when_it_cannot_be(serving, tmp_path, video_avatar,
+                                                                             session_home, tiny_checkpoints):
+    server = serving()                                  # started: its health answered
+    events = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    assert [e["url"] for e in events if e.get("event") == "listening"] == [f"http://127.0.0.1:{server.port}"]
+    assert server.stop() == 0
+    # the port taken after serve looked at it (while its engine loads): no "listening", one line, exit 2
+    late = Server(store_env(tmp_path / "home", tiny_checkpoints), tmp_path)
+    late.proc = subprocess.Popen(late.args, env=late.env, stdout=subprocess.DEVNULL, stderr=open(late.log, "wb"),
+                                 start_new_session=True)
+    deadline, lock = time.monotonic() + 60, tmp_path / "home" / "serve" / "server.lock"
+    while not (lock.exists() and lock.read_text().strip() == str(late.proc.pid)):     # past its look at the port
+        assert time.monotonic() < deadline and late.proc.poll() is None, late.log.read_text()
+        time.sleep(0.05)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", late.port))
+        taken.listen()
+        assert late.proc.wait(120) == 2, late.log.read_text()
+    text = late.log.read_text()
+    assert '"listening"' not in text, text
+    assert f"ditto-fast: error: cannot listen on 127.0.0.1:{late.port}" in text, text
+
+
 # ----------------------------------------------------------------------------- on Ray
 @pytest.mark.slow
 def test_serve_on_ray_renders_render_s_bytes_cancels_and_survives_a_lost_actor(local_ray, serving, tmp_path, run_cli,

@@ -159,3 +159,98 @@ def test_a_body_over_the_limit_is_413_in_the_api_s_format_however_it_is_sent(lis
     assert status == 401 and body["exit_code"] == 2
     status, body = _post(listening, b"{}")
     assert status == 400 and body["exit_code"] == 2
+
+
+# ----------------------------------------------------------------------------- other sites' pages, rebound names
+def _own_app(serve_parts, tmp_path, port: int = 8750, allow: tuple[str, ...] = ()):
+    """The API as `serve` makes it in its default set-up (loopback, no token), its Host names set: a client on
+    http://127.0.0.1:PORT, and the uploads folder."""
+    from fastapi.testclient import TestClient
+
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.hosts import AllowedHosts
+    from ditto_fast.serve.page.api import PageFiles
+
+    parts = serve_parts
+    files = PageFiles([tmp_path.resolve()], tmp_path / "uploads", tmp_path / "previews", max_upload=1 << 20)
+    app = make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics, files=files,
+                   hosts=AllowedHosts("127.0.0.1", port, allow))
+    return TestClient(app, base_url=f"http://127.0.0.1:{port}"), files
+
+
+def test_a_name_rebound_to_this_machine_reads_and_changes_nothing(serve_parts, clips, tmp_path):
+    client, files = _own_app(serve_parts, tmp_path, allow=("news.example",))
+    for path in ("/v1/settings", "/v1/jobs", "/healthz", "/", "/metrics"):
+        r = client.get(path, headers={"Host": "evil.example:8750"})
+        assert r.status_code == 421 and "--allow-host" in _error_format(r)["error"], (path, r.text)
+        assert b"uploads" not in r.content
+    r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": str(clips[0]), "output": str(tmp_path / "o.mp4")},
+                    headers={"Host": "evil.example:8750"})
+    assert r.status_code == 421 and serve_parts.queue.counts()["queued"] == 0
+    for host in ("127.0.0.1:8750", "localhost:8750", "[::1]:8750", "LOCALHOST:8750", "news.example",
+                 "news.example:443"):
+        assert client.get("/v1/settings", headers={"Host": host}).status_code == 200, host
+    for host in ("127.0.0.1:9999", "localhost", "127.0.0.1.evil.example:8750", "", "[::1", "a b:8750"):
+        assert client.get("/v1/settings", headers={"Host": host}).status_code == 421, host
+
+
+def test_a_page_of_another_site_changes_nothing_and_a_form_cannot_upload(serve_parts, clips, tmp_path):
+    client, files = _own_app(serve_parts, tmp_path)
+    wav = clips[0].read_bytes()
+    proof = {"X-Requested-With": "ditto-fast"}
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:8750.evil.example", "file://",
+                   "http://127.0.0.1:9999"):
+        r = client.post("/v1/uploads", files={"file": ("a.wav", wav, "audio/wav")}, headers={"Origin": origin, **proof})
+        assert r.status_code == 403 and "another site" in _error_format(r)["error"], (origin, r.text)
+        r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": str(clips[0]), "output": str(tmp_path / "o.mp4")},
+                        headers={"Origin": origin})
+        assert r.status_code == 403, (origin, r.text)
+    r = client.post("/v1/uploads", files={"file": ("a.wav", wav, "audio/wav")},
+                    headers={"Sec-Fetch-Site": "cross-site", **proof})
+    assert r.status_code == 403
+    # what a form sends (no header of its own), even from this server's page: refused
+    r = client.post("/v1/uploads", files={"file": ("a.wav", wav, "audio/wav")}, headers={"Origin": "http://127.0.0.1:8750"})
+    assert r.status_code == 403 and "X-Requested-With" in _error_format(r)["error"]
+    assert not files.uploads.exists() or list(files.uploads.iterdir()) == []
+    assert serve_parts.queue.counts()["queued"] == 0
+    # the page's own requests (its Origin is the server's), and clients that send no Origin (curl), go through
+    r = client.post("/v1/uploads", files={"file": ("a.wav", wav, "audio/wav")},
+                    headers={"Origin": "http://127.0.0.1:8750", "Sec-Fetch-Site": "same-origin", **proof})
+    assert r.status_code == 201, r.text
+    r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": r.json()["path"], "output": str(tmp_path / "o.mp4")},
+                    headers={"Origin": "http://127.0.0.1:8750"})
+    assert r.status_code == 202, r.text
+    assert client.delete(f"/v1/jobs/{r.json()['id']}", headers={"Origin": "http://evil.example"}).status_code == 403
+    assert client.delete(f"/v1/jobs/{r.json()['id']}").status_code == 200
+    assert client.get("/v1/jobs", headers={"Origin": "http://evil.example"}).status_code == 200   # it reads no answer
+
+
+def test_a_websocket_from_another_site_or_a_rebound_name_is_refused(serve_parts, tmp_path):
+    from starlette.testclient import WebSocketDenialResponse
+    from starlette.websockets import WebSocketDisconnect
+
+    client, _ = _own_app(serve_parts, tmp_path)
+    own = {"Host": "127.0.0.1:8750"}                     # the test client's WebSocket names no host of its own
+    for headers, status in (({"Origin": "http://evil.example"}, 403), ({"Host": "evil.example:8750"}, 421),
+                            ({"Origin": "null"}, 403)):
+        with pytest.raises(WebSocketDenialResponse) as denied:
+            with client.websocket_connect("/v1/live/x/audio", headers={**own, **headers}):
+                pass
+        assert denied.value.status_code == status and _error_format(denied.value)["exit_code"] == 2, headers
+    with pytest.raises(WebSocketDisconnect):             # its own origin passes the gate (no such route here)
+        with client.websocket_connect("/v1/live/x/audio", headers={**own, "Origin": "http://127.0.0.1:8750"}):
+            pass
+
+
+def test_the_names_a_server_answers_to_follow_its_host():
+    from ditto_fast.core.errors import UsageError
+    from ditto_fast.serve.hosts import AllowedHosts
+    from ditto_fast.serve.options import ServeOptions
+
+    named = AllowedHosts("10.1.2.3", 8750, ["news.example:443"])
+    assert named.allows("10.1.2.3:8750") and named.allows("news.example:443")
+    assert not named.allows("localhost:8750") and not named.allows("news.example") and not named.allows("10.9.9.9:8750")
+    anywhere = AllowedHosts("0.0.0.0", 80)
+    assert anywhere.allows("10.9.9.9") and anywhere.allows("localhost") and not anywhere.allows("evil.example")
+    with pytest.raises(UsageError, match="--allow-host"):
+        ServeOptions(allow_host=["http://news.example/"])

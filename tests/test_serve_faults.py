@@ -86,7 +86,7 @@ def test_a_job_that_kills_its_engine_every_time_is_failed_and_the_next_job_rende
     assert failed["status"] == "failed" and "killed its engine 2 times" in failed["error"], failed
     assert not (tmp_path / "doomed.mp4").exists()
     nxt = server.wait(_submit(server, speech_clip(tmp_path, "short.wav", 0.6), tmp_path / "next.mp4"))
-    assert nxt["status"] == "done" and nxt["attempts"] == 1, nxt
+    assert nxt["status"] == "done" and nxt["attempts"] == 1, (nxt["error"], server.log.read_text()[-3000:])
     assert server.stop() == 0
 
 
@@ -109,3 +109,68 @@ def test_health_is_down_while_no_engine_can_start_and_up_again_when_one_can(vide
         assert server.wait(queued)["status"] == "done"
     finally:
         assert server.stop() == 0
+
+
+def _encoders(engine: int) -> list[int]:
+    """The ffmpeg processes engine process `engine` started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")[0]
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == engine and b"ffmpeg" in os.path.basename(command):
+            found.append(int(entry))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")     # dead, not yet reaped by init
+    except OSError:
+        return True
+
+
+def test_a_server_killed_mid_render_takes_its_encoder_along_and_its_restart_clears_what_was_left(serving, tmp_path):
+    server = serving()
+    out = tmp_path / "out"
+    out.mkdir()
+    job = _submit(server, speech_clip(tmp_path, "long.wav", 4.0), out / "a.mp4")
+    wait_for_frames(server, job)
+    encoders = _encoders(_engine_pid(server))
+    assert encoders, "the engine's encoder"
+    for pid in encoders:            # an encoder still busy when its engine goes (a long flush, a slow disk)
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        server.stop(signal.SIGKILL)                     # the engine dies with its server; its encoder with it
+        _until(lambda: all(_gone(pid) for pid in encoders), "the encoder gone", server, timeout=15)
+        assert sorted(p.name[:8] for p in out.iterdir()) == [".a.mp4.c", ".a.mp4.p"], list(out.iterdir())
+        again = serving("--max-crashes", "1")           # the job is failed at the restart: nothing renders there
+        failed = again.wait(job)
+        assert failed["status"] == "failed" and "server died" in failed["error"], failed
+        assert list(out.iterdir()) == [], "the dead engine's partial file and claim"
+        assert again.stop() == 0
+    finally:
+        for pid in encoders:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_job_past_job_timeout_fails_once_naming_it_and_the_next_job_renders(serving, tmp_path):
+    server = serving("--job-timeout", "30")
+    job = _submit(server, speech_clip(tmp_path, "long.wav", 2.0), tmp_path / "slow.mp4")
+    wait_for_frames(server, job)
+    os.kill(_engine_pid(server), signal.SIGSTOP)     # a render that goes on for ever (alive: no stall, no hang yet)
+    slow = server.wait(job)
+    assert slow["status"] == "failed" and slow["exit_code"] == 3, slow
+    assert "--job-timeout (30 s)" in slow["error"] and "hung" not in slow["error"], slow["error"]
+    assert slow["attempts"] == 1 and slow["crashes"] == 0 and slow["crash_causes"] == [], slow
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not re.search(r'ditto_fast_job_crashes_total\{[^}]*\} [1-9]', server.call_text("/metrics"))
+    nxt = server.wait(_submit(server, speech_clip(tmp_path, "short.wav", 0.6), tmp_path / "next.mp4"))
+    assert nxt["status"] == "done" and nxt["attempts"] == 1, nxt
+    assert server.stop() == 0

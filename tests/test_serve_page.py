@@ -5,6 +5,7 @@ path traversal refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ def page_api(serve_parts, tmp_path):
     client = TestClient(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics, token=SERVE_TOKEN,
                                  files=files))
     client.headers["Authorization"] = "Bearer " + SERVE_TOKEN
+    client.headers["X-Requested-With"] = "ditto-fast"          # as the page sends an upload
     return client, parts, files
 
 
@@ -89,7 +91,7 @@ def test_a_job_on_an_upload_decodes_it_no_more(page_api, clips, tmp_path, monkey
     path = client.post("/v1/uploads", files={"file": ("news.wav", clips[0].read_bytes(), "audio/wav")}).json()["path"]
     decodes = []
     real = clip_module.decode_audio
-    monkeypatch.setattr(clip_module, "decode_audio", lambda p: decodes.append(p) or real(p))
+    monkeypatch.setattr(clip_module, "decode_audio", lambda p, *limit: decodes.append(p) or real(p, *limit))
     r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": path, "output": str(tmp_path / "n.mp4")})
     assert r.status_code == 202, r.text
     assert decodes == []
@@ -208,3 +210,173 @@ def test_uploads_go_under_the_first_root_else_the_out_folder_never_a_watch_folde
     assert uploads_default(ServeOptions(roots=[tmp_path / "a", tmp_path / "b"])) == tmp_path / "a" / "uploads"
     watched = ServeOptions(watch=tmp_path / "in", out=tmp_path / "out")
     assert uploads_default(watched) == tmp_path / "out" / "uploads"
+
+
+def test_an_uploads_folder_swapped_for_a_link_or_moved_out_stores_nothing_outside(page_api, clips, tmp_path,
+                                                                                  tmp_path_factory, monkeypatch):
+    """The folder is confined as it is written, as a job's paths are when it starts: a link out of the roots put in
+    its place while the server runs, or the folder moved out while an upload is written, leaves nothing anywhere."""
+    from ditto_fast.serve.page import uploads
+
+    client, _, files = page_api
+    wav = clips[0].read_bytes()
+    assert client.post("/v1/uploads", files={"file": ("a.wav", wav, "audio/wav")}).status_code == 201
+    outside = tmp_path_factory.mktemp("outside")
+    files.uploads.rename(tmp_path / "uploads-before")
+    files.uploads.symlink_to(outside, target_is_directory=True)
+    r = client.post("/v1/uploads", files={"file": ("b.wav", wav, "audio/wav")})
+    assert r.status_code == 403 and "outside the folders" in r.json()["error"], r.text
+    assert list(outside.iterdir()) == [] and len(list((tmp_path / "uploads-before").iterdir())) == 1
+    # moved out of the roots while an upload is written in it: removed, refused
+    files.uploads.unlink()
+    files.uploads.mkdir()
+    real_name = uploads.safe_name
+
+    def moved_out(sent):
+        files.uploads.rename(outside / "moved")
+        return real_name(sent)
+
+    monkeypatch.setattr(uploads, "safe_name", moved_out)
+    r = client.post("/v1/uploads", files={"file": ("c.wav", wav, "audio/wav")})
+    assert r.status_code == 403 and "outside the folders" in r.json()["error"], r.text
+    assert list((outside / "moved").iterdir()) == []
+
+
+def _silence(path, seconds: float, length_declared: bool = True):
+    """A FLAC of `seconds` of silence (a few hundred bytes a minute); without `length_declared`, its header says
+    nothing of its length (STREAMINFO's total samples 0, as a streaming encoder writes)."""
+    import subprocess
+
+    import imageio_ffmpeg
+
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i",
+                    "anullsrc=r=16000:cl=mono", "-t", str(seconds), "-c:a", "flac", str(path)], check=True)
+    if not length_declared:
+        data = bytearray(path.read_bytes())
+        assert data[:4] == b"fLaC"
+        data[21] &= 0xF0                        # STREAMINFO's 36 bits of total samples
+        data[22:26] = b"\0\0\0\0"
+        path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_small_file_of_long_silence_is_refused_before_it_fills_the_server(page_api, tmp_path):
+    """A job's audio lasts at most MAX_SPEECH_S: a file whose header says more is refused before it is decoded, one
+    whose header says nothing once that much has decoded (bounded chunks): the server never holds more."""
+    import tracemalloc
+
+    from ditto_fast.serve.decoded import MAX_SPEECH_S
+
+    client, parts, files = page_api
+    assert MAX_SPEECH_S == 3600
+    parts.acceptor.decoded.longest = 60.0        # a minute here, for a short test
+    declared = _silence(tmp_path / "declared.flac", 600)
+    undeclared = _silence(tmp_path / "undeclared.flac", 600, length_declared=False)
+    assert declared.stat().st_size < 200_000
+    r = client.post("/v1/uploads", files={"file": ("news.flac", declared.read_bytes(), "audio/flac")})
+    assert r.status_code == 400 and r.json()["exit_code"] == 3, r.text
+    assert "lasts 10.0 min of audio, over the 60.0 s one clip may last" in r.json()["error"], r.text
+    tracemalloc.start()
+    try:
+        r = client.post("/v1/uploads", files={"file": ("news.flac", undeclared.read_bytes(), "audio/flac")})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.status_code == 400 and "lasts more than 60.0 s" in r.json()["error"], r.text
+    assert peak < 20 << 20, peak                 # all of it decoded would be 38 MB, twice over
+    assert list(files.uploads.iterdir()) == []
+    for audio in (declared, undeclared):         # a job naming such a file on the server: the same refusal
+        r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": str(audio), "output": str(tmp_path / "o.mp4")})
+        assert r.status_code == 400 and "one clip may last" in r.json()["error"], r.text
+
+
+def test_an_upload_into_a_full_disk_is_one_line_naming_the_folder_and_leaves_nothing(page_api, clips, monkeypatch):
+    import errno
+    import io
+
+    from ditto_fast.serve.page import uploads
+
+    client, _, files = page_api
+    real_fdopen = os.fdopen
+
+    class FullDisk(io.RawIOBase):           # the disk fills after 10 KB of the file
+        def __init__(self, fd):
+            self.raw, self.written = real_fdopen(fd, "wb", buffering=0), 0
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            if self.written + len(data) > 10_000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.written += len(data)
+            return self.raw.write(data)
+
+        def close(self):
+            self.raw.close()
+            super().close()
+
+    monkeypatch.setattr(uploads.os, "fdopen", lambda fd, mode="r", *a, **kw:
+                        io.BufferedWriter(FullDisk(fd)) if mode == "wb" else real_fdopen(fd, mode, *a, **kw))
+    r = client.post("/v1/uploads", files={"file": ("news.wav", clips[0].read_bytes(), "audio/wav")})
+    assert r.status_code == 507, r.text
+    body = r.json()
+    assert set(body) == {"error", "exit_code"} and body["exit_code"] == 3 and "\n" not in body["error"]
+    assert body["error"].startswith(f"{files.uploads}: no space left") and "--uploads" in body["error"]
+    assert list(files.uploads.iterdir()) == []
+
+
+def test_an_upload_that_trickles_in_is_cut_off_and_leaves_nothing(serve_parts, tmp_path, monkeypatch):
+    """A client sending a byte a second holds neither a connection nor a partial file for longer than a window."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from ditto_fast.serve import auth
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.page.api import PageFiles
+    from support import free_port
+
+    monkeypatch.setattr(auth, "BODY_WINDOW_S", 1.0)          # 30 s on a server
+    parts, port = serve_parts, free_port()
+    files = PageFiles([tmp_path.resolve()], tmp_path / "uploads", tmp_path / "previews")
+    server = uvicorn.Server(uvicorn.Config(make_app(parts.queue, parts.acceptor, parts.dispatcher, parts.metrics,
+                                                    files=files), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        head = (b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n" + b"RIFF" * 100)
+        for chunked in (False, True):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=15)
+            framing = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: 100000\r\n"
+            conn.sendall(b"POST /v1/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Requested-With: x\r\n"
+                         b"Content-Type: multipart/form-data; boundary=b\r\n" + framing + b"\r\n" +
+                         (b"%x\r\n%s\r\n" % (len(head), head) if chunked else head))
+            t0, answer, held = time.monotonic(), b"", False
+            while b"\r\n\r\n" not in answer:          # a byte now and then, until the server answers
+                assert time.monotonic() - t0 < 10, "the trickle was never cut off"
+                held = held or any(p.name.endswith(".part") for p in files.uploads.glob("*"))
+                try:
+                    conn.sendall(b"1\r\n0\r\n" if chunked else b"0")
+                except OSError:
+                    pass
+                conn.settimeout(0.3)
+                try:
+                    answer += conn.recv(65536)
+                except TimeoutError:
+                    pass
+            conn.settimeout(5)
+            while (more := conn.recv(65536)):          # the answer, then the connection closed
+                answer += more
+            conn.close()
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert "too slowly" in body["error"] and body["exit_code"] == 2, body
+            assert held and list(files.uploads.iterdir()) == [], "the partial upload"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -6,7 +6,9 @@ to_mono) and the signal is resampled to 16 kHz with soxr at "HQ" quality (libros
 ``res_type="soxr_hq"``). Resampling streams chunk by chunk (bit-identical to soxr's one-shot
 call), so memory stays at the 16 kHz output plus one chunk, even for hours of audio. The file's
 channel count and layout (the speaker mask ffmpeg writes on the pipe) are kept for the output's
-soundtrack (encoding/soundtrack.py).
+soundtrack (encoding/soundtrack.py). A caller may bound the length it takes (`max_seconds`): a file whose
+header declares more is refused before anything is decoded, and one that declares nothing as soon as
+that much has decoded, so a tiny file of hours of silence cannot fill the caller's memory.
 """
 
 from __future__ import annotations
@@ -119,11 +121,22 @@ class DecodedAudio:
         return len(self.samples) / SPEECH_SAMPLE_RATE
 
 
-def decode_audio(path: str | os.PathLike) -> DecodedAudio:
-    """Decode an audio file (see load_audio) and fingerprint its bytes, for a render that reads it once."""
+def decode_audio(path: str | os.PathLike, max_seconds: float | None = None) -> DecodedAudio:
+    """Decode an audio file (see load_audio) and fingerprint its bytes, for a render that reads it once; with
+    `max_seconds`, InputError for a file that lasts longer, before more than that is decoded."""
     path = Path(path)
-    samples, channels, mask, peak = _decode(path)
+    samples, channels, mask, peak = _decode(path, max_seconds)
     return DecodedAudio(samples, file_sha256(path), channels, mask, peak)
+
+
+def _too_long(path: Path, seconds: float | None, max_seconds: float) -> InputError:
+    lasts = f"lasts {_minutes(seconds)}" if seconds is not None else f"lasts more than {_minutes(max_seconds)}"
+    return InputError(f"{path}: {lasts} of audio, over the {_minutes(max_seconds)} one clip may last here; split "
+                      "it into shorter clips")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def load_audio(path: str | os.PathLike) -> np.ndarray:
@@ -154,10 +167,15 @@ def _decode_command(path: Path) -> list[str]:
             "-c:a", "pcm_f32le", "-f", "wav", "-"]
 
 
-def _decode(path: Path) -> tuple[np.ndarray, int, int, float]:
+def _decode(path: Path, max_seconds: float | None = None) -> tuple[np.ndarray, int, int, float]:
     """The file's audio as 16 kHz mono float32 [n], its channel count, its channel mask and its sample peak (the
-    largest magnitude in any channel, as decoded)."""
+    largest magnitude in any channel, as decoded); InputError past `max_seconds` (its header's length looked at
+    first, the decoded length counted as it comes)."""
     _check_path(path)
+    if max_seconds is not None:
+        declared = declared_seconds(path)
+        if declared is not None and declared > max_seconds:
+            raise _too_long(path, declared, max_seconds)
     cmd = _decode_command(path)
     errlog = tempfile.TemporaryFile()  # a file, not a pipe: a chatty ffmpeg cannot block on stderr
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errlog)
@@ -187,6 +205,9 @@ def _decode(path: Path) -> tuple[np.ndarray, int, int, float]:
                     peak = max(peak, float(np.abs(block).max()))
                 mono = block.mean(axis=1, dtype=np.float32) if channels > 1 else block[:, 0]
                 n_in += mono.shape[0]
+                if max_seconds is not None and n_in > max_seconds * rate:
+                    proc.kill()
+                    raise _too_long(path, None, max_seconds)
                 out = resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
                 if out.size:
                     parts.append(out)

@@ -1,7 +1,8 @@
 """Executing a batch's checked jobs on engine handles (ditto_fast/handles/): an engine process on this machine, or
 Ray actors. Each handle takes the next job from the book as it frees up (one handle: in the calling thread; several:
 a thread each). An engine is started only when a job needs it, so a rerun of finished jobs loads no network; a job
-whose engine died runs once more on a fresh one, then fails saying why."""
+whose engine died runs once more on a fresh one, then fails saying why (each death a warning line, and its cause in
+the job's report row, "crash_causes")."""
 
 from __future__ import annotations
 
@@ -151,7 +152,12 @@ class EngineExecutor:
             if self._stop.is_set():
                 return False
             job.extra["attempts"] = attempts
-            if attempts < MAX_ATTEMPTS:             # back in the queue first: another engine may take it
+            job.extra["crash_causes"] = [*job.extra.get("crash_causes", []), str(e)]     # in its report row
+            again = attempts < MAX_ATTEMPTS
+            if self.warn:
+                self.warn(f"job {job.index}: {e}; " + ("it runs once more on a fresh engine" if again else
+                                                       f"failed: its engine died on each of its {attempts} attempts"))
+            if again:                               # back in the queue first: another engine may take it
                 with self._lock:
                     book.again(job)
                 return self._restart(handle)

@@ -50,4 +50,4 @@ def launch(jobs: list[Job], options: EngineOptions, *, ray: str | None = None, w
     setup = RenderSetup.resolve(options)
     reuse_freed_memory()
     return run_batch(jobs, setup, force=force, fail_fast=fail_fast, report=report, progress=progress,
-                     previews=targets)
+                     previews=targets, warn=warn)

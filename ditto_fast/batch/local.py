@@ -5,6 +5,7 @@ its engine runs once more on a fresh one."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ditto_fast.batch.executor import EngineExecutor
 from ditto_fast.batch.jobs import Job
@@ -33,10 +34,12 @@ def _preview(previews: dict[int, Path]):
 
 def run_batch(jobs: list[Job], setup: RenderSetup, *, force: bool = False, fail_fast: bool = False,
               report: str | Path | None = None, progress: Progress | None = None,
-              previews: dict[int, Path] | None = None, limits: EngineLimits | None = None) -> list[Job]:
+              previews: dict[int, Path] | None = None, limits: EngineLimits | None = None,
+              warn: Callable[[str], None] | None = None) -> list[Job]:
     """Run `jobs` here with one engine process (see runner.run_jobs); with `previews` (job index -> PNG path, from
-    preview_paths) each rendered job also gets its preview PNG, named in its report row."""
+    preview_paths) each rendered job also gets its preview PNG, named in its report row; `warn` hears an engine
+    that died under a job."""
     engine = ProcessEngine(setup, name="engine-0", limits=limits or EngineLimits())
     executor = EngineExecutor(setup, setup, lambda book: [engine], progress=progress,
-                              then=_preview(previews or {}))
+                              then=_preview(previews or {}), warn=warn)
     return run_jobs(jobs, executor, force=force, fail_fast=fail_fast, report=report, previews=previews)

@@ -81,11 +81,12 @@ def request_inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
             if p is not None]
 
 
-def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None) -> Clip:
+def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None,
+               max_seconds: float | None = None) -> Clip:
     """Check one request against its opened avatar without any network: the output can be written, no other
     process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
-    `audio` is its decoding already) and its channels go into the output (encoding/soundtrack.py), emotion and
-    controls parse for its length. Raises the DittoError a user caused."""
+    `audio` is its decoding already; at most `max_seconds` of it, when given) and its channels go into the output
+    (encoding/soundtrack.py), emotion and controls parse for its length. Raises the DittoError a user caused."""
     key = avatar_signature(avatar.dir)
     settings = request.with_defaults(config)
     profile = load_profile(request.delivery) if request.delivery else None
@@ -106,7 +107,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
         rate = avatar.rate if request.fps is None else parse_frame_rate(request.fps)
     else:
         fmt, rate = delivery_format(request, profile, avatar, output)
-    audio = audio or decode_audio(request.audio)
+    audio = audio or decode_audio(request.audio, max_seconds)
     loudness = _loudness_target(request, profile)
     # audio over full scale is lowered unless it is leveled (leveling's limiter keeps it under the ceiling); a mix
     # that sums over full scale is lowered in any case

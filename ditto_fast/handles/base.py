@@ -47,6 +47,15 @@ class EngineDied(Exception):
     on, and the job may run again on a fresh engine."""
 
 
+class JobTimedOut(Exception):
+    """A render ran past the job limit (EngineLimits.job_s) and its engine was stopped: the job's own length, not a
+    crash of its engine: it is not run again."""
+
+    def __init__(self, limit_s: float):
+        super().__init__(f"it ran past its limit of {limit_s:g} s and was stopped")
+        self.limit_s = limit_s
+
+
 class EngineError(DittoError):
     """A DittoError a render ended with inside an engine: its one line and exit code, as `render` gives them."""
 
@@ -103,7 +112,7 @@ class EngineHandle(Protocol):
                commit: Callable[[], None] | None = None) -> RenderResult:
         """Render `job`; `progress(stage, done, total)` hears it and may raise JobCancelled to stop it, as may
         `commit()`, called once the output is complete, just before its rename (after it, the job is done). Raises
-        EngineError (the render's own refusal), JobCancelled, or EngineDied (then call restart())."""
+        EngineError (the render's own refusal), JobCancelled, EngineDied or JobTimedOut (then call restart())."""
 
     def open_live(self, job: LiveJob, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
         """Start the live session `job` on this engine, beside any job it renders; its link (`heard(event, detail)`

@@ -1,7 +1,8 @@
 """The engine process (`python -m ditto_fast.handles.child FD PARENT_PID`): loads the networks once, then renders the
 jobs its parent sends over the socket FD, one at a time, and carries the live sessions it sends beside them (each on
 a thread of its own: engine_sessions.py), saying how far it is and that it is alive (a heartbeat each second). It
-dies with its parent; out of memory, it says so and exits, so that its parent starts a fresh one.
+dies with its parent, and its ffmpegs with it; out of memory, it says so and exits, so that its parent starts a
+fresh one.
 
 Messages in: ("start", setup, memory_bytes), ("render", job), ("cancel", token), ("go", token), ("stop",), and a
 live session's (live_link.py).
@@ -18,6 +19,7 @@ import os
 import queue
 import resource
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -50,6 +52,24 @@ def _die_with_parent(parent: int) -> None:
         pass
     if os.getppid() != parent:
         os._exit(0)
+
+
+def _group_dies_with_me() -> None:
+    """Kill this process's group (the ffmpegs it starts) once this process is gone, however it ends: a shell in the
+    group waits on a pipe only this process holds open, then kills the group. Without it, an encoder whose engine
+    was killed with its parent (a SIGKILLed server) would go on writing its hidden partial file."""
+    global _GROUP_GUARD
+    read_end, _GROUP_GUARD = os.pipe()          # neither end is inherited by the ffmpegs (close_fds)
+    try:
+        subprocess.Popen(["/bin/sh", "-c", "read _; kill -KILL 0"], stdin=read_end, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    except OSError:
+        pass                                    # no shell: the ffmpegs end at their pipe's end instead
+    finally:
+        os.close(read_end)
+
+
+_GROUP_GUARD: int | None = None
 
 
 def _limit_memory(limit: int | None) -> None:
@@ -130,6 +150,7 @@ def main(argv: list[str]) -> int:
     import ditto_fast.media.ffpipe as ffpipe
 
     ffpipe.FFMPEG_OWN_SESSION = False       # this process's group: its ffmpegs die with it when its parent kills it
+    _group_dies_with_me()                   # ... and when it dies with its parent
     threading.Thread(target=_beat, args=(channel,), name="ditto-fast-engine-beat", daemon=True).start()
     try:
         _limit_memory(memory)

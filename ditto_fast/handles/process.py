@@ -26,13 +26,14 @@ from typing import Any, Callable
 import ditto_fast
 from ditto_fast.core.errors import InputError, one_line
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
-                                     at_memory_cap, signal_words)
+                                     JobTimedOut, at_memory_cap, signal_words)
 from ditto_fast.handles.live_link import LiveJob, LiveLink
 from ditto_fast.handles.outcome import answer
 from ditto_fast.media.claims import remove_dead_writers
 
 _EOF = ("eof",)
 WATCH_S = 0.5               # how often the watchdog looks at an engine's heartbeat and sessions
+DEATH_CHARS = 500           # the most of an engine's cause of death kept (health's last_death, a job's crash cause)
 _CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.handles.child import main; "
           "sys.exit(main(sys.argv[1:]))")
 
@@ -57,6 +58,8 @@ class ProcessEngine:
         self._links: dict[str, LiveLink] = {}           # the live sessions of the current engine process
         self._why: dict[int, str] = {}                  # pid -> why this process killed it (a hang, a close)
         self._said: deque[str] = deque(maxlen=5)        # the child's last lines, quoted when it dies
+        self._crashed_in: dict[int, str] = {}           # pid -> the frame a crash's dump names (faulthandler's)
+        self._relays: dict[int, threading.Thread] = {}  # pid -> the thread passing on what it prints
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closing = False
@@ -135,8 +138,10 @@ class ProcessEngine:
         proc, conn, inbox, links = self._proc, self._conn, self._inbox, self._links
         threading.Thread(target=self._read, args=(proc, conn, inbox, links), name=f"ditto-fast-{self.name}-reader",
                          daemon=True).start()
-        threading.Thread(target=self._relay, args=(proc,), name=f"ditto-fast-{self.name}-output",
-                         daemon=True).start()
+        self._relays = {pid: t for pid, t in self._relays.items() if t.is_alive()}
+        relay = self._relays[proc.pid] = threading.Thread(target=self._relay, args=(proc,), daemon=True,
+                                                          name=f"ditto-fast-{self.name}-output")
+        relay.start()
         threading.Thread(target=self._watch, args=(proc, links), name=f"ditto-fast-{self.name}-watchdog",
                          daemon=True).start()
         try:
@@ -203,6 +208,12 @@ class ProcessEngine:
         proc = proc or self._proc
         self._wait_exit(proc)
         words = signal_words(proc.returncode if proc else None)
+        relay = self._relays.get(proc.pid) if proc else None
+        if relay is not None:
+            relay.join(2.0)                             # its last words read to their end
+        frame = self._crashed_in.get(proc.pid) if proc else None
+        if frame:                                       # a crash's own frame, not the end of its dump
+            return one_line(f"{words} in {frame}", DEATH_CHARS - 50)
         said = " | ".join(self._said)
         return f"{words}; it last printed: {one_line(said, 300)}" if said else words
 
@@ -271,11 +282,20 @@ class ProcessEngine:
             return
 
     def _relay(self, proc: subprocess.Popen) -> None:
+        """Pass on each line the child prints; keep its last ones, and the frame a crash's dump names first under
+        "Current thread" (faulthandler's: the crashing one), not its list of modules."""
+        in_dump = False
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
-                self._said.append(line)
                 self.output(f"{self.name}: {line}")
+                if line.startswith("Current thread "):
+                    in_dump = True
+                elif in_dump and line.lstrip().startswith("File "):
+                    self._crashed_in[proc.pid] = line.strip()
+                    in_dump = False
+                if not line.startswith("Extension modules: "):
+                    self._said.append(line)
         proc.stdout.close()
 
     def _next(self, inbox: queue.Queue, deadline: float | None, beat_since: float | None) -> tuple | None:
@@ -302,7 +322,7 @@ class ProcessEngine:
         self._state.state, self._state.job = "busy", job.label or str(job.request.output)
         try:
             return self._render(job, progress, commit)
-        except (EngineDied, JobCancelled, EngineError):
+        except (EngineDied, JobCancelled, EngineError, JobTimedOut):
             raise
         except BaseException:       # an interrupt, or this process's own trouble: the engine is let go at once
             self._kill(why="was let go in the middle of a job")
@@ -325,8 +345,10 @@ class ProcessEngine:
             message = self._next(inbox, deadline, time.time())
             if message is None:
                 now = time.monotonic()
-                why = f"ran past its limit of {self.limits.job_s:g} s" if self.limits.job_s and \
-                    now >= started + self.limits.job_s else f"made no progress for {self.limits.stall_s:g} s" if \
+                if self.limits.job_s and now >= started + self.limits.job_s:      # the job's length, not a hang
+                    self._dying(job, f"was stopped: its job ran past the job limit of {self.limits.job_s:g} s")
+                    raise JobTimedOut(self.limits.job_s)
+                why = f"made no progress for {self.limits.stall_s:g} s" if \
                     now >= last_progress + self.limits.stall_s else \
                     f"stopped answering (no heartbeat for {self.limits.beat_s:g} s)"
                 cap = at_memory_cap(self._proc.pid) if self._proc else None

@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable
 
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.handles.base import EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled
+from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
+                                     JobTimedOut)
 from ditto_fast.handles.live_link import LiveJob
 from ditto_fast.handles.outcome import answer, run_job
 from ditto_fast.media.filemode import give_usual_mode
@@ -338,8 +339,8 @@ class RayEngine:
     def render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None = None,
                commit: Callable[[], None] | None = None) -> Any:
         """Render `job` on the actor (see base.EngineHandle.render), polled for progress every POLL_S; an actor that
-        makes no progress for the fleet's stall limit, runs past its job limit or does not answer a poll for its
-        heartbeat limit is killed (EngineDied)."""
+        makes no progress for the fleet's stall limit or does not answer a poll for its heartbeat limit is killed
+        (EngineDied); one whose job runs past the job limit is killed too (JobTimedOut)."""
         if self._state.state == "dead" or self.actor is None:
             self.restart()
         self._state.state, self._state.job = "busy", job.label or str(job.request.output)
@@ -350,7 +351,7 @@ class RayEngine:
             self._state.last_death = why
             self.close()
             raise EngineDied(f"{self.name} {why}") from None
-        except (EngineDied, JobCancelled):
+        except (EngineDied, JobCancelled, JobTimedOut):
             raise
         except BaseException:           # an interrupt, or this process's own trouble: the actor is let go at once
             self.close()
@@ -390,8 +391,10 @@ class RayEngine:
                 last, changed = state, now
             elif now - changed > limits.stall_s:
                 self._hung(f"it made no progress for {limits.stall_s:g} s")
-            if limits.job_s and now - started > limits.job_s:
-                self._hung(f"it ran past its limit of {limits.job_s:g} s")
+            if limits.job_s and now - started > limits.job_s:      # the job's length, not a hang
+                self._state.last_death = f"stopped: its job ran past the job limit of {limits.job_s:g} s"
+                self.close()
+                raise JobTimedOut(limits.job_s)
             if state is None or state[1] != token:
                 continue
             if state[0] == "commit" and not answered:

@@ -2,7 +2,8 @@
 and WebSocket (serve/live/api.py), the newsroom page and its routes (serve/page/api.py); here health, Prometheus
 metrics and the OpenAPI description (/openapi.json; no /docs page, whose scripts would come from the internet).
 Every refusal is `{"error", "exit_code"}` (serve/answers.py): a bad job, an unknown route, a body over the limit
-however it is sent, a missing token (checked before a body is read: serve/auth.py) and an internal error alike."""
+however it is sent, a foreign Host or Origin and a missing token (checked before a body is read: serve/auth.py) and
+an internal error alike."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ditto_fast.core.errors import EXIT_INTERNAL, UsageError
 from ditto_fast.core.files import printable
 from ditto_fast.serve.answers import Answer, error, refusal
 from ditto_fast.serve.auth import RequestGate, bearer_matches
+from ditto_fast.serve.hosts import AllowedHosts
 from ditto_fast.serve.jobs.accept import Acceptor
 from ditto_fast.serve.jobs.api import add_job_routes
 from ditto_fast.serve.jobs.dispatch import Dispatcher
@@ -32,17 +34,18 @@ OPEN_PATHS = ("/healthz", "/openapi.json", *PAGE_FILES)      # answered without 
 
 def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metrics: Metrics, token: str | None = None,
              engines: dict[str, Any] | None = None, watch: Any = None, live: Any = None,
-             files: PageFiles | None = None) -> FastAPI:
+             files: PageFiles | None = None, hosts: AllowedHosts | None = None) -> FastAPI:
     """The API over one server's queue, acceptor and dispatch threads; with `token`, every request but /healthz and
     /openapi.json needs `Authorization: Bearer TOKEN`. `engines`: what /healthz says of the engines beside their
     states (the device, or Ray's address); `watch`: the watch folder, whose thread /healthz watches too; `live`: the
     live sessions (serve/live/sessions.py), whose routes are added (serve/live/api.py); `files`: where the newsroom
     page's uploads and previews go (serve/page/api.py; default: uploads/ under the first root, previews under the
-    home)."""
+    home); `hosts`: the Host names it answers to (serve/hosts.py; None: any, a browser's Origin then checked against
+    the request's own Host)."""
     app = FastAPI(title="ditto-fast serve", version="1", description="Lip-synced anchor renders as jobs: one warm "
                   "engine, a durable queue, breaking news first.", docs_url=None, redoc_url=None,
                   default_response_class=Answer)
-    app.add_middleware(RequestGate, token=token, open_paths=OPEN_PATHS, streamed=(UPLOAD_PATH,))
+    app.add_middleware(RequestGate, token=token, open_paths=OPEN_PATHS, streamed=(UPLOAD_PATH,), hosts=hosts)
     if files is None:
         from ditto_fast.core.home import store_root
 

@@ -24,10 +24,14 @@ def check_utf8(data: dict, where: str) -> None:
             pass
 
 
+def inside(real: Path, roots: list[Path]) -> bool:
+    """Whether the real path `real` (links resolved) is one of `roots` or lies under one."""
+    return any(real == r or r in real.parents for r in roots)
+
+
 def confine(path: Path, roots: list[Path], what: str) -> None:
     """UsageError unless `path` (symbolic links followed) lies under one of `roots`."""
     check_path_text(path, what)
-    real = path.resolve()
-    if not any(real == r or r in real.parents for r in roots):
+    if not inside(path.resolve(), roots):
         raise UsageError(f"{path}: the {what} is outside the folders this server may use "
                          f"({', '.join(map(str, roots))}); give a path under one of them")

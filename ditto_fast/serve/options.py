@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ditto_fast.core.declare import check_fields, declared
+from ditto_fast.serve.hosts import check_allow_host
 
 DEFAULT_PORT = 8750
 MAX_CRASHES = 2                 # a job under which its engine (or server) died this many times is failed
@@ -23,6 +24,12 @@ class ServeOptions:
     port: int = declared(DEFAULT_PORT, flags=("--port",), kind="int", range=(1, 65535))
     token_file: Path | None = declared(flags=("--token-file",), kind="path",
                                        help="A file holding the bearer token every API request must carry.")
+    allow_host: list[str] = declared(flags=("--allow-host",), multiple=True, check=check_allow_host,
+                                     help="A name the server also answers to, besides those it listens on "
+                                          "(repeatable): the Host a reverse proxy passes on, or the name in the "
+                                          "newsroom's address bar; NAME (any port) or NAME:PORT. A request naming "
+                                          "another host is refused (421), and so is a page of another site that "
+                                          "would change anything (403).")
     roots: list[Path] = declared(flags=("--root",), kind="path", multiple=True,
                                  help="A folder the jobs' files may lie in (repeatable; the watch folders count) "
                                       "[default: the current folder].")
@@ -48,8 +55,9 @@ class ServeOptions:
                                          help="An address or CIDR a job's callback may go to although it is "
                                               "private, loopback or link-local (repeatable; e.g. 10.20.0.0/16).")
     job_timeout: float | None = declared(flags=("--job-timeout",), kind="float", range=(1, 7 * 86400),
-                                         help="Seconds a job may render before its engine is killed and the job "
-                                              "counted as one that killed it [default: no limit].")
+                                         help="Seconds a job may render: past them its engine is stopped (a "
+                                              "fresh one starts) and the job fails once, exit 3, naming this "
+                                              "limit; it is not run again [default: no limit].")
     stall_timeout: float = declared(900.0, flags=("--stall-timeout",), kind="float", range=(5, 86400),
                                     help="Seconds an engine may render (or a live session stream) without progress "
                                          "before it is taken for hung and killed.")

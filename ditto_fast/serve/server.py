@@ -6,7 +6,6 @@ or SIGTERM: each running job stops at its next frame batch and is queued again f
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import socket
 import sys
@@ -19,6 +18,7 @@ from ditto_fast.core.errors import DittoError, InputError, Terminated, UsageErro
 from ditto_fast.core.files import read_input
 from ditto_fast.core.home import store_root
 from ditto_fast.engine.options import EngineOptions
+from ditto_fast.serve.hosts import is_loopback
 from ditto_fast.serve.jobs.callbacks import parse_networks
 from ditto_fast.serve.options import ServeOptions
 
@@ -27,15 +27,6 @@ if TYPE_CHECKING:
     from ditto_fast.handles.base import EngineHandle
 
 TOKEN_MAX_BYTES = 4096
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token(path: Path) -> str:
@@ -213,7 +204,9 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     import uvicorn
 
     from ditto_fast.engine.open_avatars import OpenAvatars
+    from ditto_fast.media.claims import remove_dead_writers
     from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.hosts import AllowedHosts
     from ditto_fast.serve.jobs.accept import Acceptor
     from ditto_fast.serve.jobs.callbacks import CallbackPolicy, CallbackSender
     from ditto_fast.serve.jobs.dispatch import Dispatcher
@@ -227,6 +220,8 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     queue = JobQueue(store_root() / "serve" / "jobs.sqlite")
     metrics = Metrics(queue)
     for job in queue.recover(opts.max_crashes):         # what a server that is gone was rendering
+        if job["output"]:                               # its engine's claim and partial file, once its encoder ended
+            remove_dead_writers(job["output"])
         metrics.crashed(job)
         if job["status"] != "queued":
             metrics.ended(job)
@@ -249,9 +244,12 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     metrics.live_sessions = live
     watch = WatchFolder(opts.watch, opts.out, opts.defaults, acceptor, queue, dispatcher.notify, log, opts.settle_s,
                         opts.poll_s) if opts.watch else None
-    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live, files=files)
-    server = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
-                                           access_log=False, lifespan="off"))
+    app = make_app(queue, acceptor, dispatcher, metrics, token, engine_info, watch=watch, live=live, files=files,
+                   hosts=AllowedHosts(opts.host, opts.port, opts.allow_host))
+    listening = {"event": "listening", "url": f"http://{opts.host}:{opts.port}", "roots": [str(r) for r in roots],
+                 "watch": str(opts.watch) if opts.watch else None}
+    server = _bound_server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning", access_log=False,
+                                          lifespan="off"), lambda: log(listening))
     heartbeat.start()
     if live:
         live.start()
@@ -259,10 +257,13 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     dispatcher.start()
     if watch:
         watch.start()
-    log({"event": "listening", "url": f"http://{opts.host}:{opts.port}", "roots": [str(r) for r in roots],
-         "watch": str(opts.watch) if opts.watch else None})
     try:
-        server.run()
+        server.run()                                    # "listening" is logged once the port is bound
+    except SystemExit:
+        if server.started:
+            raise
+        raise UsageError(f"cannot listen on {opts.host}:{opts.port} (taken since serve started?); choose another "
+                         "--port or --host") from None
     finally:
         if watch:
             watch.stop()
@@ -272,3 +273,15 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
         callbacks.stop(timeout=15)  # what is not sent yet is sent after the next start
         heartbeat.stop()
         log({"event": "stopped", "queued": queue.counts()["queued"]})
+
+
+def _bound_server(config: Any, bound: Callable[[], None]) -> Any:
+    """A uvicorn server for `config` that calls `bound()` once its port is bound, before the first request."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)      # exits (SystemExit) when the port cannot be bound
+            if self.started:
+                bound()
+    return Server(config)

@@ -130,7 +130,8 @@ class Acceptor:
         request = RenderRequest.from_json(fields, self.roots[0], where)
         self.confine_request(request)
         clip = check_clip(request, self.avatars(request.avatar), self.config,
-                          audio=self.decoded.take(request.audio))    # an upload's check decoded it already
+                          audio=self.decoded.take(request.audio),     # an upload's check decoded it already
+                          max_seconds=self.decoded.longest)
         check_emotion_model(clip, self.setup.checkpoints)
         if not overwrite:
             check_not_replacing(clip, self.setup)

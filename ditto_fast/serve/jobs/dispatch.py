@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ditto_fast.engine.digest import clip_is_finished
-from ditto_fast.core.errors import DittoError, one_line
+from ditto_fast.core.errors import DittoError, InputError, one_line
 from ditto_fast.engine.clip import Clip, check_clip
 from ditto_fast.engine.open_avatars import OpenAvatars
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
+from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled, JobTimedOut
 from ditto_fast.handles.outcome import internal_error
-from ditto_fast.serve.decoded import DecodedMemo
+from ditto_fast.serve.decoded import MAX_SPEECH_S, DecodedMemo
 from ditto_fast.serve.jobs.callbacks import CallbackSender
 from ditto_fast.serve.jobs.queue import CANCELLED_RUNNING, JobQueue
 from ditto_fast.serve.metrics import Metrics
@@ -30,6 +30,15 @@ PROGRESS_EVERY_S = 0.5          # the queue's progress of a running job is at mo
 RESTART_PAUSES_S = (0.0, 5.0, 30.0, 120.0)      # between tries to start a dead engine again (the last repeats)
 HOLD_POLL_S = 0.25              # how often a held dispatch thread looks whether the live sessions ended
 DB_RETRY_S = 2.0                # after the queue's database could not be read or written
+
+
+TIMED_OUT_EXIT = InputError.exit_code      # a job past --job-timeout: too long for this server, as a file too large
+
+
+def timed_out(e: JobTimedOut) -> str:
+    """The one line of a job stopped at serve's --job-timeout."""
+    return (f"ran past --job-timeout ({e.limit_s:g} s) and was stopped; it is not run again: give it shorter audio, "
+            "or start serve with a longer --job-timeout (`ditto-fast render` shows how long it takes)")
 
 
 def request_of(job: dict) -> RenderRequest:
@@ -205,7 +214,8 @@ class Dispatcher:
         if self.at_start is not None:
             self.at_start(job, request)
         audio = self.audio.take(request.audio) if self.audio else None
-        return check_clip(request, self.avatars.get(request.avatar), self.setup.config, audio=audio)
+        return check_clip(request, self.avatars.get(request.avatar), self.setup.config, audio=audio,
+                          max_seconds=self.audio.longest if self.audio else MAX_SPEECH_S)
 
     def _run(self, job: dict, handle: EngineHandle) -> None:
         t0 = time.perf_counter()
@@ -242,6 +252,10 @@ class Dispatcher:
             if done is not None and done["status"] == "queued":     # on the next free engine
                 self.log({"job": job["id"], "state": "queued", "why": str(e)})
                 return
+        except JobTimedOut as e:            # the job's length: failed once, no crash counted, not run again
+            self.log({"event": "engine stopped", "engine": handle.name, "job": job["id"], "why": str(e)})
+            done = self.queue.finish(job["id"], "failed", error=timed_out(e), exit_code=TIMED_OUT_EXIT,
+                                     seconds=round(time.perf_counter() - t0, 3))
         except DittoError as e:
             done = self.queue.finish(job["id"], "failed", error=str(e), exit_code=e.exit_code,
                                      seconds=round(time.perf_counter() - t0, 3))

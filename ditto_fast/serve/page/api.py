@@ -17,9 +17,10 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.serve.auth import BodyTooSlow, too_slow
 from ditto_fast.serve.checks import confine
 from ditto_fast.serve.decoded import DecodedMemo
-from ditto_fast.serve.page.uploads import UploadTooLarge, check_upload, receive_upload
+from ditto_fast.serve.page.uploads import UploadsFull, UploadsOutside, UploadTooLarge, check_upload, receive_upload
 
 PAGE_DIR = Path(__file__).parent / "static"
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
@@ -176,10 +177,16 @@ def add_page_routes(app: FastAPI, find_job: Callable[[str], dict | None], files:
         try:
             length = request.headers.get("content-length", "")
             stored = await receive_upload(request.receive, request.headers.get("content-type", ""), files.uploads,
-                                          files.max_upload, int(length) if length.isdigit() else None)
-            decoded.put(stored, await run_in_threadpool(check_upload, stored))
+                                          files.max_upload, int(length) if length.isdigit() else None, files.roots)
+            decoded.put(stored, await run_in_threadpool(check_upload, stored, decoded.longest))
         except UploadTooLarge as e:
             return refusal(str(e), 413, e.exit_code)
+        except BodyTooSlow as e:
+            return too_slow(e)
+        except UploadsOutside as e:
+            return refusal(str(e), 403, e.exit_code)
+        except UploadsFull as e:
+            return refusal(str(e), 507, e.exit_code)
         except DittoError as e:
             return error(e)
         return {"path": str(stored)}

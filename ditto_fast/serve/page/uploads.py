@@ -1,9 +1,12 @@
 """`POST /v1/uploads`: a speech file sent from the newsroom page, streamed (multipart, field `file`) into the server's
 uploads folder under the roots: at most `limit` bytes (nothing half-written is left beyond it), its name reduced to
-safe characters and made unique, then checked as any job's audio is (a file that does not decode is removed)."""
+safe characters and made unique, then checked as any job's audio is (a file that does not decode is removed). The
+folder is confined to the roots as it is written, as a job's paths are when it starts: opened once, its real path
+checked before and after the file is written in it, the file created there and never through a link."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -15,17 +18,34 @@ from python_multipart import MultipartParser
 from python_multipart.multipart import parse_options_header
 
 from ditto_fast.audio.decode import DecodedAudio, decode_audio
-from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.core.errors import DittoError, InputError, UsageError
+from ditto_fast.serve.auth import drain
+from ditto_fast.serve.checks import confine, inside
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 NAME_MAX = 80
 
 
-DRAIN_LIMIT = 64 << 20          # of a refused upload's body, read and dropped
-
 
 class UploadTooLarge(UsageError):
     """The upload is over the server's --max-upload-mb."""
+
+
+class UploadsOutside(UsageError):
+    """The uploads folder lies outside the roots now (moved, or swapped for a link, while the server runs)."""
+
+
+class UploadsFull(InputError):
+    """The uploads folder's disk (or the user's quota on it) is full."""
+
+
+def disk_full(error: OSError, folder: Path, seen: int) -> UploadsFull | None:
+    """The UploadsFull for an OSError that says the disk or quota is full (None for any other)."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return UploadsFull(f"{folder}: no space left on its disk for the upload ({error.strerror}, after "
+                       f"{seen / (1 << 20):.1f} MB received); free space there, or start serve with --uploads on "
+                       "another disk; nothing was kept")
 
 
 def too_large(limit: int) -> UploadTooLarge:
@@ -49,17 +69,60 @@ def boundary_of(content_type: str) -> bytes:
     return params[b"boundary"]
 
 
-async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: str, folder: Path,
-                         limit: int, declared: int | None = None) -> Path:
-    """Stream the multipart field `file` of a request's body (ASGI `receive`) into `folder` (a temporary name,
-    renamed once whole); returns the stored file. UploadTooLarge past `limit` bytes of body (the rest of the body
-    read and dropped, up to DRAIN_LIMIT, so that its client gets the answer; at once when its Content-Length,
-    `declared`, says so), UsageError for no file field; nothing is left behind on either."""
-    boundary = boundary_of(content_type)
+def open_folder(folder: Path, roots: list[Path]) -> int:
+    """The uploads folder opened (a descriptor to create files in), made if missing; UploadsOutside unless its real
+    path lies under `roots` (checked before anything is made, and on the folder as opened)."""
+    try:
+        confine(folder, roots, "uploads folder")        # before mkdir: a link out makes nothing out there
+    except UsageError as e:
+        raise UploadsOutside(f"{e} (was it moved, or swapped for a link?); nothing was stored") from None
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".upload-{uuid.uuid4().hex}.part"
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        check_opened(fd, folder, roots)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_opened(fd: int, folder: Path, roots: list[Path]) -> Path:
+    """The real path of the folder open at `fd`; UploadsOutside unless it lies under `roots`."""
+    real = Path(os.readlink(f"/proc/self/fd/{fd}")) if os.path.exists(f"/proc/self/fd/{fd}") else folder.resolve()
+    if not inside(real, roots):
+        raise UploadsOutside(f"{folder}: the uploads folder is now {real}, outside the folders this server may use "
+                             f"({', '.join(map(str, roots))}) (was it moved, or swapped for a link?); nothing was "
+                             "stored")
+    return real
+
+
+async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: str, folder: Path,
+                         limit: int, declared: int | None = None, roots: list[Path] | None = None) -> Path:
+    """Stream the multipart field `file` of a request's body (ASGI `receive`) into `folder` (a temporary name,
+    renamed once whole), which must lie under `roots` (default: the folder itself) as it is written; returns the
+    stored file (named under `folder`, or under the folder's real path if `folder` no longer leads there).
+    UploadTooLarge past `limit` bytes of body (the rest of the body read and dropped, up to auth.DRAIN_LIMIT, so that
+    its client gets the answer; at once when its Content-Length, `declared`, says so), UsageError for no file field,
+    UploadsOutside for a folder outside the roots, UploadsFull for a full disk, auth.BodyTooSlow from a paced
+    `receive` whose body trickles; nothing is left behind on any."""
+    boundary = boundary_of(content_type)
+    roots = roots if roots is not None else [folder.resolve()]
+    tmp = f".upload-{uuid.uuid4().hex}.part"
+    try:
+        dir_fd = open_folder(folder, roots)
+        try:
+            out = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    0o666, dir_fd=dir_fd), "wb")
+        except BaseException:
+            os.close(dir_fd)
+            raise
+    except (UploadsOutside, OSError) as e:
+        full = disk_full(e, folder, 0) if isinstance(e, OSError) else e
+        if full is None:
+            raise
+        await drain(receive)
+        raise full from None
     state: dict = {"headers": {}, "field": b"", "value": b"", "name": None, "in_file": False, "found": False}
-    out = open(tmp, "wb")
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
         state["field"] += data[start:end]
@@ -97,30 +160,61 @@ async def receive_upload(receive: Callable[[], Awaitable[dict]], content_type: s
             chunk, more = message.get("body", b""), message.get("more_body", False)
             seen += len(chunk)
             if seen > limit or (declared or 0) > limit:
-                while more and seen <= DRAIN_LIMIT + limit:
-                    message = await receive()
-                    seen += len(message.get("body", b""))
-                    more = message["type"] == "http.request" and message.get("more_body", False)
+                if more:
+                    await drain(receive, seen - limit)
                 raise too_large(limit)
             parser.write(chunk)
         parser.finalize()
         out.close()
         if not state["found"]:
             raise UsageError("the upload has no field \"file\"; send the speech file as multipart field \"file\"")
-        stored = folder / safe_name(state["name"])
-        os.replace(tmp, stored)
-        return stored
+        name = safe_name(state["name"])
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = name                                      # what to remove if the folder is found outside now
+        real = check_opened(dir_fd, folder, roots)      # not moved out of the roots while it was written
+        stored = folder / name
+        try:
+            same = os.path.samestat(os.stat(stored), os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+        except OSError:
+            same = False
+        return stored if same else real / name
+    except OSError as e:
+        _discard(out, tmp, dir_fd)
+        full = disk_full(e, folder, seen)
+        if full is None:
+            raise
+        if more:
+            await drain(receive)
+        raise full from None
     except BaseException:
-        out.close()
-        tmp.unlink(missing_ok=True)
+        _discard(out, tmp, dir_fd)
         raise
+    finally:
+        os.close(dir_fd)
 
 
-def check_upload(path: Path) -> DecodedAudio:
-    """The audio check every job's audio has (it decodes, whole): its decoding, which the job's own check then takes
-    instead of decoding again; the file is removed if it fails (DittoError)."""
+def _discard(out, name: str, dir_fd: int) -> None:
+    """Close the upload's file (what it could not write is dropped) and remove it."""
     try:
-        return decode_audio(path)
+        out.close()
+    except OSError:             # the buffer's last flush failed too (a full disk): nothing of it is kept anyway
+        pass
+    _unlink(name, dir_fd)
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def check_upload(path: Path, max_seconds: float) -> DecodedAudio:
+    """The audio check every job's audio has (it decodes, whole, and lasts at most `max_seconds`: no more of it is
+    decoded): its decoding, which the job's own check then takes instead of decoding again; the file is removed if
+    it fails (DittoError)."""
+    try:
+        return decode_audio(path, max_seconds)
     except DittoError:
         path.unlink(missing_ok=True)
         raise

@@ -390,6 +390,7 @@ function upload(file, status) {
     form.append("file", file, file.name);
     xhr.open("POST", "/v1/uploads");
     for (const [k, v] of Object.entries(headers())) xhr.setRequestHeader(k, v);
+    xhr.setRequestHeader("X-Requested-With", "ditto-fast");  // what a web form cannot send: serve wants it on an upload
     xhr.responseType = "json";
     xhr.upload.onprogress = (e) => {
       if (!e.lengthComputable) return;
