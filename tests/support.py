@@ -150,7 +150,7 @@ class Receiver:
 
         self.server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
         self.port = self.server.server_port
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shut down at once
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"

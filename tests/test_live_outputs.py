@@ -103,6 +103,7 @@ def test_hls_with_an_end(tmp_path):
     check_stream(playlist)
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_udp_to_a_receiver_started_first(tmp_path):
     port, got = free_port(), tmp_path / "got.ts"
     with at_most(15):
@@ -114,6 +115,7 @@ def test_udp_to_a_receiver_started_first(tmp_path):
 
 
 @pytest.mark.parametrize("we_listen", [True, False], ids=["output-listens", "receiver-listens"])
+@pytest.mark.slow          # real processes on the wall clock
 def test_srt_both_ways(tmp_path, we_listen):
     port, got = free_port(), tmp_path / "got.ts"
     ours, theirs = ("listener", "caller") if we_listen else ("caller", "listener")
@@ -145,6 +147,7 @@ def test_rtmp_to_a_listening_receiver(tmp_path):
     check_stream(got)
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_an_srt_caller_with_nobody_listening_fails_in_one_line():
     dest = f"srt://127.0.0.1:{free_port()}"
     out = StreamOutput(dest, SIZE, RATE, "yuv420p")
@@ -159,6 +162,7 @@ def test_an_srt_caller_with_nobody_listening_fails_in_one_line():
     out.abort()
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_a_write_waiting_on_ffmpeg_raises_once_ffmpeg_dies(tmp_path):
     """A listener nobody calls takes nothing, so writes soon wait; killing ffmpeg ends the wait with the error."""
     out = StreamOutput(f"srt://127.0.0.1:{free_port()}?mode=listener", SIZE, RATE, "yuv420p")
@@ -174,6 +178,7 @@ def test_a_write_waiting_on_ffmpeg_raises_once_ffmpeg_dies(tmp_path):
         out.write(frame(0), tone(0))
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_close_gives_up_on_a_receiver_that_never_comes(tmp_path):
     out = StreamOutput(f"srt://127.0.0.1:{free_port()}?mode=listener", SIZE, RATE, "yuv420p")
     out.write(frame(0), tone(0))

@@ -193,6 +193,7 @@ def test_udp_and_hls_out(live_env, tmp_path):
         assert mi["audio"] == ["AAC", "2"] and abs(mi["seconds"] - info["seconds"]) < 0.1, (mi, info)
 
 
+@pytest.mark.slow          # real processes end to end
 @pytest.mark.parametrize("args, code, words", [
     (["--audio-in", "missing.wav", "--out", "x.ts"], 3, "missing.wav"),
     (["--audio-in", "ftp2://x", "--out", "x.ts"], 2, "ftp2://x"),
@@ -211,6 +212,7 @@ def test_bad_input_is_one_line(live_env, tmp_path, args, code, words):
     assert not (tmp_path / "x.ts").exists()
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_numbers_on_the_command_line_are_numbers(live_env, tmp_path):
     """--max-latency 5 is taken (a float setting given as text), and the next refusal is the unknown avatar's."""
     p = subprocess.run([sys.executable, "-m", "ditto_fast.cli", "live", "--avatar", "nobody", "--audio-in", "-",
@@ -219,6 +221,7 @@ def test_numbers_on_the_command_line_are_numbers(live_env, tmp_path):
     assert p.returncode == 5 and "nobody" in p.stderr, p.stderr
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_random_bytes_on_stdin_end_the_stream_with_exit_3(live_env, tmp_path):
     """Bytes that are neither raw speech nor a container are refused in one line, and the stream ends (not silence
     for ever): exit 3, without --stop-at-end."""

@@ -47,6 +47,7 @@ def wait_until(condition, seconds: float) -> bool:
     return True
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_a_file_arrives_at_its_own_pace(tmp_path):
     wav = write_wav(tmp_path / "speech.wav")
     with at_most(10), open_source(str(wav)) as source:
@@ -104,6 +105,7 @@ def test_stdin_of_a_process_is_read_until_its_end():
     assert res.stdout.decode().split() == ["8001", "None"], res.stderr.decode()[-2000:]
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_a_named_pipe_that_goes_quiet_has_not_ended(tmp_path):
     """A writer that goes quiet is no end; with --stop-at-end its close is."""
     fifo = tmp_path / "tts.pcm"
@@ -133,6 +135,7 @@ def test_a_named_pipe_that_goes_quiet_has_not_ended(tmp_path):
         assert wait_until(lambda: source.ended, 2) and source.error is None
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_a_named_pipe_hears_every_writer(tmp_path):
     """A TTS that opens the pipe for each answer: the second writer is heard too (the pipe is opened again), and
     each writer's bytes are sniffed anew (raw PCM, then a WAV)."""
@@ -159,6 +162,7 @@ def test_a_named_pipe_hears_every_writer(tmp_path):
     assert abs(np.median(x[SAMPLE_RATE // 2:]) - 1000 / 32768) < 1e-3     # the WAV's samples, not its header
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_a_udp_stream_from_an_ffmpeg_sender(tmp_path):
     port = free_port()
     with at_most(15), open_source(f"udp://127.0.0.1:{port}?timeout=1000000") as source:
@@ -354,6 +358,7 @@ def paced_speech(rate: int, seconds: float, then_hold: float):
     return answer
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_an_8khz_wav_from_a_url_is_heard_as_it_comes():
     """3 s of 8 kHz speech on a feed that stays open: heard at once, not held back until 64 KiB came (ffmpeg's WAV
     reader looks for S/PDIF in its first 64 KiB: 4 s of 8 kHz, more than this utterance)."""
@@ -369,6 +374,7 @@ def test_an_8khz_wav_from_a_url_is_heard_as_it_comes():
     assert 0.2 < float(np.abs(x[SAMPLE_RATE:2 * SAMPLE_RATE]).max()) < 0.3        # the tone, not its header
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_a_url_that_stalls_ends_a_stop_at_end_source(monkeypatch):
     import ditto_fast.live.sources as sources
 

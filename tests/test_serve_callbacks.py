@@ -134,6 +134,7 @@ def test_redirects_are_not_followed_and_failures_are_retried_then_given_up(tmp_p
     assert [e["attempt"] for e in events] == [1, 2, 3, 4] and "given up" in events[-1]["error"]
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_deadline(monkeypatch):
     """One slow receiver must not hold the one sender thread for hours: a try has a deadline as a whole."""
     import socket

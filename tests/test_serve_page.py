@@ -173,6 +173,7 @@ def test_path_traversal_on_the_routes_finds_nothing(page_api, tmp_path):
         assert b"secret" not in r.content and b"import" not in r.content, path
 
 
+@pytest.mark.slow          # real processes end to end
 def test_a_rendered_job_gets_its_preview_and_the_page_its_link(page_api, clips, tmp_path):
     client, parts, files = page_api
     parts.dispatcher.previews = files.previews
@@ -326,6 +327,7 @@ def test_an_upload_into_a_full_disk_is_one_line_naming_the_folder_and_leaves_not
     assert list(files.uploads.iterdir()) == []
 
 
+@pytest.mark.slow          # real processes on the wall clock
 def test_an_upload_that_trickles_in_is_cut_off_and_leaves_nothing(serve_parts, tmp_path, monkeypatch):
     """A client sending a byte a second holds neither a connection nor a partial file for longer than a window."""
     import socket
