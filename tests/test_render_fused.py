@@ -90,3 +90,35 @@ def test_warp_decode_graphed_gives_the_eager_crops_and_other_batches_run_eager(i
     for b, p in zip(batches, pending):
         assert np.array_equal(graphed.collect(p), eager(*b))
     assert dict(graphed._launched.counts) == {"eager": 2, "capture": 1, "replay": 1}
+
+
+def test_threads_sharing_warp_decode_get_their_own_crops_in_batches(inputs):
+    """Sessions sharing an engine's warp + decode (render/shared_fused.py, on a GPU): frames asked for at once run as
+    one batch, and each thread gets the crops of its own frames, as a call of its own gives them."""
+    import threading
+
+    from ditto_fast.render.shared_fused import SharedFused
+
+    cs, f_s, x_s, x_d = inputs
+    r = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"))
+    asks = [(f_s[i % 2:i % 2 + 1], x_s[i % 2:i % 2 + 1], x_d[i % 2:i % 2 + 1] + 0.01 * i) for i in range(4)]
+    alone = [r(*a) for a in asks]
+    shared = SharedFused(r, gather_s=0.2)           # a generous gather: the four threads meet in one batch
+    got: dict[int, np.ndarray] = {}
+    gate = threading.Barrier(4)
+
+    def ask(i: int) -> None:
+        gate.wait()
+        got[i] = shared(*asks[i])
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert shared.frames == 4 and shared.batches < 4, (shared.batches, shared.frames)
+    for i in range(4):
+        assert got[i].shape == (1, 512, 512, 3)
+        assert np.abs(got[i].astype(int) - alone[i]).max() <= 1, i          # its own frame, as alone
+    with pytest.raises(ValueError):                                         # a bad ask fails its own thread only
+        shared(f_s[:1], x_s[:1], x_d[:2])
+    assert np.abs(shared(*asks[0]).astype(int) - alone[0]).max() <= 1

@@ -42,6 +42,19 @@ class EngineSessions:
         self._carried: dict[str, _Carried] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._shared = None                     # on a GPU, the sessions' warp + decode in one batch (shared_fused)
+
+    def _fused(self) -> Any:
+        """What the sessions warp and decode with: on a GPU one SharedFused for all, batching their frames; on a CPU
+        None (each its own: a batch buys nothing there)."""
+        if self.renderer.device.type != "cuda":
+            return None
+        with self._lock:
+            if self._shared is None:
+                from ditto_fast.render.shared_fused import SharedFused
+
+                self._shared = SharedFused(self.renderer.fused.twin())
+            return self._shared
 
     def hear(self, message: tuple) -> None:
         """A parent's message about a session (from the engine's reader thread)."""
@@ -126,7 +139,8 @@ class EngineSessions:
 
         try:
             stats = stream_live(self.renderer, carried.job.request, carried.source, False,
-                                lambda line: self.send("live-log", sid, line), started=started, output=outputs)
+                                lambda line: self.send("live-log", sid, line), started=started, output=outputs,
+                                fused=self._fused())
         except DittoError as e:
             self.send("live-failed", sid, str(e), e.exit_code)
         except Exception as e:  # noqa: BLE001 - the parent says why the session failed

@@ -67,7 +67,9 @@ class LiveSession:
     (Ctrl-C, SIGTERM) arrives; the output is then closed cleanly and the stats returned."""
 
     def __init__(self, renderer, avatar: Avatar, source, output, settings: LiveSettings,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, fused=None):
+        """`fused`: the warp + decode to call (an engine's sessions on a GPU share one, render/shared_fused.py);
+        by default the renderer's, with buffers of the session's own."""
         self.renderer, self.avatar, self.source, self.output, self.s = renderer, avatar, source, output, settings
         self.log = log or (lambda line: None)
         self.stats = LiveStats(settings.rate)
@@ -82,7 +84,7 @@ class LiveSession:
         self._t0: float | None = None                         # wall time of slot 0
         self._errors: list[BaseException] = []
         self.render_estimate = 0.0                            # seconds a frame's stitch + warp + decode takes
-        self.fused = renderer.fused.twin()                    # its own buffers: an engine may render beside it
+        self.fused = fused or renderer.fused.twin()           # its own buffers: an engine may render beside it
         self._sent = (-1, 0)            # the last frame gone out, and the stream samples (16 kHz) gone out with it
 
     # -- the clock ---------------------------------------------------------------------------------------------
