@@ -199,8 +199,12 @@ class SNConv2d(nn.Module):
         self.padding = padding
         self.weight_orig = nn.Parameter(torch.empty(cout, cin, kernel_size, kernel_size))
         self.bias = nn.Parameter(torch.zeros(cout)) if bias else None
-        nn.init.kaiming_uniform_(self.weight_orig, a=5 ** 0.5)
         w = self.weight_orig.detach().reshape(cout, -1)
+        if w.is_meta:          # shapes for a checkpoint to fill: on meta tensors normalize costs a second at first use
+            self.register_buffer("weight_u", torch.empty(cout))
+            self.register_buffer("weight_v", torch.empty(w.shape[1]))
+            return
+        nn.init.kaiming_uniform_(self.weight_orig, a=5 ** 0.5)
         u = F.normalize(torch.randn(cout), dim=0, eps=1e-12)
         v = F.normalize(w.t() @ u, dim=0, eps=1e-12)
         self.register_buffer("weight_u", F.normalize(w @ v, dim=0, eps=1e-12))

@@ -216,6 +216,12 @@ class EncodedCondition:
 
 # ---------------------------------------------------------------- model
 
+def _randn(*shape: int) -> torch.Tensor:
+    """Standard normal values; only the shape when built on the meta device (randn there costs half a second)."""
+    t = torch.empty(*shape)
+    return t if t.is_meta else torch.randn(*shape)
+
+
 class LMDM(nn.Module):
     """(x [B,N,F], cond_frame [B,F], cond [B,N,C], t [B] int64, guidance=2) -> (pred_noise, x_start) [B,N,F]."""
 
@@ -231,8 +237,8 @@ class LMDM(nn.Module):
         self.time_mlp = nn.Sequential(nn.Identity(), nn.Linear(d, 4 * d), nn.Mish())  # [0] is the sinusoid
         self.to_time_cond = nn.Sequential(nn.Linear(4 * d, d))
         self.to_time_tokens = nn.Sequential(nn.Linear(4 * d, 2 * d))
-        self.null_cond_embed = nn.Parameter(torch.randn(1, seq_len, d))
-        self.null_cond_hidden = nn.Parameter(torch.randn(1, d))
+        self.null_cond_embed = nn.Parameter(_randn(1, seq_len, d))
+        self.null_cond_hidden = nn.Parameter(_randn(1, d))
         self.norm_cond = FP32LayerNorm(d)
         self.input_projection = nn.Linear(2 * motion_dim, d)
         self.cond_encoder = nn.Sequential(*[CondEncoderLayer(d, num_heads, ff_size, self.rotary)
