@@ -21,6 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 # one precision for every test render on any CPU kind (the rule's own tests unset it): outputs compared across
 # machines' recorded digests and processes come from the same arithmetic
 os.environ["DITTO_FAST_CPU_PRECISION"] = "fp32"
+# a run started in the background by a shell ignores SIGINT, and every process it starts would inherit that: the
+# tests that end a stream or a render with SIGINT need the default (a Python handler is reset to it across exec)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 SHARED = Path(os.environ.get("DITTO_FAST_SHARED", REPO.parent / "shared"))
 PARITY = SHARED / "parity"
 # CI's second stack (no mediapipe) reads the tiny checkpoints, anchor and avatar that the first stack made

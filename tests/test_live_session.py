@@ -58,9 +58,25 @@ def speech(path: Path, seconds: float, rate: int = 16000, channels: int = 1) -> 
     return path
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_stream_left_running():
+    """A test that fails while its stream runs does not leave the stream rendering behind it."""
+    yield
+    while _STARTED:
+        p = _STARTED.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def live(env: dict, *args, stdin=None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", "live", "--avatar", "small", *map(str, args)],
-                            env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    p = subprocess.Popen([sys.executable, "-m", "ditto_fast.cli", "live", "--avatar", "small", *map(str, args)],
+                         env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    _STARTED.append(p)
+    return p
 
 
 def streams(path: Path) -> dict:
