@@ -19,7 +19,6 @@ from typing import Any
 
 from loguru import logger
 from pipecat.frames.frames import (
-    CancelFrame,
     EndFrame,
     Frame,
     InterruptionFrame,
@@ -32,11 +31,11 @@ from pipecat.frames.frames import (
     UserStartedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.ai_service import AIService
 from pipecat.services.settings import ServiceSettings
 
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.media.rates import STREAM_SAMPLE_RATE
+from ditto_fast.pipecat.face import FaceService
 
 FIELDS = ("emotion", "seed", "steps", "fps", "blend", "controls", "overlap", "max_latency")
 END_WAIT_S = 60.0           # at an EndFrame, how long the speech given may take to be played
@@ -44,7 +43,7 @@ DRAIN_S = 0.6               # then how long the frames of the speech's end may s
 HTTP_TIMEOUT_S = 30.0
 
 
-class RemoteVideoService(AIService):
+class RemoteVideoService(FaceService):
     """A talking face from a running serve at `url` (http://HOST:PORT), `token` its bearer token; the live
     settings as the in-process service takes them (checked by the server: a refusal is one ErrorFrame and the audio
     passes on, so the agent still speaks)."""
@@ -117,20 +116,7 @@ class RemoteVideoService(AIService):
         except urllib.error.HTTPError as e:
             return json.loads(e.read() or b"{}") or {"error": f"HTTP {e.code}"}
 
-    async def stop(self, frame: EndFrame) -> None:
-        """Let the speech given be played, then end the session."""
-        await super().stop(frame)
-        await self._close(graceful=True)
-
-    async def cancel(self, frame: CancelFrame) -> None:
-        await super().cancel(frame)
-        await self._close(graceful=False)
-
-    async def cleanup(self) -> None:
-        await super().cleanup()
-        await self._close(graceful=False)
-
-    async def _close(self, graceful: bool) -> None:
+    async def _end(self, graceful: bool) -> None:
         if self._ws is None:
             return
         ws, self._ws = self._ws, None

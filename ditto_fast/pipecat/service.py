@@ -23,7 +23,6 @@ from typing import Any, Callable
 import numpy as np
 from loguru import logger
 from pipecat.frames.frames import (
-    CancelFrame,
     EndFrame,
     Frame,
     InterruptionFrame,
@@ -36,7 +35,6 @@ from pipecat.frames.frames import (
     UserStartedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessorSetup
-from pipecat.services.ai_service import AIService
 from pipecat.services.settings import ServiceSettings
 
 from ditto_fast.audio.resample import Resampler
@@ -47,12 +45,13 @@ from ditto_fast.live.pushed import PushedSource
 from ditto_fast.live.start import plate_pix_fmt, stream_live
 from ditto_fast.live.stream_audio import IN_JITTER
 from ditto_fast.media.rates import BAND_PER_SAMPLE, SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE
+from ditto_fast.pipecat.face import FaceService
 
 END_MARGIN_S = 10.0         # at an EndFrame, how long past the speech left and the latency the session may take
 STOP_WAIT_S = 30.0          # how long a cancelled session may take to close
 
 
-class DittoFastVideoService(AIService):
+class DittoFastVideoService(FaceService):
     """A talking face for a Pipecat pipeline, after the TTS: `TTSAudioRawFrame`s (any rate, mono or stereo) in;
     `OutputImageRawFrame`s (the avatar's size, RGB) and the same speech as 48 kHz mono audio frames out (its band as
     the TTS spoke it), one of each
@@ -162,22 +161,8 @@ class DittoFastVideoService(AIService):
         self._thread = threading.Thread(target=self._stream, name="ditto-fast-session", daemon=True)
         self._thread.start()
 
-    async def stop(self, frame: EndFrame) -> None:
-        """Let the speech already given be shown, then end the session (its held frames go out before the EndFrame)."""
-        await super().stop(frame)
-        await self._finish(graceful=True)
-
-    async def cancel(self, frame: CancelFrame) -> None:
-        """End the session at once."""
-        await super().cancel(frame)
-        await self._finish(graceful=False)
-
-    async def cleanup(self) -> None:
-        """End the session if it still runs (idempotent)."""
-        await super().cleanup()
-        await self._finish(graceful=False)
-
-    async def _finish(self, graceful: bool) -> None:
+    async def _end(self, graceful: bool) -> None:
+        """End the session; graceful: after the speech given is shown (its held frames go out before the EndFrame)."""
         thread = self._thread
         if thread is None:
             return
