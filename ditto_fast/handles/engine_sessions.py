@@ -42,19 +42,31 @@ class EngineSessions:
         self._carried: dict[str, _Carried] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._shared = None                     # on a GPU, the sessions' warp + decode in one batch (shared_fused)
+        self._fused = None                      # on a GPU, the sessions' warp + decode in one batch (shared_fused)
+        self._windows: dict[int, Any] = {}      # and their LMDM windows, by step count (shared_windows)
 
-    def _fused(self) -> Any:
-        """What the sessions warp and decode with: on a GPU one SharedFused for all, batching their frames; on a CPU
-        None (each its own: a batch buys nothing there)."""
+    def _shared(self) -> dict[str, Any]:
+        """What the sessions share on a GPU: one warp + decode batching their frames, and for each step count one
+        DDIM sampler batching their windows; on a CPU nothing (each its own: a batch buys nothing there)."""
         if self.renderer.device.type != "cuda":
-            return None
+            return {}
         with self._lock:
-            if self._shared is None:
+            if self._fused is None:
                 from ditto_fast.render.shared_fused import SharedFused
 
-                self._shared = SharedFused(self.renderer.fused.twin())
-            return self._shared
+                self._fused = SharedFused(self.renderer.fused.twin())
+            return {"fused": self._fused, "windows": self._windows_for}
+
+    def _windows_for(self, steps: int) -> Any:
+        """The DDIM sampler of `steps` steps the sessions share (made at its first use)."""
+        from ditto_fast.motion.ddim import DDIMSampler
+        from ditto_fast.motion.shared_windows import SharedWindows
+
+        r = self.renderer
+        with self._lock:
+            if steps not in self._windows:
+                self._windows[steps] = SharedWindows(DDIMSampler(r.lmdm, steps, r.config.motion.guidance, r.denoise))
+            return self._windows[steps]
 
     def hear(self, message: tuple) -> None:
         """A parent's message about a session (from the engine's reader thread)."""
@@ -140,7 +152,7 @@ class EngineSessions:
         try:
             stats = stream_live(self.renderer, carried.job.request, carried.source, False,
                                 lambda line: self.send("live-log", sid, line), started=started, output=outputs,
-                                fused=self._fused())
+                                **self._shared())
         except DittoError as e:
             self.send("live-failed", sid, str(e), e.exit_code)
         except Exception as e:  # noqa: BLE001 - the parent says why the session failed

@@ -26,15 +26,17 @@ from ditto_fast.motion.sampling import OnlineMotionSampler
 class LiveMotion:
     """Stream samples in, (motion index, motion [265]) out, in order; `seconds` holds the time spent in HuBERT
     ("audio_features") and in the LMDM windows ("motion"). `denoise`: the engine's DDIM step as it launches it
-    (motion/ddim.py Denoiser; None: the network called as it is)."""
+    (motion/ddim.py Denoiser; None: the network called as it is); `sample_window`: the window sampler to call in place
+    of one of its own (the windows an engine's sessions share on a GPU)."""
 
     def __init__(self, hubert, lmdm: torch.nn.Module, settings: MotionConfig, avatar: Avatar, emotion: np.ndarray,
-                 seed: int, steps: int, overlap: int, device: torch.device, denoise=None):
+                 seed: int, steps: int, overlap: int, device: torch.device, denoise=None, sample_window=None):
         self.hubert, self.avatar, self.emotion = hubert, avatar, np.asarray(emotion, np.float32)  # emotion [8]
         self.parts = condition_parts(lmdm.cond_dim, hubert.hidden_size)
         self.seconds = {"audio_features": 0.0, "motion": 0.0}
-        self.sampler = OnlineMotionSampler(DDIMSampler(lmdm, steps, settings.guidance, denoise), overlap=overlap,
-                                           window=lmdm.seq_len, smooth_window=settings.smooth_window, device=device)
+        sample_window = sample_window or DDIMSampler(lmdm, steps, settings.guidance, denoise)
+        self.sampler = OnlineMotionSampler(sample_window, overlap=overlap, window=lmdm.seq_len,
+                                           smooth_window=settings.smooth_window, device=device)
         t0 = time.perf_counter()
         silence = hubert.features(np.zeros(overlap * SAMPLES_PER_FRAME, np.float32))        # [overlap, H], as Ditto
         self.seconds["audio_features"] += time.perf_counter() - t0

@@ -67,9 +67,10 @@ class LiveSession:
     (Ctrl-C, SIGTERM) arrives; the output is then closed cleanly and the stats returned."""
 
     def __init__(self, renderer, avatar: Avatar, source, output, settings: LiveSettings,
-                 log: Callable[[str], None] | None = None, fused=None):
+                 log: Callable[[str], None] | None = None, fused=None, windows=None):
         """`fused`: the warp + decode to call (an engine's sessions on a GPU share one, render/shared_fused.py);
-        by default the renderer's, with buffers of the session's own."""
+        by default the renderer's, with buffers of the session's own. `windows(steps)`: the LMDM window sampler to
+        call (shared on a GPU: motion/shared_windows.py); by default the session's own."""
         self.renderer, self.avatar, self.source, self.output, self.s = renderer, avatar, source, output, settings
         self.log = log or (lambda line: None)
         self.stats = LiveStats(settings.rate)
@@ -85,6 +86,7 @@ class LiveSession:
         self._errors: list[BaseException] = []
         self.render_estimate = 0.0                            # seconds a frame's stitch + warp + decode takes
         self.fused = fused or renderer.fused.twin()           # its own buffers: an engine may render beside it
+        self.windows = windows
         self._sent = (-1, 0)            # the last frame gone out, and the stream samples (16 kHz) gone out with it
 
     # -- the clock ---------------------------------------------------------------------------------------------
@@ -336,7 +338,8 @@ class LiveSession:
         if r.device.type == "cpu":      # two threads of networks (motion, frames): one core each, not both on both
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         motion = LiveMotion(r.hubert, r.lmdm, r.config.motion, self.avatar, self.s.emotion, self.s.seed, self.s.steps,
-                            self.s.overlap, r.device, r.denoise)
+                            self.s.overlap, r.device, r.denoise,
+                            sample_window=self.windows(self.s.steps) if self.windows else None)
         self.start = time.monotonic()
         self.source.start()
         audio = StreamAudio(self.source, self.start)

@@ -85,12 +85,12 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
 
 def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: Callable[[str], None],
                 started: Callable[[Any], None] | None = None, output: Callable[[Any, Any], Any] | None = None,
-                fused: Any = None) -> dict:
+                fused: Any = None, windows: Any = None) -> dict:
     """Run one session on a loaded `renderer` from `source` (not started) to `request.out` (checked by check_live);
     `started(session)` is called once it exists (to read its stats or stop it from another thread). `output(avatar,
     settings)`, if given, makes the stream's output instead (an object with StreamOutput's write/close/abort: an
-    in-process consumer of the frames, such as the Pipecat service's). `fused`: the warp + decode the session calls
-    (LiveSession's)."""
+    in-process consumer of the frames, such as the Pipecat service's). `fused`, `windows`: the warp + decode and the
+    LMDM windows the session shares (LiveSession's)."""
     from ditto_fast.live.session import LiveSession
 
     try:
@@ -104,7 +104,7 @@ def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: 
         f"{avatar.size[0]}x{avatar.size[1]}, overlap {settings.overlap}, --max-latency {settings.max_latency:g} s"
         + (", RANDOM WEIGHTS: the face region is noise" if renderer.random_weights or avatar.random_weights else ""))
     try:
-        session = LiveSession(renderer, avatar, source, output, settings, log, fused=fused)
+        session = LiveSession(renderer, avatar, source, output, settings, log, fused=fused, windows=windows)
         if started is not None:
             started(session)
         return session.run()

@@ -7,11 +7,27 @@ the network only predicts (pred_noise, x_start) at a timestep, and this module w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn as nn
 
 from ditto_fast.core.graphs import launcher
 from ditto_fast.models.lmdm import DEFAULT_GUIDANCE, EncodedCondition, cosine_alphas_cumprod
+
+
+Generators = torch.Generator | Sequence[torch.Generator]
+
+
+def draw(shape: tuple, generator: Generators) -> torch.Tensor:
+    """Standard normal float32 noise of `shape` from one generator, or row by row from one generator per row (windows
+    of several sessions sampled together: each row's noise is what its session alone would draw)."""
+    if isinstance(generator, torch.Generator):
+        return torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float32)
+    if len(generator) != shape[0]:
+        raise ValueError(f"{len(generator)} generators for {shape[0]} rows")
+    return torch.cat([torch.randn((1, *shape[1:]), generator=g, device=g.device, dtype=torch.float32)
+                      for g in generator])
 
 
 class DDIMScheduler:
@@ -55,14 +71,13 @@ class DDIMScheduler:
         self.c = torch.stack(c) if c else torch.empty(0)
 
     def step(self, pred_noise: torch.Tensor, x_start: torch.Tensor, index: int,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: Generators | None = None) -> torch.Tensor:
         """x at the next timestep from the model's predictions at step `index`; the last step returns x_start."""
         if index == len(self.time_pairs) - 1:
             return x_start
         if generator is None:
             raise ValueError("DDIM step with eta > 0 needs a torch.Generator for its noise")
-        noise = torch.randn(x_start.shape, generator=generator, device=generator.device,
-                            dtype=torch.float32).to(device=x_start.device, dtype=x_start.dtype)
+        noise = draw(x_start.shape, generator).to(device=x_start.device, dtype=x_start.dtype)
         return (x_start * self.alpha_next_sqrt[index].item() + self.c[index].item() * pred_noise
                 + self.sigma[index].item() * noise)
 
@@ -111,12 +126,12 @@ class DDIMSampler:
         self.scheduler.set_timesteps(steps)
 
     @torch.no_grad()
-    def __call__(self, cond_frame: torch.Tensor, cond: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Sample one motion window [B, seq_len, F] float32 for these conditions."""
+    def __call__(self, cond_frame: torch.Tensor, cond: torch.Tensor, generator: Generators) -> torch.Tensor:
+        """Sample one motion window [B, seq_len, F] float32 for these conditions; `generator`: one for the whole
+        batch, or one per row."""
         net, scheduler = self.net, self.scheduler
         batch, device = cond_frame.shape[0], cond_frame.device
-        x = torch.randn((batch, net.seq_len, net.motion_dim), generator=generator, device=generator.device,
-                        dtype=torch.float32).to(device)
+        x = draw((batch, net.seq_len, net.motion_dim), generator).to(device)
         encoded = net.encode_condition(cond)
         for i, t in enumerate(scheduler.timesteps):
             time = torch.full((batch,), t, dtype=torch.long, device=device)
