@@ -404,3 +404,21 @@ def fake_window_sampler(fake_lmdm, params: dict):
     import torch
 
     return lambda cond_frame, cond, gen: torch.from_numpy(fake_lmdm(params, cond_frame.numpy(), cond.numpy()))
+
+
+def together(n: int, call) -> dict:
+    """`call(i)` for i in range(n), each on a thread of its own, all let go at once; {i: what it returned}."""
+    import threading
+
+    got: dict = {}
+    gate = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        gate.wait()
+        got[i] = call(i)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got

@@ -3,14 +3,13 @@ from its own session's generator, so each session gets the window it would get a
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from ditto_fast import models
 from ditto_fast.motion.ddim import DDIMSampler, draw
 from ditto_fast.motion.shared_windows import SharedWindows
+from support import together
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -52,18 +51,7 @@ def test_threads_sharing_windows_get_their_own_in_batches(sampler):
     a = asks(sampler.net, 4)
     alone = [sampler(f, c, gen(s)) for f, c, s in a]
     shared = SharedWindows(sampler, gather_s=0.2)           # a generous gather: the four threads meet in one batch
-    got: dict[int, torch.Tensor] = {}
-    gate = threading.Barrier(4)
-
-    def ask(i: int) -> None:
-        gate.wait()
-        f, c, s = a[i]
-        got[i] = shared(f, c, gen(s))
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got = together(4, lambda i: shared(a[i][0], a[i][1], gen(a[i][2])))
     assert shared.windows == 4 and shared.batches < 4, (shared.batches, shared.windows)
     for i in range(4):
         torch.testing.assert_close(got[i], alone[i], rtol=1e-4, atol=1e-4)

@@ -95,26 +95,15 @@ def test_warp_decode_graphed_gives_the_eager_crops_and_other_batches_run_eager(i
 def test_threads_sharing_warp_decode_get_their_own_crops_in_batches(inputs):
     """Sessions sharing an engine's warp + decode (render/shared_fused.py, on a GPU): frames asked for at once run as
     one batch, and each thread gets the crops of its own frames, as a call of its own gives them."""
-    import threading
-
     from ditto_fast.render.shared_fused import SharedFused
+    from support import together
 
     cs, f_s, x_s, x_d = inputs
     r = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"))
     asks = [(f_s[i % 2:i % 2 + 1], x_s[i % 2:i % 2 + 1], x_d[i % 2:i % 2 + 1] + 0.01 * i) for i in range(4)]
     alone = [r(*a) for a in asks]
     shared = SharedFused(r, gather_s=0.2)           # a generous gather: the four threads meet in one batch
-    got: dict[int, np.ndarray] = {}
-    gate = threading.Barrier(4)
-
-    def ask(i: int) -> None:
-        gate.wait()
-        got[i] = shared(*asks[i])
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got = together(4, lambda i: shared(*asks[i]))
     assert shared.frames == 4 and shared.batches < 4, (shared.batches, shared.frames)
     for i in range(4):
         assert got[i].shape == (1, 512, 512, 3)
