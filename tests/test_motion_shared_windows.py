@@ -22,8 +22,8 @@ def sampler():
 
 def asks(net, n: int) -> list:
     g = torch.Generator().manual_seed(7)
-    return [(torch.randn(1, net.motion_dim, generator=g), torch.randn(1, net.seq_len, net.cond_dim, generator=g), 100 + i)
-            for i in range(n)]
+    return [(torch.randn(1, net.motion_dim, generator=g), torch.randn(1, net.seq_len, net.cond_dim, generator=g),
+             100 + i) for i in range(n)]
 
 
 def gen(seed: int) -> torch.Generator:
@@ -41,9 +41,9 @@ def test_one_generator_per_row_draws_each_row_as_alone():
 def test_a_batch_with_a_generator_per_row_gives_each_row_its_window_alone(sampler):
     a = asks(sampler.net, 3)
     alone = [sampler(f, c, gen(s)) for f, c, s in a]
-    together = sampler(torch.cat([f for f, _, _ in a]), torch.cat([c for _, c, _ in a]), [gen(s) for _, _, s in a])
+    batched = sampler(torch.cat([f for f, _, _ in a]), torch.cat([c for _, c, _ in a]), [gen(s) for _, _, s in a])
     for i in range(3):
-        torch.testing.assert_close(together[i:i + 1], alone[i], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(batched[i:i + 1], alone[i], rtol=1e-4, atol=1e-4)
     assert not torch.allclose(alone[0], alone[1])                  # the rows differ: each its own noise and condition
 
 

@@ -17,11 +17,13 @@ class _Ask:
 class Gathered:
     """`run(items) -> results` (one result per item, in order) on one thread of its own; a call waits for its own
     result. The first item of a batch waits `gather_s` for others, until the batch holds `most` rows
-    (`rows(item)` each); an error fails every call of its batch."""
+    (`rows(item)` each); an error fails every call of its batch. `batches` and `rows` count what ran (what
+    gathering bought)."""
 
     def __init__(self, run: Callable[[list], list], rows: Callable[[Any], int], name: str, gather_s: float,
                  most: int):
         self._run_batch, self._rows, self.gather_s, self.most = run, rows, gather_s, most
+        self.batches = self.rows = 0
         self._asks: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -48,6 +50,7 @@ class Gathered:
             try:
                 for a, result in zip(asks, self._run_batch([a.item for a in asks]), strict=True):
                     a.result = result
+                self.batches, self.rows = self.batches + 1, self.rows + count
             except BaseException as e:  # noqa: BLE001 - each asking thread raises it
                 for a in asks:
                     a.error = e

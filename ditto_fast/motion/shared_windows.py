@@ -20,9 +20,17 @@ class SharedWindows:
 
     def __init__(self, sampler: DDIMSampler, gather_s: float = GATHER_S, most: int = MOST):
         self.sampler = sampler
-        self.batches = 0                        # batches run, and windows in them (what sharing bought)
-        self.windows = 0
         self._gathered = Gathered(self._run, lambda ask: len(ask[0]), "shared-lmdm-windows", gather_s, most)
+
+    @property
+    def batches(self) -> int:
+        """Batches run (what sharing bought: fewer than the windows)."""
+        return self._gathered.batches
+
+    @property
+    def windows(self) -> int:
+        """Windows in those batches."""
+        return self._gathered.rows
 
     def __call__(self, cond_frame: torch.Tensor, cond: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         if len(cond_frame) != len(cond):        # refused here: it would fail a whole batch
@@ -32,5 +40,4 @@ class SharedWindows:
     def _run(self, asks: list) -> list:
         generators = [g for cond_frame, _, g in asks for _ in range(len(cond_frame))]
         out = self.sampler(torch.cat([a[0] for a in asks]), torch.cat([a[1] for a in asks]), generators)
-        self.batches, self.windows = self.batches + 1, self.windows + len(out)
         return list(out.split([len(a[0]) for a in asks]))

@@ -20,9 +20,17 @@ class SharedFused:
 
     def __init__(self, fused: FusedRenderer, gather_s: float = GATHER_S, most: int = MOST):
         self.fused = fused
-        self.batches = 0                        # batches run, and frames in them (what sharing bought)
-        self.frames = 0
         self._gathered = Gathered(self._run, lambda ask: len(ask[0]), "shared-warp-decode", gather_s, most)
+
+    @property
+    def batches(self) -> int:
+        """Batches run (what sharing bought: fewer than the frames)."""
+        return self._gathered.batches
+
+    @property
+    def frames(self) -> int:
+        """Frames in those batches."""
+        return self._gathered.rows
 
     def __call__(self, f_s: np.ndarray, x_s: np.ndarray, x_d: np.ndarray) -> np.ndarray:
         ask = (np.asarray(f_s), np.asarray(x_s, np.float32), np.asarray(x_d, np.float32))
@@ -33,6 +41,5 @@ class SharedFused:
 
     def _run(self, asks: list) -> list:
         crops = self.fused(*(np.concatenate(part) for part in zip(*asks)))
-        self.batches, self.frames = self.batches + 1, self.frames + len(crops)
         ends = np.cumsum([len(a[0]) for a in asks])[:-1]
         return np.split(crops, ends)
