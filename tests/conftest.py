@@ -294,11 +294,32 @@ def local_ray(tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     """A test that runs mediapipe (marked register) is slow too: the quick tier (-m "not slow") leaves it out. The
-    tests on the shared Ray cluster run last, so that it idles beside no other test."""
+    tests on the shared Ray cluster run last, so that it idles beside no other test, and live in *_ray.py files."""
     for item in items:
         if item.get_closest_marker("register") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: "local_ray" in getattr(item, "fixturenames", ()))
+    on_ray = [item for item in items if "local_ray" in getattr(item, "fixturenames", ())]
+    items.sort(key=lambda item: item in on_ray)
+    stray = [item.nodeid for item in on_ray if not item.path.name.endswith("_ray.py")]
+    if stray:
+        raise pytest.UsageError(f"a test on the shared Ray cluster belongs in a *_ray.py file (one worker runs "
+                                f"those): {stray}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """scripts/test.sh's workers (--dist loadfile): each test file on one worker, and the files of the Ray tests
+    (*_ray.py) all on the same one, so that a run starts one Ray cluster."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "ray" if scope.endswith("_ray.py") else scope
+
+    return RayFilesTogether(config, log)
 
 
 # ----------------------------------------------------------------------------- serve, in process

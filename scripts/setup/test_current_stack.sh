@@ -29,4 +29,5 @@ FIX="${DITTO_FAST_STACK_FIXTURES:-$REPO/.stack-fixtures}"
 echo "[stack] the first stack's fixtures in $FIX" >&2
 "$REPO/.venv/bin/python" tests/stack_fixtures.py "$FIX" >&2
 export DITTO_FAST_STACK_FIXTURES="$FIX"
-exec "$CUR/bin/python" -m pytest -m "not slow and not register" "$@"
+source "$REPO/scripts/setup/test_workers.sh"
+exec "$CUR/bin/python" -m pytest ${WORKERS[@]+"${WORKERS[@]}"} -m "not slow and not register" "$@"
