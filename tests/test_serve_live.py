@@ -339,6 +339,11 @@ def test_the_websocket_both_ways_answers_interruptions_and_frames(serving, tmp_p
     assert finished[1]["frame"] > finished[0]["frame"] > 0              # the frames that carried their ends out
     assert finished[1]["segment"] == 2 and finished[1]["interrupted"] and 0.5 < finished[1]["position_s"] < 3.0
     frames = _frames_of(media)
+    (cleared,) = [e for e in events if e.get("event") == "cleared"]          # each clear answered, with its frame
+    assert cleared["frame"] >= finished[1]["frame"]
+    after = [np.frombuffer(pcm, "<i2") for h, _, pcm in frames if h["index"] > cleared["frame"]]
+    assert len(after) >= 50 and not any(np.abs(p).max() for p in after)       # no speech after it: a client mutes to F
+    assert any(np.abs(np.frombuffer(pcm, "<i2")).max() > 1000 for h, _, pcm in frames if h["index"] <= cleared["frame"])
     assert frames[0][0]["key"] and frames[0][0]["rate"] == "25" and frames[0][0]["pcm_rate"] == 48000
     decoder = av.CodecContext.create("h264", "r")
     pictures = [p for _, unit, _ in frames[:30] for p in decoder.decode(av.Packet(unit))]

@@ -59,7 +59,7 @@ from ditto_fast.engine.options import EngineOptions
 from ditto_fast.engine.render_setup import RenderSetup
 from ditto_fast.engine.stages import EMOTION, Progress, audio_features, render_frames, sample_motion, timeline
 from ditto_fast.media.claims import claimed
-from ditto_fast.media.rates import rate_text
+from ditto_fast.media.rates import SPEECH_SAMPLE_RATE, rate_text
 from ditto_fast.delivery import qc
 from ditto_fast.delivery.format import measured_as, programme_chain
 from ditto_fast.motion.ddim import DDIMSampler, Denoiser
@@ -148,7 +148,7 @@ class Renderer:
         `launch` graphs the captures (compile: the compiles, minutes). Nothing is kept but those. The constructor
         calls it on CUDA, where it is a few calls of each network; on a CPU warp + decode alone takes seconds a frame
         at full size, more than the first calls cost there."""
-        self.hubert.features(np.zeros(16000, np.float32))
+        self.hubert.features(np.zeros(SPEECH_SAMPLE_RATE, np.float32))
         lmdm, gen = self.lmdm, torch.Generator(device=self.device).manual_seed(0)
         cond = torch.zeros((1, lmdm.seq_len, lmdm.cond_dim), device=self.device)
         DDIMSampler(lmdm, 2, self.config.motion.guidance, self.denoise)(

@@ -98,9 +98,12 @@ class EngineSessions:
                 events = carried.playback.interrupt(*played)
                 if carried.session is not None:
                     carried.session.interrupt()
+                    # a frame being written as it came may have read its speech before the silence: one more
+                    through = carried.session.played[1] + 1
                 else:
                     carried.source.clear()
-            for event in events:
+                    through = -1
+            for event in [*events, {"event": "cleared", "frame": through}]:
                 self.send("live-event", carried.job.id, event)
         elif kind == "live-watch":
             carried.watchers = message[2]

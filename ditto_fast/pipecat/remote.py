@@ -2,7 +2,8 @@
 agent's process loads no network and imports no torch. At StartFrame the service opens a live session on the
 server (POST /v1/live, no output of its own) and its WebSocket both ways: the TTS's audio goes up as it comes
 (48 kHz: the server keeps its band), the session's frames come back (H.264, decoded here with PyAV) with their
-speech, an interruption is passed on (`{"clear": true}`), each TTS utterance's end too (`{"end": true}`); what
+speech, an interruption is passed on (`{"clear": true}`; the frames still on their way with the speech it cut are
+muted: the server's `cleared` event says which), each TTS utterance's end too (`{"end": true}`); what
 follows an utterance in the pipeline waits until the server says it has been played (playback_finished). EndFrame
 lets the speech given be played, then ends the session; CancelFrame ends it at once."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import struct
 import time
 import urllib.error
@@ -41,6 +43,7 @@ FIELDS = ("emotion", "seed", "steps", "fps", "blend", "controls", "overlap", "ma
 END_WAIT_S = 60.0           # at an EndFrame, how long the speech given may take to be played
 DRAIN_S = 0.6               # then how long the frames of the speech's end may still take to come (its encode, the net)
 HTTP_TIMEOUT_S = 30.0
+CLEARED_WAIT_S = 2.0        # after a clear, how long frames stay muted if the server never says which (an older one)
 
 
 class RemoteVideoService(FaceService):
@@ -69,6 +72,8 @@ class RemoteVideoService(FaceService):
         self._held: list[tuple[int, Frame]] = []            # (the utterance it follows, the frame)
         self._played: list[tuple[int, int]] = []            # (frame that carried its end, utterance), not yet shown
         self._shown = -1                                    # the index of the last frame pushed
+        self._muted_through: float = -1                     # frames up to here carry speech an interruption cut
+        self._muted_since = 0.0                             # when that clear was sent
         self._ended = asyncio.Event()
 
     @property
@@ -184,6 +189,7 @@ class RemoteVideoService(FaceService):
         if self._resampler is not None:
             self._resampler.flush()
         self._open = False
+        self._muted_through, self._muted_since = math.inf, time.monotonic()      # until the server says which
         await ws.send(json.dumps({"clear": True}))
         self._finished = self._segment
         kept = [f for _, f in self._held if not f.interruptible]
@@ -203,6 +209,8 @@ class RemoteVideoService(FaceService):
                 if said.get("event") == "playback_finished":
                     self._played.append((said["frame"], said["segment"]))
                     await self._release()
+                elif said.get("event") == "cleared":
+                    self._muted_through = said["frame"]
                 elif "error" in said:
                     await self.push_error(f"the avatar's live session: {said['error']}")
         except Exception as e:  # noqa: BLE001 - the connection lost: said once, the agent speaks on
@@ -231,10 +239,14 @@ class RemoteVideoService(FaceService):
         for image, size in images:
             self._size = size
             await self.push_frame(OutputImageRawFrame(image=image, size=size, format="RGB"))
-        speech = any(pcm)
-        audio = TTSAudioRawFrame if speech else OutputAudioRawFrame
+        index = header["index"]
+        if self._muted_through == math.inf and time.monotonic() - self._muted_since > CLEARED_WAIT_S:
+            self._muted_through = index - 1                 # a server that does not say: muted long enough
+        if index <= self._muted_through:                    # on its way when the caller interrupted: not heard
+            pcm = bytes(len(pcm))
+        audio = TTSAudioRawFrame if any(pcm) else OutputAudioRawFrame
         await self.push_frame(audio(audio=pcm, sample_rate=header["pcm_rate"], num_channels=1))
-        self._shown = header["index"]
+        self._shown = index
         if self._played:
             await self._release()
 

@@ -5,10 +5,12 @@ In: binary messages are the speech, s16le mono PCM (16 kHz, or the rate declared
 speech so far is one answer: its playback_finished comes once it has gone out), `{"clear": true}` (an interruption:
 speech not yet spoken is dropped, what was taken goes out silent; the unfinished answers finish interrupted).
 Out: playback events as JSON text (`{"event": "playback_started"|"playback_finished", "segment": N,
-"position_s": S, "interrupted": B}`); with media, one binary message per frame: a 4-byte big-endian header length,
-the header (JSON: index, key, unit and pcm byte counts, the frame rate and the PCM's rate), the frame as one H.264
-access unit, then its slot's s16le speech. A refusal is one JSON line `{"error", "exit_code"}` and a close: 1003
-(not PCM, a bad message or rate), 4404 (no such session), 4409 (it has an audio client already), 4410 (ended)."""
+"position_s": S, "interrupted": B, "frame": F}`, and for each clear `{"event": "cleared", "frame": F}`: no frame
+after F carries speech sent before the clear, so a client mutes what it still receives up to F); with media, one
+binary message per frame: a 4-byte big-endian header length, the header (JSON: index, key, unit and pcm byte
+counts, the frame rate and the PCM's rate), the frame as one H.264 access unit, then its slot's s16le speech. A
+refusal is one JSON line `{"error", "exit_code"}` and a close: 1003 (not PCM, a bad message or rate), 4404 (no such
+session), 4409 (it has an audio client already), 4410 (ended)."""
 
 from __future__ import annotations
 
