@@ -3,7 +3,8 @@ recorded before the render request was introduced (on a machine of the recorded 
 from a BT.709-tagged HD anchor, which the picture rules (avatar/picture.py) read as before.
 
 The recorded digests are keyed by what decides the arithmetic (CPU flags, torch, numpy, mediapipe,
-ffmpeg); on another kind of machine the three paths must still agree with one another. To record this
+ffmpeg) and made on two torch threads (their number changes the sums' order, so the renders here use two on any
+machine); on another kind of machine the three paths must still agree with one another. To record this
 machine's: DITTO_FAST_RECORD_GOLDEN=1 ./scripts/test.sh tests/test_engine_same_bytes.py
 """
 
@@ -30,6 +31,7 @@ GOLDEN = REPO / "tests" / "data" / "golden_render.json"
 CLIP = {"seed": 7, "steps": 4, "emotion": "happy+surprise", "fps": "30", "blend": "feather"}
 ENGINE = ["--device", "cpu", "--precision", "fp32", "--batch-size", "1", "--encoder", "software"]
 CONTROLS = {"frames": {"0-5": {"yaw": 8.0}}}
+RECORDED_THREADS = 2        # the digests were recorded with torch's default on these 2-core machines
 
 
 def _machine_key() -> str:
@@ -52,10 +54,22 @@ def golden_avatar(session_home, tiny_checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def three_ways(golden_avatar, session_home, tiny_checkpoints, clips, tmp_path_factory, run_cli_module):
+    """The three ways' digests, on RECORDED_THREADS torch threads (a CPU render's bytes depend on their number)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RECORDED_THREADS)
+    try:
+        yield _three_ways(tiny_checkpoints, clips, tmp_path_factory, run_cli_module)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _three_ways(tiny_checkpoints, clips, tmp_path_factory, run_cli_module) -> dict:
     out = tmp_path_factory.mktemp("same_bytes")
     controls = out / "controls.json"
     controls.write_text(json.dumps(CONTROLS))
-    env = {"DITTO_FAST_CHECKPOINTS": str(tiny_checkpoints)}
+    env = {"DITTO_FAST_CHECKPOINTS": str(tiny_checkpoints), "OMP_NUM_THREADS": str(RECORDED_THREADS)}
     cli_out = out / "cli.mp4"
     r = run_cli_module(["render", "--avatar", "golden", "--audio", clips[0], "-o", cli_out, "--seed", CLIP["seed"],
                         "--steps", CLIP["steps"], "--emotion", CLIP["emotion"], "--fps", CLIP["fps"],
