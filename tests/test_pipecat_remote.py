@@ -134,18 +134,17 @@ def test_frames_on_their_way_at_an_interruption_are_muted_up_to_the_frame_the_se
     """After a clear the frames that still come carry the cut speech: silent until the server's `cleared` event, then
     up to its frame; speech after it is heard. A server that never says: muted for CLEARED_WAIT_S, then heard."""
     import asyncio
-    import struct
 
     from pipecat.frames.frames import OutputAudioRawFrame, TTSAudioRawFrame
 
     from ditto_fast.pipecat import remote
+    from ditto_fast.serve.live.socket import media_message
 
     loud = np.full(1920, 8000, "<i2").tobytes()
 
     def frame(index: int) -> bytes:
-        header = json.dumps({"index": index, "key": False, "unit": 0, "pcm": len(loud), "rate": "25",
-                             "pcm_rate": 48000}).encode()
-        return struct.pack(">I", len(header)) + header + loud
+        """A loud frame as the server sends it (no picture: the service's decoder is left out)."""
+        return media_message((index, b"", False, loud), 25)
 
     class Socket:
         """The session's WebSocket: what the client sends, and what comes (a callable: time passing)."""
