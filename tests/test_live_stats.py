@@ -25,7 +25,7 @@ def test_stats_latency_quantiles_come_from_the_sample():
     for i in range(30_000):
         st.latency(sent=10.0 + i * 0.02, arrivals=[i * 0.02 + 9.0], first_speech=None, samples=(0, 640))
     st.latency(sent=1000.0, arrivals=[990.0], first_speech=None, samples=(0, 640))     # one stall
-    lat = st.summary(interrupted=False)["latency_s"]
+    lat = st.summary()["latency_s"]
     assert len(st.latencies.values) <= 20_000
     assert abs(lat["median"] - 1.0) < 1e-6 and lat["max"] == 10.0
 
@@ -42,10 +42,10 @@ def test_speech_that_came_in_a_burst_counts_from_its_turn_not_its_arrival():
         sent = 100.0 + delay + i / 25
         burst.latency(sent, [100.0], (0, 100.0), (a, b))     # every block arrived at the start
         steady.latency(sent, [100.0 + i / 25 + 0.01], (0, 100.01), (a, b))     # each as it is spoken
-    lat = burst.summary(interrupted=False)["latency_s"]
+    lat = burst.summary()["latency_s"]
     assert abs(lat["median"] - delay) < 1e-6 and abs(lat["p95"] - delay) < 1e-6 and abs(lat["max"] - delay) < 1e-6
     assert abs(burst.first_frame - delay) < 1e-6
-    lat = steady.summary(interrupted=False)["latency_s"]     # speech that comes at its pace: from its arrival
+    lat = steady.summary()["latency_s"]     # speech that comes at its pace: from its arrival
     assert abs(lat["median"] - (delay - 0.01)) < 1e-6 and abs(steady.first_frame - (delay - 0.01)) < 1e-6
 
 

@@ -4,12 +4,9 @@ a thread of its own: engine_sessions.py), saying how far it is and that it is al
 dies with its parent, and its ffmpegs with it; out of memory, it says so and exits, so that its parent starts a
 fresh one.
 
-Messages in: ("start", setup, memory_bytes), ("render", job), ("cancel", token), ("go", token), ("stop",), and a
-live session's (live_link.py).
-Messages out: ("beat", time), ("ready", info), ("failed", line, exit_code), ("progress", token, stage, done, total),
-("commit", token) (the file is complete: answered go or cancel before its rename), then the job's outcome
-(outcome.py) with its token: ("done", token, result), ("error", token, line, exit_code), ("cancelled", token),
-("fatal", token, why); and a live session's."""
+Messages in (messages.py): Start, Render, Cancel, Go, Stop, and a live session's. Out: Beat, Ready, Failed (no
+engine), Progress, Commit (the file is complete: answered Go or Cancel before its rename), then the job's Outcome;
+and a live session's."""
 
 from __future__ import annotations
 
@@ -26,6 +23,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ditto_fast.handles import messages as m
 from ditto_fast.handles.outcome import out_of_memory, run_job      # imported before the memory cap applies
 
 BEAT_S = 1.0                # how often the engine says it is alive
@@ -39,7 +37,7 @@ class _Channel:
     def __init__(self, conn: Connection):
         self.conn, self._lock = conn, threading.Lock()
 
-    def send(self, *message: Any) -> None:
+    def send(self, message: Any) -> None:
         with self._lock:
             self.conn.send(message)
 
@@ -87,11 +85,11 @@ def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelle
             message = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
-        if message[0] == "cancel":
-            cancelled.add(message[1])
-        if message[0] in ("cancel", "go"):
+        if isinstance(message, m.Cancel):
+            cancelled.add(message.token)
+        if isinstance(message, (m.Cancel, m.Go)):
             answers.put(message)
-        elif message[0].startswith("live"):
+        elif isinstance(message, m.SessionMessage):
             sessions.hear(message)
         else:
             inbox.put(message)
@@ -100,7 +98,7 @@ def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelle
 def _beat(channel: _Channel) -> None:
     while True:
         try:
-            channel.send("beat", time.time())
+            channel.send(m.Beat(time.time()))
         except OSError:
             os._exit(0)
         time.sleep(BEAT_S)
@@ -118,14 +116,14 @@ def _render(renderer: Any, job: Any, channel: _Channel, answers: queue.Queue, ca
         now = time.monotonic()
         if now - last[0] >= PROGRESS_EVERY_S or done == total:
             last[0] = now
-            channel.send("progress", token, stage, done, total)
+            channel.send(m.Progress(token, stage, done, total))
 
     def commit() -> None:
-        channel.send("commit", token)
+        channel.send(m.Commit(token))
         while True:
-            answer, about = answers.get()
-            if about == token:
-                if answer == "cancel":
+            said = answers.get()
+            if said.token == token:
+                if isinstance(said, m.Cancel):
                     raise JobCancelled()
                 return
 
@@ -133,7 +131,7 @@ def _render(renderer: Any, job: Any, channel: _Channel, answers: queue.Queue, ca
         outcome = run_job(renderer, job, tick, commit)
     finally:
         cancelled.discard(token)
-    channel.send(outcome[0], token, *outcome[1:])
+    channel.send(m.Outcome(token, outcome))
     if outcome[0] == "fatal":
         os._exit(3)
 
@@ -146,7 +144,8 @@ def main(argv: list[str]) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)     # asked before a hung engine is killed
     conn = Connection(fd)
     channel = _Channel(conn)
-    _, setup, memory = conn.recv()
+    start: m.Start = conn.recv()
+    setup, memory = start.setup, start.memory_bytes
     import ditto_fast.media.ffpipe as ffpipe
 
     ffpipe.FFMPEG_OWN_SESSION = False       # this process's group: its ffmpegs die with it when its parent kills it
@@ -161,16 +160,16 @@ def main(argv: list[str]) -> int:
         reuse_freed_memory()
         renderer = Renderer(setup=setup)
     except DittoError as e:
-        channel.send("failed", str(e), e.exit_code)
+        channel.send(m.Failed(str(e), e.exit_code))
         return 0
     except Exception as e:  # noqa: BLE001 - the parent says why no engine started
         if out_of_memory(e) and memory:
-            channel.send("failed", f"the engine ran out of memory loading its networks within its cap of "
-                                   f"{memory / (1 << 30):.2f} GiB; give --engine-memory more", 2)
+            channel.send(m.Failed(f"the engine ran out of memory loading its networks within its cap of "
+                                  f"{memory / (1 << 30):.2f} GiB; give --engine-memory more", 2))
         else:
-            channel.send("failed", f"the engine could not start: {type(e).__name__}: {e}", 1)
+            channel.send(m.Failed(f"the engine could not start: {type(e).__name__}: {e}", 1))
         return 0
-    channel.send("ready", {"pid": os.getpid(), "load_seconds": round(renderer.load_seconds, 3)})
+    channel.send(m.Ready({"pid": os.getpid(), "load_seconds": round(renderer.load_seconds, 3)}))
     inbox: queue.Queue = queue.Queue()
     answers: queue.Queue = queue.Queue()
     cancelled: set[str] = set()
@@ -181,11 +180,11 @@ def main(argv: list[str]) -> int:
                      name="ditto-fast-engine-reader", daemon=True).start()
     while True:
         message = inbox.get()
-        if message[0] == "stop":
+        if isinstance(message, m.Stop):
             sessions.stop_all()             # each session's file complete
             return 0
-        if message[0] == "render":
-            _render(renderer, message[1], channel, answers, cancelled)
+        if isinstance(message, m.Render):
+            _render(renderer, message.job, channel, answers, cancelled)
 
 
 if __name__ == "__main__":

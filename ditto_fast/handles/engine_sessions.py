@@ -1,6 +1,6 @@
 """The live sessions an engine process carries (`EngineSessions`), each on a thread of its own beside the render loop
 and on the same loaded networks: started, fed speech, cleared, ended, watched and stopped by its parent's messages
-(see live_link.py); its frames encoded for its parent while someone watches (live/relay.py), beside its file or
+(messages.py, live_link.py); its frames encoded for its parent while someone watches (live/relay.py), beside its file or
 network stream if it has one; its figures sent each second, its end or failure said once."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ditto_fast.handles import messages as m
 from ditto_fast.handles.live_link import LiveJob
 
 STATS_EVERY_S = 1.0
@@ -31,13 +32,15 @@ class _Carried:
         self.session: Any = None
         self.relay: Any = None
         self.watchers = 0
+        self.ends: list[int] = []              # answers' ends whose speech has not all come yet (SegmentEnd.at)
         self.stop_asked = threading.Event()
+        self.why = "stop"                       # what ended it, when a stop did
 
 
 class EngineSessions:
-    """The sessions of one engine process; `send(*message)` says things to its parent."""
+    """The sessions of one engine process; `send(message)` says things to its parent."""
 
-    def __init__(self, renderer: Any, send: Callable[..., None]):
+    def __init__(self, renderer: Any, send: Callable[[m.SessionMessage], None]):
         self.renderer, self.send = renderer, send
         self._carried: dict[str, _Carried] = {}
         self._threads: list[threading.Thread] = []
@@ -68,56 +71,66 @@ class EngineSessions:
                 self._windows[steps] = SharedWindows(DDIMSampler(r.lmdm, steps, r.config.motion.guidance, r.denoise))
             return self._windows[steps]
 
-    def hear(self, message: tuple) -> None:
+    def hear(self, message: m.SessionMessage) -> None:
         """A parent's message about a session (from the engine's reader thread)."""
-        kind = message[0]
-        if kind == "live":
-            job: LiveJob = message[1]
-            carried = _Carried(job)
+        if isinstance(message, m.Open):
+            carried = _Carried(message.job)
             with self._lock:
-                self._carried[job.id] = carried
-            thread = threading.Thread(target=self._run, args=(carried,), name=f"live-{job.id}", daemon=True)
+                self._carried[message.id] = carried
+            thread = threading.Thread(target=self._run, args=(carried,), name=f"live-{message.id}", daemon=True)
             self._threads.append(thread)
             thread.start()
             return
-        carried = self._carried.get(message[1])
+        carried = self._carried.get(message.id)
         if carried is None:
             return                                  # ended already: late speech is dropped
-        if kind == "live-pcm":
-            samples = np.frombuffer(message[2], "<i2").astype(np.float32) / 32768.0
-            band = None if message[3] is None else np.frombuffer(message[3], "<i2").astype(np.float32) / 32768.0
+        if isinstance(message, m.Speech):
+            samples = np.frombuffer(message.pcm, "<i2").astype(np.float32) / 32768.0
+            band = None if message.band is None else np.frombuffer(message.band, "<i2").astype(np.float32) / 32768.0
             with carried.lock:
                 carried.playback.pushed(carried.source.received, len(samples))
                 carried.source.push(samples, band)
-        elif kind == "live-segment":
+                while carried.ends and carried.ends[0] <= carried.source.received:
+                    carried.playback.end_segment(carried.ends.pop(0))
+        elif isinstance(message, m.SegmentEnd):
             with carried.lock:
-                carried.playback.end_segment(carried.source.received)
-        elif kind == "live-clear":
-            with carried.lock:
-                played = carried.session.played if carried.session is not None else (0, -1)
-                events = carried.playback.interrupt(*played)
-                if carried.session is not None:
-                    carried.session.interrupt()
-                    # a frame being written as it came may have read its speech before the silence: one more
-                    through = carried.session.played[1] + 1
-                else:
-                    carried.source.clear()
-                    through = -1
-            for event in [*events, {"event": "cleared", "frame": through}]:
-                self.send("live-event", carried.job.id, event)
-        elif kind == "live-watch":
-            carried.watchers = message[2]
+                if message.at <= carried.source.received and not carried.ends:
+                    carried.playback.end_segment(message.at)
+                else:                               # it overtook its speech (control goes first): when it comes
+                    carried.ends.append(message.at)
+        elif isinstance(message, m.Clear):
+            self._clear(carried)
+        elif isinstance(message, m.Watch):
+            carried.watchers = message.watchers
             if carried.relay is not None:
-                carried.relay.watch(message[2])
-        elif kind == "live-stop":
+                carried.relay.watch(message.watchers)
+        elif isinstance(message, m.End):
+            carried.why = message.why
             carried.stop_asked.set()
             if carried.session is not None:
-                carried.session.stop()
+                carried.session.stop(message.why)
+
+    def _clear(self, carried: _Carried) -> None:
+        """An interruption: the speech not yet taken dropped, what was taken silenced, the unfinished answers
+        finished interrupted; answered `cleared` with the last frame that may still carry speech from before."""
+        with carried.lock:
+            carried.ends.clear()                    # their speech was dropped before it was sent: interrupted below
+            played = carried.session.played if carried.session is not None else (0, -1)
+            events = carried.playback.interrupt(*played)
+            if carried.session is not None:
+                carried.session.interrupt()
+                # a frame being written as it came may have read its speech before the silence: one more
+                through = carried.session.played[1] + 1
+            else:
+                carried.source.clear()
+                through = -1
+        for event in [*events, {"event": "cleared", "frame": through}]:
+            self.send(m.SessionEvent(carried.job.id, event))
 
     def stop_all(self, timeout: float = 30.0) -> None:
         """End every session cleanly (the engine stops), waiting up to `timeout` s for their files to close."""
         for carried in list(self._carried.values()):
-            self.hear(("live-stop", carried.job.id))
+            self.hear(m.End(carried.job.id, "engine stopped"))
         for thread in self._threads:
             thread.join(timeout)
 
@@ -131,9 +144,9 @@ class EngineSessions:
         def started(session: Any) -> None:
             carried.session = session
             if carried.stop_asked.is_set():
-                session.stop()
-            self.send("live-ready", sid, {"avatar": carried.job.request.avatar, "size": list(session.avatar.size),
-                                          "rate": str(session.s.rate)})
+                session.stop(carried.why)
+            self.send(m.SessionReady(sid, {"avatar": carried.job.request.avatar, "size": list(session.avatar.size),
+                                          "rate": str(session.s.rate)}))
             threading.Thread(target=self._report, args=(carried,), name=f"live-{sid}-stats", daemon=True).start()
 
         def outputs(avatar: Any, settings: Any) -> Any:
@@ -141,7 +154,7 @@ class EngineSessions:
             from ditto_fast.live.start import plate_pix_fmt, stream_output
 
             carried.relay = RelayOutput(avatar.size, settings.rate, plate_pix_fmt(avatar),
-                                        lambda *media: self.send("live-media", sid, *media),
+                                        lambda *media: self.send(m.SessionMedia(sid, *media)),
                                         preset=self.renderer.setup.preset)
             carried.relay.watch(carried.watchers)
             if carried.job.request.out is None:
@@ -154,15 +167,15 @@ class EngineSessions:
 
         try:
             stats = stream_live(self.renderer, carried.job.request, carried.source, False,
-                                lambda line: self.send("live-log", sid, line), started=started, output=outputs,
+                                lambda line: self.send(m.SessionLog(sid, line)), started=started, output=outputs,
                                 **self._shared())
         except DittoError as e:
-            self.send("live-failed", sid, str(e), e.exit_code)
+            self.send(m.SessionFailed(sid, str(e), e.exit_code))
         except Exception as e:  # noqa: BLE001 - the parent says why the session failed
             why = "out of memory" if out_of_memory(e) else "the live session failed"
-            self.send("live-failed", sid, one_line(f"{why}: {type(e).__name__}: {e}", 500), 1)
+            self.send(m.SessionFailed(sid, one_line(f"{why}: {type(e).__name__}: {e}", 500), 1))
         else:
-            self.send("live-ended", sid, stats)
+            self.send(m.SessionEnded(sid, stats))
         finally:
             with self._lock:
                 self._carried.pop(sid, None)
@@ -176,10 +189,10 @@ class EngineSessions:
                 with carried.lock:
                     events = carried.playback.advance(*carried.session.played)
                 for event in events:
-                    self.send("live-event", sid, event)
+                    self.send(m.SessionEvent(sid, event))
                 beat += 1
                 if beat * PLAYBACK_EVERY_S >= STATS_EVERY_S:
                     beat = 0
-                    self.send("live-stats", sid, carried.session.stats.summary(False), carried.source.taken)
+                    self.send(m.SessionStats(sid, carried.session.stats.summary(), carried.source.taken))
             except OSError:
                 return

@@ -2,23 +2,22 @@
 hears it), cleared on an interruption, ended; the session stopped; its state, figures and cause read. What the
 session says comes back through the engine's handle (`heard`), which also tells the link when its engine is lost.
 
-Messages to the engine: ("live", job), ("live-pcm", id, s16le 16 kHz bytes, s16le 48 kHz bytes or None), ("live-segment", id) (an answer's end),
-("live-clear", id), ("live-watch", id, watchers), ("live-stop", id). From it: ("live-ready", id, info),
-("live-stats", id, summary, samples taken), ("live-log", id, line), ("live-event", id, playback event),
-("live-media", id, index, access_unit, key, pcm) while anyone watches, ("live-ended", id, summary),
-("live-failed", id, line, exit_code)."""
+The messages (messages.py) leave on two channels: the speech, and the control (an answer's end, a clear, the
+watchers, the stop), which goes first and which a clear never touches: a clear drops only the speech not yet sent.
+An answer's end names its place in the speech (`SegmentEnd.at`), so it may overtake the speech before it."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ditto_fast.handles import messages as m
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -42,19 +41,22 @@ class LiveLink:
     """One live session on an engine, seen from the process that opened it. `send` hands a message to the engine
     (OSError when it is gone); `heard(event, detail)` hears ready, log, event (playback), ended and failed."""
 
-    def __init__(self, job: LiveJob, send: Callable[[tuple], None], engine: str,
+    def __init__(self, job: LiveJob, send: Callable[[Any], None], engine: str,
                  heard: Callable[[str, Any], None] | None = None):
         self.job, self.id, self.engine = job, job.id, engine
         self.heard = heard or (lambda event, detail: None)
         self.state, self.error = "starting", None
         self.info: dict[str, Any] = {}         # what the engine said when the session started
         self.stats: dict | None = None          # the session's figures, each second, and at its end
-        self.pushed = 0                         # samples pushed (16 kHz)
+        self.pushed = 0                         # samples pushed (16 kHz), less those a clear dropped before sending
         self.taken = 0                          # samples the session has taken, as it last said
         self.last_frames, self.last_change = -1, time.monotonic()      # for the stall limit
         self._send = send
         self._watchers: list[Callable[[tuple | None], None]] = []
-        self._out: queue.Queue = queue.Queue()
+        self._speech: deque[m.Speech] = deque()
+        self._control: deque[m.SessionMessage] = deque()
+        self._wake = threading.Condition()
+        self._closed = False
         self._ended = threading.Event()
         self._lock = threading.Lock()
         self._sender = threading.Thread(target=self._send_loop, name=f"live-{self.id}-send", daemon=True)
@@ -66,28 +68,33 @@ class LiveLink:
         speech as it came at 48 kHz for the stream to carry (sent in order; dropped once the session ended)."""
         if not self.active or not (len(samples) or (band is not None and len(band))):
             return                  # (the two resamplers give their samples in different lumps: either may be empty)
-        self.pushed += len(samples)
-        self._out.put(("live-pcm", self.id, _s16(samples), None if band is None else _s16(band)))
+        message = m.Speech(self.id, _s16(samples), None if band is None else _s16(band))
+        with self._wake:
+            self.pushed += len(samples)
+            self._speech.append(message)
+            self._wake.notify()
 
     def clear(self) -> None:
-        """Drop the speech not yet spoken (an interruption): what waits here and what waits in the engine."""
-        with self._out.mutex:
-            dropped = sum(len(m[2]) // 2 for m in self._out.queue if m and m[0] == "live-pcm")
-            self._out.queue.clear()
-        self.pushed -= dropped
-        self._out.put(("live-clear", self.id))
+        """Drop the speech not yet spoken (an interruption): what waits here and what waits in the engine; the
+        engine answers with a `cleared` event. Nothing but speech is dropped."""
+        with self._wake:
+            self.pushed -= sum(len(s.pcm) // 2 for s in self._speech)
+            self._speech.clear()
+        self._say(m.Clear(self.id))
 
     def end_segment(self) -> None:
         """The speech pushed so far ends a segment (an answer): its playback_finished comes once it has gone out."""
-        self._out.put(("live-segment", self.id))
+        with self._wake:
+            at = self.pushed
+        self._say(m.SegmentEnd(self.id, at))
 
-    def stop(self) -> None:
-        """End the stream now, cleanly (its file complete); `wait` for it."""
+    def stop(self, why: str = "stop") -> None:
+        """End the stream now, cleanly (its file complete); `why` is what its figures say ended it; `wait` for it."""
         with self._lock:
             if self.state not in ACTIVE:
                 return
             self.state = "ending"
-        self._out.put(("live-stop", self.id))
+        self._say(m.End(self.id, why))
 
     def watch(self, take: Callable[[tuple | None], None]) -> Callable[[], None]:
         """`take((index, access_unit, key, pcm))` hears each frame the session sends from now on (its picture as one
@@ -96,7 +103,7 @@ class LiveLink:
         with self._lock:
             self._watchers.append(take)
             count = len(self._watchers)
-        self._out.put(("live-watch", self.id, count))
+        self._say(m.Watch(self.id, count))
 
         def leave() -> None:
             with self._lock:
@@ -104,7 +111,7 @@ class LiveLink:
                     return
                 self._watchers.remove(take)
                 count = len(self._watchers)
-            self._out.put(("live-watch", self.id, count))
+            self._say(m.Watch(self.id, count))
         return leave
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -121,32 +128,31 @@ class LiveLink:
         return max(0, self.pushed - self.taken) / SPEECH_SAMPLE_RATE
 
     # ------------------------------------------------------------------ from the engine
-    def hear(self, message: tuple) -> None:
+    def hear(self, message: m.SessionMessage) -> None:
         """A message about this session from its engine (`heard` hears ready, log, event, ended, failed)."""
-        kind = message[0]
-        if kind == "live-ready":
-            self.info = message[2]
+        if isinstance(message, m.SessionMedia):
+            for take in list(self._watchers):
+                _quietly(take, message.media)
+        elif isinstance(message, m.SessionStats):
+            self.stats, self.taken = message.summary, message.taken
+            frames = (self.stats.get("frames") or {}).get("sent", 0)
+            if frames != self.last_frames:
+                self.last_frames, self.last_change = frames, time.monotonic()
+        elif isinstance(message, m.SessionEvent):
+            self.heard("event", message.event)
+        elif isinstance(message, m.SessionReady):
+            self.info = message.info
             with self._lock:
                 if self.state == "starting":
                     self.state = "streaming"
             self.heard("ready", self.info)
-        elif kind == "live-stats":
-            self.stats, self.taken = message[2], message[3]
-            frames = (self.stats.get("frames") or {}).get("sent", 0)
-            if frames != self.last_frames:
-                self.last_frames, self.last_change = frames, time.monotonic()
-        elif kind == "live-media":
-            for take in list(self._watchers):
-                _quietly(take, message[2:])
-        elif kind == "live-log":
-            self.heard("log", message[2])
-        elif kind == "live-event":
-            self.heard("event", message[2])
-        elif kind == "live-ended":
-            self.stats = message[2]
+        elif isinstance(message, m.SessionLog):
+            self.heard("log", message.line)
+        elif isinstance(message, m.SessionEnded):
+            self.stats = message.summary
             self._finish("ended", None)
-        elif kind == "live-failed":
-            self._finish("failed", message[2])
+        elif isinstance(message, m.SessionFailed):
+            self._finish("failed", message.line)
 
     def lost(self, why: str) -> None:
         """The engine carrying the session is gone (`why`: its death, a hang, its stop)."""
@@ -157,15 +163,30 @@ class LiveLink:
             if self.state not in ACTIVE:
                 return
             self.state, self.error = state, error
-        self._out.put(None)
+        with self._wake:
+            self._closed = True
+            self._speech.clear()
+            self._wake.notify()
         self._ended.set()
         for take in list(self._watchers):
             _quietly(take, None)
         self.heard(state, error if state == "failed" else self.stats)
 
+    def _say(self, message: m.SessionMessage) -> None:
+        with self._wake:
+            self._control.append(message)
+            self._wake.notify()
+
     def _send_loop(self) -> None:
-        """Hand the queued messages to the engine in order (a stopped engine blocks this thread, never the caller's)."""
-        while (message := self._out.get()) is not None:
+        """Hand the messages to the engine, the control before the speech, each channel in order (a stopped engine
+        blocks this thread, never the caller's)."""
+        while True:
+            with self._wake:
+                while not (self._control or self._speech or self._closed):
+                    self._wake.wait()
+                if self._closed:
+                    return
+                message = (self._control or self._speech).popleft()
             try:
                 self._send(message)
             except Exception:  # noqa: BLE001 - the engine is gone: its handle says so through lost()

@@ -27,11 +27,12 @@ import ditto_fast
 from ditto_fast.core.errors import InputError, one_line
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
                                      JobTimedOut, at_memory_cap, signal_words)
+from ditto_fast.handles import messages as m
 from ditto_fast.handles.live_link import LiveJob, LiveLink
 from ditto_fast.handles.outcome import answer
 from ditto_fast.media.claims import remove_dead_writers
 
-_EOF = ("eof",)
+_EOF = object()             # the child is gone (in place of its next message)
 WATCH_S = 0.5               # how often the watchdog looks at an engine's heartbeat and sessions
 DEATH_CHARS = 500           # the most of an engine's cause of death kept (health's last_death, a job's crash cause)
 _CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from ditto_fast.handles.child import main; "
@@ -94,7 +95,7 @@ class ProcessEngine:
         try:
             if self._conn is not None and self._proc is not None and self._proc.poll() is None:
                 try:            # the engine ends its sessions cleanly, then exits
-                    self._send(("stop",))
+                    self._send(m.Stop())
                     self._proc.wait(timeout=10 + 30 * bool(self._links))
                 except (OSError, subprocess.TimeoutExpired):
                     pass
@@ -145,7 +146,7 @@ class ProcessEngine:
         threading.Thread(target=self._watch, args=(proc, links), name=f"ditto-fast-{self.name}-watchdog",
                          daemon=True).start()
         try:
-            conn.send(("start", self.setup, self.limits.memory_bytes))
+            conn.send(m.Start(self.setup, self.limits.memory_bytes))
         except OSError:
             pass                                # gone already: _wait_ready says how it ended
 
@@ -162,15 +163,15 @@ class ProcessEngine:
                 self._kill()
                 self._dead(f"it did not finish loading within {self.limits.start_s:g} s")
                 raise InputError(f"{self.name}: {self._state.error}")
-            if message[0] == "ready":
-                self.info = message[1]
+            if isinstance(message, m.Ready):
+                self.info = message.info
                 self._state.state, self._state.job = "idle", None
                 return
-            if message[0] == "failed":
+            if isinstance(message, m.Failed):
                 self._wait_exit()
-                self._dead(message[1])
-                raise EngineError(message[1], message[2])
-            if message == _EOF:
+                self._dead(message.line)
+                raise EngineError(message.line, message.exit_code)
+            if message is _EOF:
                 self._dead(f"its process ended while loading ({self._ended(proc)})")
                 raise InputError(f"{self.name}: {self._state.error}")
 
@@ -226,10 +227,10 @@ class ProcessEngine:
                 message = conn.recv()
             except Exception:  # noqa: BLE001 - EOF, a broken socket, a message that does not unpickle: gone
                 break
-            if message[0] == "beat":
-                self._state.last_beat = message[1]
-            elif message[0].startswith("live"):
-                link = links.get(message[1])
+            if isinstance(message, m.Beat):
+                self._state.last_beat = message.time
+            elif isinstance(message, m.SessionMessage):
+                link = links.get(message.id)
                 if link is not None:
                     link.hear(message)
                     if not link.active:
@@ -298,7 +299,7 @@ class ProcessEngine:
                     self._said.append(line)
         proc.stdout.close()
 
-    def _next(self, inbox: queue.Queue, deadline: float | None, beat_since: float | None) -> tuple | None:
+    def _next(self, inbox: queue.Queue, deadline: float | None, beat_since: float | None) -> Any:
         """The child's next message; None when `deadline` (monotonic) passes or the child stops beating."""
         while True:
             now = time.monotonic()
@@ -335,7 +336,7 @@ class ProcessEngine:
         inbox = self._inbox
         started = time.monotonic()
         try:
-            self._send(("render", job))
+            self._send(m.Render(job))
         except (OSError, ValueError):
             return self._died(job, "its process was gone when the job was sent")
         last_progress, cancelled, token = started, False, job.token
@@ -356,38 +357,39 @@ class ProcessEngine:
                 why = f"hung: {why}; it was killed"
                 self._kill(stacks=True, why=why)
                 return self._died(job, why)
-            kind = message[0]
-            if message == _EOF:
+            if message is _EOF:
                 why = self._why.get(self._proc.pid) if self._proc else None
                 return self._died(job, why or f"its process died ({self._ended()})")
-            if len(message) > 1 and message[1] != token:
+            if getattr(message, "token", token) != token:
                 continue                                # a late word about an earlier job
-            if kind == "commit":                        # complete: renamed into place unless cancelled now
+            if isinstance(message, m.Commit):           # complete: renamed into place unless cancelled now
                 try:
                     if cancelled:
                         raise JobCancelled()
                     if commit is not None:
                         commit()
-                    self._send_quietly(("go", token))
+                    self._send_quietly(m.Go(token))
                 except JobCancelled:
                     cancelled = True
-                    self._send_quietly(("cancel", token))
+                    self._send_quietly(m.Cancel(token))
                 continue
-            if kind == "progress":
+            if isinstance(message, m.Progress):
                 last_progress = time.monotonic()
                 if progress is not None and not cancelled:
                     try:
-                        progress(*message[2:])
+                        progress(message.stage, message.done, message.total)
                     except JobCancelled:                # passed on: the engine stops at its next frame batch
                         cancelled = True
-                        self._send_quietly(("cancel", token))
+                        self._send_quietly(m.Cancel(token))
+                continue
+            if not isinstance(message, m.Outcome):
                 continue
             self._state.state, self._state.job = "idle", None
-            if kind == "fatal":
+            if message.outcome[0] == "fatal":
                 self._wait_exit()
-            return answer((kind, *message[2:]), lambda why: self._dying(job, why))
+            return answer(message.outcome, lambda why: self._dying(job, why))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: Any) -> None:
         """One message to the engine (from any thread); OSError when it is gone."""
         conn = self._conn
         if conn is None:
@@ -395,7 +397,7 @@ class ProcessEngine:
         with self._send_lock:
             conn.send(message)
 
-    def _send_quietly(self, message: tuple) -> None:
+    def _send_quietly(self, message: Any) -> None:
         try:
             self._send(message)
         except (OSError, ValueError):
@@ -424,7 +426,7 @@ class ProcessEngine:
             self._links[job.id] = link
             self._state.sessions = [f"{k.job.label or k.id}" for k in self._links.values()]
             try:
-                self._send(("live", job))
+                self._send(m.Open(job.id, job))
             except (OSError, ValueError):
                 pass                    # gone already: the read loop tells the link why
         return link

@@ -75,6 +75,7 @@ class LiveSession:
         self.log = log or (lambda line: None)
         self.stats = LiveStats(settings.rate)
         self._stop = threading.Event()
+        self.ended_by: str | None = None                      # why stop() was called, once it was
         self._motion: dict[int, np.ndarray] = {}              # motion index -> [265]
         self._motion_cv = threading.Condition()
         self._motion_low = 0                                  # motion indices below it will never come
@@ -110,8 +111,14 @@ class LiveSession:
             self.stats.audio.silence(self._sent[1])
         return dropped
 
-    def stop(self) -> None:
-        """End the stream at the next frame (the output is closed cleanly by `run`)."""
+    def stop(self, why: str = "stop") -> None:
+        """End the stream at the next frame (the output is closed cleanly by `run`); `why` is what the figures'
+        `ended_by` says (the first reason given)."""
+        if not self._stop.is_set():
+            self.ended_by = self.ended_by or why
+        self._halt()
+
+    def _halt(self) -> None:
         self._stop.set()
         with self._motion_cv:
             self._motion_cv.notify_all()
@@ -151,7 +158,7 @@ class LiveSession:
                 time.sleep(max(0.0, POLL_S - (time.monotonic() - now)))
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, which raises it
             self._errors.append(e)
-            self.stop()
+            self._halt()
 
     def _publish(self, frames: list[tuple[int, np.ndarray]]) -> None:
         if not frames:
@@ -244,7 +251,7 @@ class LiveSession:
             self._send_frames(audio)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             self._errors.append(e)
-            self.stop()
+            self._halt()
 
     def _send_frames(self, audio: StreamAudio) -> None:
         a, st, timer = self.avatar, self.stats, self.stats.seconds
@@ -355,7 +362,7 @@ class LiveSession:
         except (KeyboardInterrupt, Terminated) as e:
             interrupted = e
         finally:
-            self.stop()
+            self._halt()
             for t in threads:
                 t.join(timeout=10)
             self.source.close()
@@ -367,4 +374,4 @@ class LiveSession:
                 self.output.close()
         if self._errors:
             raise self._errors[0]
-        return self.stats.summary(interrupted is not None)
+        return self.stats.summary("interrupt" if interrupted is not None else self.ended_by or "end of source")

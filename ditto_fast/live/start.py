@@ -68,7 +68,7 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
         def watch() -> None:
             while not done.wait(0.1):
                 if source.ended and source.error and source.received == 0:
-                    session.stop()
+                    session.stop("source error")
                     return
         threading.Thread(target=watch, name="live-source-watch", daemon=True).start()
 

@@ -83,9 +83,9 @@ class LiveStats:
                 f"{self.skipped} skipped so far; the stream keeps its rate and its audio")
             self._behind_at, self._behind_from = now, self.repeated
 
-    def summary(self, interrupted: bool) -> dict:
+    def summary(self, ended_by: str | None = None) -> dict:
         """The figures as JSON-ready values: latencies in seconds, each stage's real-time factor (its seconds per
-        second of stream), the frame counts."""
+        second of stream), the frame counts; `ended_by`: what ended the stream (None while it streams)."""
         stream_s = self.slots / float(self.rate) if self.slots else 0.0
         lat = np.array(self.latencies.values) if self.latencies.values else None
         audio = self.audio
@@ -103,7 +103,7 @@ class LiveStats:
                        "repeated": self.repeated, "skipped": self.skipped, "late": self.late},
             "motion_skipped_s": round(self.motion_skipped, 3),
             "source_error": self.source_error,
-            "ended_by": "interrupt" if interrupted else "end of source",
+            "ended_by": ended_by,
         }
 
     def rtf(self, stream_s: float) -> dict:

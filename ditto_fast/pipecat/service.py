@@ -120,7 +120,7 @@ class DittoFastVideoService(FaceService):
         """The session's figures (as `live --stats` writes them, and `speech_dropped_s`: the speech interruptions
         dropped): so far while it runs, final once it ended."""
         session, source = self._session, self._source
-        summary = session.stats.summary(False) if self._summary is None and session is not None else self._summary
+        summary = session.stats.summary() if self._summary is None and session is not None else self._summary
         if summary is not None and source is not None:
             summary = {**summary, "speech_dropped_s": round(source.dropped / SPEECH_SAMPLE_RATE, 3)}
         return summary
