@@ -110,7 +110,8 @@ class LiveStats:
         """Each stage's seconds per second of stream, as if it had made every frame: the motion stages per second of
         audio they took in, the frame stages per frame made (or sent) times the rate."""
         fps = float(self.rate)
-        audio_s = max(1e-9, stream_s - self.motion_skipped)
+        decided = getattr(self.audio, "length", 0) / SPEECH_SAMPLE_RATE or stream_s    # the audio decided: ahead of frames
+        audio_s = max(1e-9, decided - self.motion_skipped)
         out = {k: round(self.seconds[k] / audio_s, 4) if stream_s else None for k in ("audio_features", "motion")}
         for k in ("stitch", "render", "handoff", "putback", "write"):
             n = self.rendered if k in MADE else self.slots

@@ -4,7 +4,9 @@ model hears, upsampled.
 
 Stream sample p (16 kHz) is due `IN_JITTER` seconds after p / 16000 s of the stream's wall time: by then the source's
 next samples are taken if they came, and silence stands in for what did not (a quiet feed, a pause between
-answers). Speech that comes faster than it is spoken (a TTS engine writing a whole answer at once) waits in the
+answers). Speech that starts after silence waits until it has a cushion (`hold`: IN_JITTER at first; raised, up to
+HOLD_MAX_S, each time speech ran dry and came back within RESUMED_S, i.e. came late), so that pieces sent at the pace
+they are spoken, each a little late, leave no holes of silence in it. Speech that comes faster than it is spoken (a TTS engine writing a whole answer at once) waits in the
 source's buffer and is taken at the pace it is spoken. Every block taken from the source is remembered with its
 arrival time, so the output can say how long each piece of speech took to leave as picture.
 """
@@ -19,6 +21,8 @@ import numpy as np
 from ditto_fast.media.rates import BAND_PER_SAMPLE, SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE
 
 IN_JITTER = 0.1         # seconds a source's samples may come late before silence stands in for them
+HOLD_MAX_S = 0.5        # the most a new run of speech waits for its cushion
+RESUMED_S = 0.6         # speech back within this long after running dry had come late (a longer gap is a pause)
 KEEP_SECONDS = 120      # audio kept behind the newest sample for the output (far more than any latency allowed)
 
 
@@ -36,6 +40,9 @@ class StreamAudio:
         self.first_speech: tuple[int, float] | None = None                   # (stream pos, arrived at)
         self.closed_at: int | None = None         # stream length when the source ran dry for good
         self.takes: collections.deque = collections.deque(maxlen=4096)   # (stream pos, source index, samples)
+        self.hold = jitter                        # seconds a run of speech after silence waits for its cushion
+        self.flowing = False                      # whether the last samples decided were speech
+        self.ran_dry_at: float | None = None      # when the speech last ran out
         self._lock = threading.Lock()
 
     def due(self, now: float) -> int:
@@ -51,8 +58,15 @@ class StreamAudio:
             return np.zeros(0, np.float32)
         ended = end_with_source and self.source.ended          # read first: its last samples are in by then
         first = self.source.taken                               # the source's index of the first sample taken now
-        got = self.source.take(want)
+        got = self.source.take(0 if self._cushioning(now, first, ended) else want)
         ending = ended and self.source.available() == 0
+        if len(got) and not self.flowing:
+            gap = (self.source.arrivals.arrival_time(first) or now) - (self.ran_dry_at or float("-inf"))
+            if gap < RESUMED_S:                                 # it came late: the next run waits longer
+                self.hold = min(HOLD_MAX_S, max(self.hold, gap))
+        if len(got) < want and (self.flowing or len(got)):
+            self.ran_dry_at = now
+        self.flowing = len(got) == want
         if len(got):
             self.takes.append((self.length, first, len(got)))
             arrived = self.source.arrivals.arrival_time(first) or now
@@ -73,6 +87,15 @@ class StreamAudio:
             if ending:
                 self.closed_at = self.length
         return new
+
+    def _cushioning(self, now: float, first: int, ended: bool) -> bool:
+        """Whether speech that starts after silence still waits for its cushion (`hold` s of it buffered, or its
+        first sample `hold` s old); a source that has ended gives what it has at once."""
+        if self.flowing or ended:
+            return False
+        available = self.source.available()
+        arrived = self.source.arrivals.arrival_time(first) if available else None
+        return arrived is not None and now < arrived + self.hold and available < self.hold * SPEECH_SAMPLE_RATE
 
     def _upsampled(self, x: np.ndarray) -> np.ndarray:
         """What the model hears at the stream's rate (a source without its band)."""

@@ -105,19 +105,20 @@ class ServedSession:
 
     def feed(self, samples: np.ndarray, band: np.ndarray | None = None) -> None:
         """Speech (16 kHz float32, and `band`: the same as it came, at 48 kHz) for the session; UsageError when the
-        client is far ahead of the stream."""
-        if self.link.queued_seconds > QUEUED_AUDIO_S:
-            raise UsageError(f"live session {self.id}: over {QUEUED_AUDIO_S} s of speech are waiting to be spoken; "
-                             "send PCM at most as fast as it is spoken, give or take a sentence")
+        client is far ahead of the stream (what waits with these samples over QUEUED_AUDIO_S: none of them taken)."""
+        if self.link.queued_seconds + len(samples) / SPEECH_SAMPLE_RATE > QUEUED_AUDIO_S:
+            raise UsageError(f"over {QUEUED_AUDIO_S} s of speech would be waiting to be spoken; send PCM at most as "
+                             "fast as it is spoken, give or take a sentence")
         self.received += len(samples)
         self.link.push(samples, band)
 
     # ------------------------------------------------------------------ the end
-    def end(self, wait: float = END_WAIT_S) -> None:
-        """End the stream cleanly (its file complete and playable), waiting up to `wait` s for it."""
+    def end(self, why: str = "DELETE", wait: float = END_WAIT_S) -> None:
+        """End the stream cleanly (its file complete and playable), waiting up to `wait` s for it; `why` is what its
+        figures say ended it."""
         if self.link is None or not self.link.active:
             return
-        self.link.stop()
+        self.link.stop(why)
         if not self.link.wait(wait):
             self.error = f"the session did not end within {wait:g} s (its file may lack its end); its engine " \
                          f"{self.link.engine} is watched for a hang"
@@ -253,12 +254,13 @@ class LiveSessions:
                     s.idle_since = None
                     self.log({"live": s.id, "event": "no client", "why": f"no client for {self.idle_timeout:g} s "
                               "(--live-idle-timeout): ending the session"})
-                    threading.Thread(target=s.end, name=f"live-{s.id}-end", daemon=True).start()
+                    threading.Thread(target=s.end, args=("no client",), name=f"live-{s.id}-end", daemon=True).start()
 
     def close(self) -> None:
         """End every session cleanly (the server stops), each file complete."""
         self._stop.set()
-        threads = [threading.Thread(target=s.end, daemon=True) for s in list(self._sessions.values()) if s.active]
+        threads = [threading.Thread(target=s.end, args=("server stopped",), daemon=True)
+                   for s in list(self._sessions.values()) if s.active]
         for t in threads:
             t.start()
         for t in threads:

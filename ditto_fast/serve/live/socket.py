@@ -100,9 +100,13 @@ async def serve_socket(ws: WebSocket, session: Any) -> None:
                     band = Resampler(said["rate"], to=STREAM_SAMPLE_RATE)
                     if said["media"]:
                         leave_media = session.link.watch(lambda media: out(("media", media)))
-                elif "end" in said:
+                elif "end" in said:        # the answer whole: what its resamplers still hold goes with it
+                    if resample is not None:
+                        session.feed(resample.flush(), band.flush())
                     session.link.end_segment()
-                else:
+                else:                       # what they hold was never spoken: dropped with the rest
+                    if resample is not None:
+                        resample.flush(), band.flush()
                     session.link.clear()
                 continue
             if resample is None:

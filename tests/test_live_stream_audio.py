@@ -1,0 +1,88 @@
+"""The live stream's audio on the wall clock: speech sent at the pace it is spoken, some pieces late, leaves no holes
+of silence in the stream once a run of speech has its cushion, and the cushion grows when pieces come later still."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ditto_fast.live.stream_audio import HOLD_MAX_S, IN_JITTER, StreamAudio
+
+RATE = 16000
+PIECE = 320                     # 20 ms
+
+
+class _Arrivals:
+    def __init__(self, source: "_Paced"):
+        self.source = source
+
+    def arrival_time(self, index: int) -> float | None:
+        for start, t in self.source.pieces:
+            if start <= index < start + PIECE and t <= self.source.now:
+                return t
+        return None
+
+
+class _Paced:
+    """Pieces of speech that arrive at given times (a client on a busy network); `now` is the test's clock."""
+
+    def __init__(self, times: list[float]):
+        self.pieces = [(i * PIECE, t) for i, t in enumerate(times)]
+        self.arrivals, self.now, self.taken, self.ended = _Arrivals(self), 0.0, 0, False
+
+    def _arrived(self) -> int:
+        return sum(PIECE for _, t in self.pieces if t <= self.now)
+
+    def available(self) -> int:
+        return self._arrived() - self.taken
+
+    def take(self, n: int) -> np.ndarray:
+        got = max(0, min(n, self.available()))
+        self.taken += got
+        return np.full(got, 0.5, np.float32)
+
+    def take_band(self, n: int):
+        return None
+
+
+def _stream(times: list[float], until: float) -> tuple[np.ndarray, StreamAudio]:
+    source = _Paced(times)
+    audio = StreamAudio(source, 0.0)
+    out = []
+    for k in range(int(until / 0.01)):          # the motion loop looks every 10 ms
+        source.now = k * 0.01
+        out.append(audio.advance(source.now))
+    return np.concatenate(out), audio
+
+
+def _holes(x: np.ndarray) -> list[int]:
+    """The runs of silence between the first and the last speech, in samples."""
+    loud = np.flatnonzero(x > 0)
+    quiet = (x[loud[0]:loud[-1] + 1] == 0).astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet, [0]])))
+    return list(edges[1::2] - edges[::2])
+
+
+def test_pieces_a_little_late_leave_no_holes():
+    times = [1.0 + 0.02 * i for i in range(100)]
+    for i in (10, 37, 61):
+        times[i] += 0.06                        # late, each by three of its own length
+    x, audio = _stream(times, 4.0)
+    assert _holes(x) == [] and (x > 0).sum() == 100 * PIECE
+    assert audio.hold == IN_JITTER
+
+
+def test_a_late_piece_raises_the_cushion_so_the_next_leaves_no_hole():
+    times = [1.0 + 0.02 * i for i in range(200)]
+    times[20] += 0.3                            # a hiccup: one hole, then a longer cushion
+    times[150] += 0.3                           # the same again: absorbed
+    for i in range(21, 200):
+        times[i] = max(times[i], times[20])     # (pieces arrive in order)
+    x, audio = _stream(times, 6.0)
+    assert len(_holes(x)) == 1 and IN_JITTER < audio.hold <= HOLD_MAX_S
+    assert (x > 0).sum() == 200 * PIECE
+
+
+def test_a_whole_answer_at_once_starts_at_once():
+    x, audio = _stream([1.0] * 50, 3.0)
+    first = np.flatnonzero(x > 0)[0] / RATE
+    assert first < 1.0 + 0.02 and _holes(x) == []
