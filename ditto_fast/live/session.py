@@ -30,6 +30,7 @@ from ditto_fast.avatar import Avatar
 from ditto_fast.avatar.plate import PlateReader
 from ditto_fast.core.errors import Terminated
 from ditto_fast.audio.stream_features import CHUNK_HOP
+from ditto_fast.core.threads import sessions_threads
 from ditto_fast.live.motion import LiveMotion
 from ditto_fast.live.stats import LiveStats
 from ditto_fast.live.stream_audio import StreamAudio
@@ -338,12 +339,15 @@ class LiveSession:
     # -- the whole -----------------------------------------------------------------------------------------------
     def run(self) -> dict:
         """Stream until the end, `stop()` or an interrupt; close the output cleanly; return the stats."""
-        r = self.renderer
-        import torch
+        if self.renderer.device.type != "cpu":
+            return self._run()
+        # two threads of networks (motion, frames): one core each, not both on both; the engine's renders after the
+        # last session run as before the first
+        with sessions_threads(max(1, (os.cpu_count() or 2) // 2)):
+            return self._run()
 
-        torch_threads = torch.get_num_threads()
-        if r.device.type == "cpu":      # two threads of networks (motion, frames): one core each, not both on both
-            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    def _run(self) -> dict:
+        r = self.renderer
         motion = LiveMotion(r.hubert, r.lmdm, r.config.motion, self.avatar, self.s.emotion, self.s.seed, self.s.steps,
                             self.s.overlap, r.device, r.denoise,
                             sample_window=self.windows(self.s.steps) if self.windows else None)
@@ -367,7 +371,6 @@ class LiveSession:
                 t.join(timeout=10)
             self.source.close()
             self.stats.seconds.update(motion.seconds)
-            torch.set_num_threads(torch_threads)    # an engine's renders after the session run as before it
             if self._errors:
                 self.output.abort()
             else:
