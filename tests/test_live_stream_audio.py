@@ -68,7 +68,7 @@ def test_pieces_a_little_late_leave_no_holes():
         times[i] += 0.06                        # late, each by three of its own length
     x, audio = _stream(times, 4.0)
     assert _holes(x) == [] and (x > 0).sum() == 100 * PIECE
-    assert audio.hold == IN_JITTER
+    assert audio.hold == IN_JITTER and audio.late == 0
 
 
 def test_a_late_piece_raises_the_cushion_so_the_next_leaves_no_hole():
@@ -78,7 +78,7 @@ def test_a_late_piece_raises_the_cushion_so_the_next_leaves_no_hole():
     for i in range(21, 200):
         times[i] = max(times[i], times[20])     # (pieces arrive in order)
     x, audio = _stream(times, 6.0)
-    assert len(_holes(x)) == 1 and IN_JITTER < audio.hold <= HOLD_MAX_S
+    assert len(_holes(x)) == 1 and IN_JITTER < audio.hold <= HOLD_MAX_S and audio.late == 1
     assert (x > 0).sum() == 200 * PIECE
 
 

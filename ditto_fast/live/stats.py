@@ -102,6 +102,8 @@ class LiveStats:
             "frames": {"sent": self.slots, "rendered": self.rendered, "on_time": self.sent, "held": self.held,
                        "repeated": self.repeated, "skipped": self.skipped, "late": self.late},
             "motion_skipped_s": round(self.motion_skipped, 3),
+            # speech that came later than its cushion allowed (a hole of silence each), and the cushion it has now
+            "speech_late": getattr(audio, "late", 0), "speech_cushion_s": round(getattr(audio, "hold", 0.0), 3),
             "source_error": self.source_error,
             "ended_by": ended_by,
         }

@@ -43,6 +43,7 @@ class StreamAudio:
         self.hold = jitter                        # seconds a run of speech after silence waits for its cushion
         self.flowing = False                      # whether the last samples decided were speech
         self.ran_dry_at: float | None = None      # when the speech last ran out
+        self.late = 0                             # times speech ran dry and came back late: holes of silence
         self._lock = threading.Lock()
 
     def due(self, now: float) -> int:
@@ -64,6 +65,7 @@ class StreamAudio:
             gap = (self.source.arrivals.arrival_time(first) or now) - (self.ran_dry_at or float("-inf"))
             if gap < RESUMED_S:                                 # it came late: the next run waits longer
                 self.hold = min(HOLD_MAX_S, max(self.hold, gap))
+                self.late += 1
         if len(got) < want and (self.flowing or len(got)):
             self.ran_dry_at = now
         self.flowing = len(got) == want
