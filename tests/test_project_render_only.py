@@ -47,11 +47,17 @@ def test_doctor_passes_the_mediapipe_line_on_a_render_only_install(no_mediapipe)
     assert check.ok and "render-only" in check.detail and "ditto-fast[register]" in check.detail
 
 
-def test_render_side_imports_without_mediapipe(no_mediapipe):
-    import importlib
+def test_render_side_imports_without_mediapipe():
+    """In a fresh interpreter (this one has them loaded already), with mediapipe unimportable."""
+    import subprocess
 
-    for mod in ("ditto_fast.engine.renderer", "ditto_fast.batch.local", "ditto_fast.commands.doctor", "ditto_fast.cli"):
-        importlib.import_module(mod)
+    modules = ("ditto_fast.engine.renderer", "ditto_fast.batch.local", "ditto_fast.commands.doctor", "ditto_fast.cli",
+               "ditto_fast.live.start", "ditto_fast.serve.server")
+    code = ("import importlib, sys; sys.modules['mediapipe'] = None\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "assert 'mediapipe' not in [k for k, v in sys.modules.items() if v is not None]")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 def test_hubert_loads_without_a_progress_bar(tmp_path, capfd):
