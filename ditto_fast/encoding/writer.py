@@ -18,7 +18,7 @@ from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.media.ffpipe import FinishedOnExit, last_stderr_line, own_session, widen_pipe
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.core.files import check_path_length
-from ditto_fast.media.partfiles import create_locked
+from ditto_fast.media.partfiles import create_locked, signals_held
 from ditto_fast.media.rates import rate_text
 from ditto_fast.media.yuv import LAYOUTS, Layout
 from ditto_fast.encoding.formats import OutputFormat, output_format
@@ -45,9 +45,10 @@ def check_output_path(path: str | os.PathLike, example: str = "out.mp4") -> Path
     if not parent.is_dir():
         raise InputError(f"{out}: {parent} is not a directory; choose another output path")
     try:  # a real probe also catches read-only file systems and root-squashed mounts
-        probe, fd = create_locked(out, "probe")
-        os.unlink(probe)
-        os.close(fd)
+        with signals_held():            # made and removed before a Ctrl-C can leave it behind
+            probe, fd = create_locked(out, "probe")
+            os.unlink(probe)
+            os.close(fd)
     except OSError as exc:
         raise InputError(f"{out}: cannot write in {parent} ({exc.strerror}); choose another output path") from None
     return out
@@ -113,8 +114,10 @@ class VideoWriter(FinishedOnExit):
         self.frames_written = 0
         self._check, self.checked = check, None
         self.threads = threads
-        self._tmp_path, self._lock_fd = create_locked(self.out_path, "part", self.out_path.suffix)
+        self._tmp_path, self._lock_fd = None, None
         try:
+            with signals_held():        # a Ctrl-C as the file appears comes once it is named here: removed below
+                self._tmp_path, self._lock_fd = create_locked(self.out_path, "part", self.out_path.suffix)
             self._stderr = tempfile.TemporaryFile()   # a file, not a pipe: ffmpeg can never block on it
             self._done = False
             self._start(audio_path, crf, preset, comment, frames)
@@ -124,7 +127,8 @@ class VideoWriter(FinishedOnExit):
                 proc.kill()
                 proc.wait()
             self._done = True
-            self._tmp_path.unlink(missing_ok=True)
+            if self._tmp_path is not None:
+                self._tmp_path.unlink(missing_ok=True)
             if hasattr(self, "_stderr"):
                 self._stderr.close()
             self._unlock()

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.media.filemode import give_usual_mode
-from ditto_fast.media.partfiles import create_locked
+from ditto_fast.media.partfiles import create_locked, signals_held
 
 
 def overwrites(output: str | os.PathLike, source: str | os.PathLike) -> bool:
@@ -45,15 +45,19 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
     """`data` as indented JSON at `path`, replaced atomically (a reader never sees half of it; a killed writer's
     temporary is removed by the next write in that folder)."""
     path = Path(path)
-    tmp, lock = create_locked(path, "tmp")
+    tmp, lock = None, None
     try:
+        with signals_held():            # a Ctrl-C as the temporary appears comes once it is named: removed below
+            tmp, lock = create_locked(path, "tmp")
         with open(tmp, "w") as f:
             json.dump(data, f, indent=2, default=str)
             f.write("\n")
         give_usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)

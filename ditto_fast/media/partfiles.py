@@ -7,8 +7,12 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import signal
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def _pattern(tag: str) -> re.Pattern[str]:
@@ -64,3 +68,21 @@ def create_locked(target: str | os.PathLike, tag: str, suffix: str = "") -> tupl
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs (in the main thread, where Python raises for them): a file
+    made in it is named to its caller before a Ctrl-C can interrupt, which then comes as the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for s in came[:1]:
+            signal.raise_signal(s)
