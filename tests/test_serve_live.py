@@ -66,6 +66,22 @@ def decoded_audio(path: Path) -> np.ndarray:
     return np.frombuffer(raw, np.float32)
 
 
+def wait_streamed(server, sid: str, out: Path, timeout: float = 120) -> None:
+    """Until the session has sent a second of frames and its file holds video that decodes (a loaded host may take
+    longer than an idle one's two seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        frames = (server.call("GET", f"/v1/live/{sid}")[1].get("frames") or {}).get("sent", 0)
+        if frames >= 25 and out.exists():
+            try:
+                if video_frames(out)[1] > 0:
+                    return
+            except (StopIteration, IndexError):
+                pass
+        assert time.monotonic() < deadline, f"{frames} frames sent, no video in {out} after {timeout:g} s"
+        time.sleep(0.3)
+
+
 def video_frames(path: Path) -> tuple[str, int]:
     """The video stream's size and its frame count, as ffmpeg decodes it."""
     res = subprocess.run([FFMPEG, "-hide_banner", "-nostdin", "-i", str(path), "-map", "0:v", "-f", "null", "-"],
@@ -241,7 +257,7 @@ def test_a_hung_engine_under_a_session_is_found_and_the_server_goes_on(serving, 
     wait_state(server, sid, ("idle", "streaming"))
     (engine,) = server.call("GET", "/healthz")[1]["engines"]
     pid = int(engine["where"].split()[1])
-    time.sleep(2)
+    wait_streamed(server, sid, out)
     os.kill(pid, signal.SIGSTOP)
     t0 = time.monotonic()
     view = wait_state(server, sid, ("ended", "failed"), timeout=30)
@@ -268,9 +284,9 @@ def test_sigterm_ends_every_session_cleanly(serving, tmp_path):
     server = serving("--max-live", "2")
     sids = [server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / f"{k}.ts")})[1]["id"]
             for k in range(2)]
-    for sid in sids:
+    for k, sid in enumerate(sids):
         wait_state(server, sid, ("idle", "streaming"))
-    time.sleep(2)
+        wait_streamed(server, sid, tmp_path / f"{k}.ts")
     assert server.stop() == 0
     ended = {e["live"]: e for e in _log_lines(server) if e.get("live") and e.get("state") in ("ended", "failed")}
     assert sorted(ended) == sorted(sids) and all(e["state"] == "ended" for e in ended.values()), ended
