@@ -85,13 +85,13 @@ def test_an_upload_is_stored_under_a_safe_unique_name_and_checked_as_audio(page_
 
 def test_a_job_on_an_upload_decodes_it_no_more(page_api, clips, tmp_path, monkeypatch):
     """The upload's check decoded the audio; the job's check (and its render) take that decoding."""
-    import ditto_fast.engine.clip as clip_module
+    import ditto_fast.serve.decoded as decoded_module
 
     client, _, _ = page_api
     path = client.post("/v1/uploads", files={"file": ("news.wav", clips[0].read_bytes(), "audio/wav")}).json()["path"]
     decodes = []
-    real = clip_module.decode_audio
-    monkeypatch.setattr(clip_module, "decode_audio", lambda p, *limit: decodes.append(p) or real(p, *limit))
+    real = decoded_module.decode_audio          # the server's decodings (in turn with the others)
+    monkeypatch.setattr(decoded_module, "decode_audio", lambda p, *limit: decodes.append(p) or real(p, *limit))
     r = client.post("/v1/jobs", json={"avatar": "anchor", "audio": path, "output": str(tmp_path / "n.mp4")})
     assert r.status_code == 202, r.text
     assert decodes == []

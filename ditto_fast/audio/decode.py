@@ -8,7 +8,9 @@ call), so memory stays at the 16 kHz output plus one chunk, even for hours of au
 channel count and layout (the speaker mask ffmpeg writes on the pipe) are kept for the output's
 soundtrack (encoding/soundtrack.py). A caller may bound the length it takes (`max_seconds`): a file whose
 header declares more is refused before anything is decoded, and one that declares nothing as soon as
-that much has decoded, so a tiny file of hours of silence cannot fill the caller's memory.
+that much has decoded, so a tiny file of hours of silence cannot fill the caller's memory; such a bounded decoding
+writes into one buffer of that length, mapped at once but resident only as it is written, and given back whole to
+the system when dropped (a refused file leaves nothing behind in the heap).
 """
 
 from __future__ import annotations
@@ -167,10 +169,56 @@ def _decode_command(path: Path) -> list[str]:
             "-c:a", "pcm_f32le", "-f", "wav", "-"]
 
 
+class _Output:
+    """The 16 kHz samples as they come: with a bound (`capacity` samples), written into one buffer of that size
+    (one mapping: its pages resident only once written, all of it given back when dropped, and the samples never
+    copied again); without one, kept as chunks joined at the end."""
+
+    def __init__(self, capacity: int | None):
+        self.buffer = None if capacity is None else np.empty(capacity, np.float32)
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, chunk: np.ndarray) -> None:
+        if self.buffer is not None and self.size + chunk.size <= self.buffer.size:
+            self.buffer[self.size:self.size + chunk.size] = chunk
+        else:
+            if self.buffer is not None:             # past the bound after all: go on in chunks
+                self.parts, self.buffer = [self.buffer[:self.size].copy()], None
+            self.parts.append(chunk)
+        self.size += chunk.size
+
+    def samples(self, n: int | None = None) -> np.ndarray:
+        """The first `n` samples (default: all of them), zeros after the last one written."""
+        n = self.size if n is None else n
+        if self.buffer is not None:
+            if n <= self.buffer.size:
+                self.buffer[self.size:n] = 0.0
+                return self.buffer[:n]
+            self.parts, self.buffer = [self.buffer[:self.size]], None
+        audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
+        return audio[:n] if audio.size >= n else np.pad(audio, (0, n - audio.size))
+
+
+def _capacity(max_seconds: float | None) -> int | None:
+    """The samples a decoding bounded to `max_seconds` may hold (one second over, for the resampler's tail)."""
+    if max_seconds is None or not np.isfinite(max_seconds):
+        return None
+    return int(np.ceil(max_seconds * SPEECH_SAMPLE_RATE)) + SPEECH_SAMPLE_RATE
+
+
 def _decode(path: Path, max_seconds: float | None = None) -> tuple[np.ndarray, int, int, float]:
     """The file's audio as 16 kHz mono float32 [n], its channel count, its channel mask and its sample peak (the
     largest magnitude in any channel, as decoded); InputError past `max_seconds` (its header's length looked at
-    first, the decoded length counted as it comes)."""
+    first, the decoded length counted as it comes). A refusal carries no frame of the decoding: whoever keeps the
+    error (a server's worker, a log) does not keep the samples decoded until then with it."""
+    try:
+        return _decode_samples(path, max_seconds)
+    except InputError as e:
+        raise e.with_traceback(None) from e.__cause__
+
+
+def _decode_samples(path: Path, max_seconds: float | None) -> tuple[np.ndarray, int, int, float]:
     _check_path(path)
     if max_seconds is not None:
         declared = declared_seconds(path)
@@ -179,7 +227,7 @@ def _decode(path: Path, max_seconds: float | None = None) -> tuple[np.ndarray, i
     cmd = _decode_command(path)
     errlog = tempfile.TemporaryFile()  # a file, not a pipe: a chatty ffmpeg cannot block on stderr
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errlog)
-    parts: list[np.ndarray] = []
+    output = _Output(_capacity(max_seconds))
     peak = 0.0
     try:
         try:
@@ -210,7 +258,7 @@ def _decode(path: Path, max_seconds: float | None = None) -> tuple[np.ndarray, i
                     raise _too_long(path, None, max_seconds)
                 out = resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
                 if out.size:
-                    parts.append(out)
+                    output.add(out)
                 if last:
                     break
     finally:
@@ -222,11 +270,9 @@ def _decode(path: Path, max_seconds: float | None = None) -> tuple[np.ndarray, i
     if rc != 0 or not rate:
         raise _ffmpeg_failure(path, stderr)
     _check_complete(path, n_in / rate)
-    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [n] float32 at 16 kHz
-    if rate != SPEECH_SAMPLE_RATE:
-        # librosa.resample fixes the length to ceil(n_in * 16000 / rate): trim or zero-pad the tail
-        n_out = -(-n_in * SPEECH_SAMPLE_RATE // rate)
-        audio = audio[:n_out] if audio.size >= n_out else np.pad(audio, (0, n_out - audio.size))
+    # librosa.resample fixes the length to ceil(n_in * 16000 / rate): the tail trimmed or zero-padded
+    n_out = -(-n_in * SPEECH_SAMPLE_RATE // rate) if rate != SPEECH_SAMPLE_RATE else None
+    audio = output.samples(n_out)          # [n] float32 at 16 kHz
     if audio.size == 0:
         raise InputError(f"{path}: contains no audio samples; give a file with sound in it")
     if not np.isfinite(audio).all():

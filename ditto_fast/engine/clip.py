@@ -8,6 +8,7 @@ import hashlib
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -82,11 +83,13 @@ def request_inputs(request: RenderRequest, default_emotion: str) -> list[Path]:
 
 
 def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: DecodedAudio | None = None,
-               max_seconds: float | None = None) -> Clip:
+               max_seconds: float | None = None,
+               decode: Callable[[Path, float | None], DecodedAudio] = decode_audio) -> Clip:
     """Check one request against its opened avatar without any network: the output can be written, no other
     process claims it and it is none of the inputs, its container and codec pair, the audio decodes (unless
-    `audio` is its decoding already; at most `max_seconds` of it, when given) and its channels go into the output
-    (encoding/soundtrack.py), emotion and controls parse for its length. Raises the DittoError a user caused."""
+    `audio` is its decoding already; at most `max_seconds` of it, when given; by `decode`, a server's in turn) and
+    its channels go into the output (encoding/soundtrack.py), emotion and controls parse for its length. Raises the
+    DittoError a user caused."""
     key = avatar_signature(avatar.dir)
     settings = request.with_defaults(config)
     profile = load_profile(request.delivery) if request.delivery else None
@@ -107,7 +110,7 @@ def check_clip(request: RenderRequest, avatar: Avatar, config: Config, audio: De
         rate = avatar.rate if request.fps is None else parse_frame_rate(request.fps)
     else:
         fmt, rate = delivery_format(request, profile, avatar, output)
-    audio = audio or decode_audio(request.audio, max_seconds)
+    audio = audio or decode(request.audio, max_seconds)
     loudness = _loudness_target(request, profile)
     # audio over full scale is lowered unless it is leveled (leveling's limiter keeps it under the ceiling); a mix
     # that sums over full scale is lowered in any case

@@ -37,3 +37,8 @@ def refusal(message: str, status: int, exit_code: int = UsageError.exit_code,
 
 def error(e: DittoError, status: int = 400) -> Answer:
     return refusal(str(e), status, e.exit_code)
+
+
+def busy(e: DittoError) -> Answer:
+    """503 for a server whose decoders are all taken (serve/decoded.py), with when to try again (Retry-After)."""
+    return refusal(str(e), 503, e.exit_code, headers={"Retry-After": str(getattr(e, "retry_after", 10))})

@@ -19,7 +19,8 @@ from ditto_fast.avatar.store import avatars_dir
 from ditto_fast.core.errors import EXIT_INTERNAL, UsageError
 from ditto_fast.core.files import printable
 from ditto_fast.serve.answers import Answer, error, refusal
-from ditto_fast.serve.auth import RequestGate, bearer_matches
+from ditto_fast.serve.auth import SAME_ORIGIN, RequestGate, bearer_matches
+from ditto_fast.serve.health import engine_view
 from ditto_fast.serve.hosts import AllowedHosts
 from ditto_fast.serve.jobs.accept import Acceptor
 from ditto_fast.serve.jobs.api import add_job_routes
@@ -70,7 +71,8 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
-        return refusal(f"internal error: {type(exc).__name__}; the server's log has the details", 500, EXIT_INTERNAL)
+        return refusal(f"internal error: {type(exc).__name__}; the server's log has the details", 500, EXIT_INTERNAL,
+                       headers={k.decode(): v.decode() for k, v in SAME_ORIGIN})   # sent outside the RequestGate
 
     add_job_routes(app, queue, acceptor, dispatcher, lambda view: job_links(view, files), live)
 
@@ -90,7 +92,9 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
             counts = queue.counts()
         except Exception:  # noqa: BLE001 - the database locked past its timeout: say so, stay up
             counts = None
-        body = {"ok": ok, **(engines or {}), "engines": engine_health["engines"], "store_writable": writable,
+        sessions = live.list() if live is not None else ()
+        body = {"ok": ok, **(engines or {}), "engines": [engine_view(e, sessions) for e in engine_health["engines"]],
+                "store_writable": writable,
                 "watch": None if watch is None else {"alive": watch.alive, "last_poll": watch.last_poll},
                 "queue_depth": counts["queued"] if counts else None, "running": dispatcher.running, "jobs": counts,
                 **({"live": {**live.counts(), "sessions": live.carried()}} if live is not None else {})}

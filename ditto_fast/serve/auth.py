@@ -21,6 +21,9 @@ BODY_MIN_RATE = 8 << 10         # a client that sends nothing, or a byte a secon
 #                                 upload's partial file) longer than a window
 FORM_PROOF = b"x-requested-with"    # a header an upload must carry: a web form cannot send one, and another site's
 #                                     script can only after a CORS preflight this server never answers
+SAME_ORIGIN = ((b"cross-origin-resource-policy", b"same-origin"),   # on every answer: another site's page may not
+               (b"x-content-type-options", b"nosniff"))             # embed a preview, an output or any JSON here
+#                                                                     (an <img> or a <script> of a token-less server)
 
 
 def bearer_matches(header: bytes, token: str) -> bool:
@@ -109,6 +112,10 @@ class RequestGate:
         self.open_paths, self.streamed, self.hosts = open_paths, streamed, hosts
 
     async def __call__(self, scope, receive, send):
+        """Every answer, a refusal here or a route's, its headers with SAME_ORIGIN's."""
+        return await self._gate(scope, receive, same_origin(send))
+
+    async def _gate(self, scope, receive, send):
         if scope["type"] == "websocket":
             refused = foreign(dict(scope["headers"]), self.hosts, changes=True)
             if refused is not None:
@@ -157,6 +164,19 @@ class RequestGate:
             return {"type": "http.request", "body": body, "more_body": False}
 
         return await self.app(scope, replay, send)
+
+
+def same_origin(send):
+    """ASGI `send` whose answers (HTTP, and a WebSocket's refusal as HTTP) carry SAME_ORIGIN's headers, unless they
+    set them already."""
+    async def sending(message: dict) -> None:
+        if message["type"] in ("http.response.start", "websocket.http.response.start"):
+            headers = list(message.get("headers", ()))
+            have = {k.lower() for k, _ in headers}
+            headers += [(k, v) for k, v in SAME_ORIGIN if k not in have]
+            message = {**message, "headers": headers}
+        await send(message)
+    return sending
 
 
 async def _refuse_websocket(scope, receive, send, message: str, status: int) -> None:

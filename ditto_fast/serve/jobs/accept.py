@@ -114,10 +114,11 @@ class Acceptor:
         self.avatars = avatars
         self.decoded = DecodedMemo()
 
-    def check(self, data: Any, where: str) -> tuple[RenderRequest, int, str | None]:
+    def check(self, data: Any, where: str, patient: bool = False) -> tuple[RenderRequest, int, str | None]:
         """The request, priority and callback of one job's JSON; UsageError (or the DittoError `render` gives) if
         it is not one `render` would take, names a path outside the roots or an existing output not its own
-        (without "overwrite": true)."""
+        (without "overwrite": true). Its audio is decoded in turn with the server's other decodings (DecodersBusy
+        when their line is full, unless `patient`: it waits)."""
         if not isinstance(data, dict):
             raise UsageError(f"{where}: expected a JSON object like "
                              '{"avatar": "ruby", "audio": "/news/a.wav", "output": "/news/out/a.mp4"}')
@@ -131,7 +132,8 @@ class Acceptor:
         self.confine_request(request)
         clip = check_clip(request, self.avatars(request.avatar), self.config,
                           audio=self.decoded.take(request.audio),     # an upload's check decoded it already
-                          max_seconds=self.decoded.longest)
+                          max_seconds=self.decoded.longest,
+                          decode=self.decoded.patient if patient else self.decoded.decode)
         check_emotion_model(clip, self.setup.checkpoints)
         if not overwrite:
             check_not_replacing(clip, self.setup)
@@ -163,8 +165,9 @@ class Acceptor:
 
     def accept(self, data: Any, where: str, source: str = "api", watch_path: str | None = None,
                watch_files: dict | None = None) -> dict:
-        """Check one job and queue it; returns the queued job."""
-        request, priority, callback = self.check(data, where)
+        """Check one job and queue it; returns the queued job. A request over the API may be told the server's
+        decoders are busy (DecodersBusy); a watch folder's file waits its turn."""
+        request, priority, callback = self.check(data, where, patient=source != "api")
         return self.queue.submit(request_json(request), priority=priority, source=source, callback=callback,
                                  watch_path=watch_path, output=str(request.output), watch_files=watch_files)
 

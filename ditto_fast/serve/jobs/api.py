@@ -12,7 +12,8 @@ from pydantic import ConfigDict, Field, create_model
 
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.engine.request import RenderRequest
-from ditto_fast.serve.answers import Answer, error, refusal
+from ditto_fast.serve.answers import Answer, busy, error, refusal
+from ditto_fast.serve.decoded import DecodersBusy
 from ditto_fast.serve.jobs.accept import Acceptor
 from ditto_fast.serve.jobs.dispatch import Dispatcher
 from ditto_fast.serve.jobs.queue import STATES, JobQueue, job_view
@@ -47,6 +48,8 @@ def add_job_routes(app: FastAPI, queue: JobQueue, acceptor: Acceptor, dispatcher
     def submit(job: JobBody):  # type: ignore[valid-type]
         try:
             queued = acceptor.accept(job.model_dump(exclude_unset=True), "request")
+        except DecodersBusy as e:
+            return busy(e)
         except DittoError as e:
             return error(e)
         dispatcher.notify()

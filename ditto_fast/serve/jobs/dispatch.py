@@ -215,7 +215,8 @@ class Dispatcher:
             self.at_start(job, request)
         audio = self.audio.take(request.audio) if self.audio else None
         return check_clip(request, self.avatars.get(request.avatar), self.setup.config, audio=audio,
-                          max_seconds=self.audio.longest if self.audio else MAX_SPEECH_S)
+                          max_seconds=self.audio.longest if self.audio else MAX_SPEECH_S,
+                          **({"decode": self.audio.patient} if self.audio else {}))    # in turn, waiting for it
 
     def _run(self, job: dict, handle: EngineHandle) -> None:
         t0 = time.perf_counter()

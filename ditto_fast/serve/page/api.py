@@ -19,7 +19,8 @@ from starlette.concurrency import run_in_threadpool
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.serve.auth import BodyTooSlow, too_slow
 from ditto_fast.serve.checks import confine
-from ditto_fast.serve.decoded import DecodedMemo
+from ditto_fast.serve.answers import busy
+from ditto_fast.serve.decoded import DecodedMemo, DecodersBusy
 from ditto_fast.serve.page.uploads import UploadsFull, UploadsOutside, UploadTooLarge, check_upload, receive_upload
 
 PAGE_DIR = Path(__file__).parent / "static"
@@ -178,7 +179,9 @@ def add_page_routes(app: FastAPI, find_job: Callable[[str], dict | None], files:
             length = request.headers.get("content-length", "")
             stored = await receive_upload(request.receive, request.headers.get("content-type", ""), files.uploads,
                                           files.max_upload, int(length) if length.isdigit() else None, files.roots)
-            decoded.put(stored, await run_in_threadpool(check_upload, stored, decoded.longest))
+            decoded.put(stored, await run_in_threadpool(check_upload, stored, decoded))
+        except DecodersBusy as e:
+            return busy(e)
         except UploadTooLarge as e:
             return refusal(str(e), 413, e.exit_code)
         except BodyTooSlow as e:

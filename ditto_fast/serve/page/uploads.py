@@ -17,10 +17,11 @@ from typing import Awaitable, Callable
 from python_multipart import MultipartParser
 from python_multipart.multipart import parse_options_header
 
-from ditto_fast.audio.decode import DecodedAudio, decode_audio
+from ditto_fast.audio.decode import DecodedAudio
 from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.serve.auth import drain
 from ditto_fast.serve.checks import confine, inside
+from ditto_fast.serve.decoded import DecodedMemo
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 NAME_MAX = 80
@@ -209,12 +210,12 @@ def _unlink(name: str, dir_fd: int) -> None:
         pass
 
 
-def check_upload(path: Path, max_seconds: float) -> DecodedAudio:
-    """The audio check every job's audio has (it decodes, whole, and lasts at most `max_seconds`: no more of it is
-    decoded): its decoding, which the job's own check then takes instead of decoding again; the file is removed if
-    it fails (DittoError)."""
+def check_upload(path: Path, decoded: DecodedMemo) -> DecodedAudio:
+    """The audio check every job's audio has (it decodes, whole, and lasts at most `decoded.longest`: no more of it
+    is decoded), in turn with the server's other decodings (DecodersBusy when their line is full): its decoding,
+    which the job's own check then takes instead of decoding again; the file is removed if it fails (DittoError)."""
     try:
-        return decode_audio(path, max_seconds)
+        return decoded.decode(path)
     except DittoError:
         path.unlink(missing_ok=True)
         raise
