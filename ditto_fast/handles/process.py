@@ -241,13 +241,14 @@ class ProcessEngine:
         why = self._why.pop(proc.pid, None)
         if why is None:
             why = f"died ({self._ended(proc)})"
+        carried = len(links)
         for link in list(links.values()):
             link.lost(why)
             self._forget(link, links)
         if proc is self._proc and self._state.state == "idle" and not self._closing:
-            if proc is self._proc and self._state.state == "idle":     # not replaced meanwhile
-                self._state.last_death = why if why.startswith("hung") else f"died while idle ({why[6:-1]})"
-                self._dead(self._state.last_death)
+            doing = f"carrying {carried} live session{'s' if carried != 1 else ''}" if carried else "idle"
+            self._state.last_death = why if why.startswith("hung") else f"died while {doing} ({why[6:-1]})"
+            self._dead(self._state.last_death)
 
     def _forget(self, link: LiveLink, links: dict[str, LiveLink]) -> None:
         links.pop(link.id, None)

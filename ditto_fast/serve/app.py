@@ -92,8 +92,7 @@ def make_app(queue: JobQueue, acceptor: Acceptor, dispatcher: Dispatcher, metric
             counts = queue.counts()
         except Exception:  # noqa: BLE001 - the database locked past its timeout: say so, stay up
             counts = None
-        sessions = live.list() if live is not None else ()
-        body = {"ok": ok, **(engines or {}), "engines": [engine_view(e, sessions) for e in engine_health["engines"]],
+        body = {"ok": ok, **(engines or {}), "engines": [engine_view(e) for e in engine_health["engines"]],
                 "store_writable": writable,
                 "watch": None if watch is None else {"alive": watch.alive, "last_poll": watch.last_poll},
                 "queue_depth": counts["queued"] if counts else None, "running": dispatcher.running, "jobs": counts,
