@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import imageio_ffmpeg
 import pytest
