@@ -72,3 +72,26 @@ def test_an_engine_shares_one_sampler_per_step_count_and_nothing_on_a_cpu(sample
     w25 = sessions._windows_for(25)
     assert sessions._windows_for(25) is w25 and sessions._windows_for(10) is not w25
     assert len(w25.sampler.scheduler.timesteps) == 25 and w25.sampler.guidance == 2.0
+
+
+def test_batches_run_at_fixed_sizes_captured_before_any_session_streams(sampler):
+    """Sessions meeting in threes, twos and ones run at the bucket sizes warm-up captured (a CPU's stand-in for
+    CUDA graphs): no capture while they stream, and each session's window as alone."""
+    from ditto_fast.core.graphs import BUCKETS, Launched
+    from ditto_fast.motion.ddim import Denoiser
+
+    denoise = Denoiser(sampler.net)
+    denoise._launched = Launched(denoise._flat, cuda=False, max_graphs=len(BUCKETS) + 1, skip_unchanged=True)
+    shared = SharedWindows(DDIMSampler(sampler.net, 3, sampler.guidance, denoise), gather_s=0.3)
+    shared.warm()
+    counts = dict(denoise._launched.counts)
+    assert counts["capture"] == len(BUCKETS) and len(denoise._launched.graphs) == len(BUCKETS), counts
+    a = asks(sampler.net, 3)
+    alone = [sampler(f, c, gen(s)) for f, c, s in a]
+    for n in (3, 2, 1, 3):
+        got = together(n, lambda i: shared(a[i][0], a[i][1], gen(a[i][2])))
+        for i in range(n):
+            torch.testing.assert_close(got[i], alone[i], rtol=1e-4, atol=1e-4)
+    after = dict(denoise._launched.counts)
+    assert after["capture"] == counts["capture"] and after.get("eager", 0) == counts.get("eager", 0), after
+    assert after.get("replay", 0) > counts.get("replay", 0), (counts, after)

@@ -111,3 +111,27 @@ def test_threads_sharing_warp_decode_get_their_own_crops_in_batches(inputs):
     with pytest.raises(ValueError):                                         # a bad ask fails its own thread only
         shared(f_s[:1], x_s[:1], x_d[:2])
     assert np.abs(shared(*asks[0]).astype(int) - alone[0]).max() <= 1
+
+
+def test_shared_batches_run_at_fixed_sizes_captured_before_any_session_streams(inputs):
+    """Three sessions' frames run as a batch of four (the bucket warm-up captured, a CPU's stand-in for a CUDA
+    graph), padded and cut: each thread gets its own crops, and nothing is captured once they stream."""
+    from ditto_fast.core.graphs import BUCKETS, Launched
+    from ditto_fast.render.shared_fused import SharedFused
+    from support import together
+
+    cs, f_s, x_s, x_d = inputs
+    r = FusedRenderer(cs.files["warp_network"], cs.files["decoder"], torch.device("cpu"))
+    twin = r.twin(max_graphs=len(BUCKETS))
+    twin._launched = Launched(twin._warp_decode, cuda=False, max_graphs=len(BUCKETS))
+    shared = SharedFused(twin, gather_s=0.3, most=4)
+    shared.warm((f_s[:1], x_s[:1], x_d[:1]))
+    warmed = dict(twin.launches)
+    assert warmed == {"eager": 3, "capture": 3}, warmed            # 1, 2 and 4 frames: the buckets up to most
+    asks = [(f_s[i % 2:i % 2 + 1], x_s[i % 2:i % 2 + 1], x_d[i % 2:i % 2 + 1] + 0.01 * i) for i in range(3)]
+    alone = [r(*a) for a in asks]
+    got = together(3, lambda i: shared(*asks[i]))
+    for i in range(3):
+        assert got[i].shape == (1, 512, 512, 3) and np.abs(got[i].astype(int) - alone[i]).max() <= 1, i
+    after = dict(twin.launches)
+    assert after["capture"] == 3 and after["eager"] == 3 and after["replay"] >= 1, after

@@ -27,6 +27,12 @@ import torch
 from ditto_fast.core.config import LAUNCHES
 
 Take = Callable[[Any], Any]
+BUCKETS = (1, 2, 4, 8)          # the batch sizes shared batches are padded to: each captured once, at warm-up
+
+
+def bucket(rows: int) -> int:
+    """The batch size `rows` rows run at when shared: the smallest of BUCKETS that holds them (more: as they are)."""
+    return next((b for b in BUCKETS if b >= rows), rows)
 
 
 class Rerun:

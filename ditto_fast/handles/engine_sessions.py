@@ -54,10 +54,13 @@ class EngineSessions:
         if self.renderer.device.type != "cuda":
             return {}
         with self._lock:
-            if self._fused is None:
+            if self._fused is None:        # each batch size captured now, before the first session streams
+                from ditto_fast.core.graphs import BUCKETS
+                from ditto_fast.engine.measurements import sample_inputs
                 from ditto_fast.render.shared_fused import SharedFused
 
-                self._fused = SharedFused(self.renderer.fused.twin())
+                self._fused = SharedFused(self.renderer.fused.twin(max_graphs=len(BUCKETS)))
+                self._fused.warm(sample_inputs(self.renderer.fused, 1))
             return {"fused": self._fused, "windows": self._windows_for}
 
     def _windows_for(self, steps: int) -> Any:
@@ -69,6 +72,7 @@ class EngineSessions:
         with self._lock:
             if steps not in self._windows:
                 self._windows[steps] = SharedWindows(DDIMSampler(r.lmdm, steps, r.config.motion.guidance, r.denoise))
+                self._windows[steps].warm()         # (the Denoiser's graphs: once for every step count)
             return self._windows[steps]
 
     def hear(self, message: m.SessionMessage) -> None:

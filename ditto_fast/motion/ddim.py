@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from ditto_fast.core.graphs import launcher
+from ditto_fast.core.graphs import BUCKETS, launcher
 from ditto_fast.models.lmdm import DEFAULT_GUIDANCE, EncodedCondition, cosine_alphas_cumprod
 
 
@@ -93,7 +93,8 @@ class Denoiser:
     def __init__(self, net: nn.Module, launch: str = "eager"):
         self.net = net
         device = net.input_projection.weight.device
-        self._launched = launcher(self._flat, launch, device, max_graphs=2, skip_unchanged=True)
+        # a render's windows and, on a GPU engine carrying live sessions, each batch size of core/graphs.BUCKETS
+        self._launched = launcher(self._flat, launch, device, max_graphs=len(BUCKETS) + 1, skip_unchanged=True)
 
     def _flat(self, x: torch.Tensor, cond_frame: torch.Tensor, t: torch.Tensor, hidden: torch.Tensor,
               *kv: torch.Tensor) -> torch.Tensor:

@@ -39,19 +39,24 @@ class FusedRenderer:
         self.decoder = models.load("decoder", decoder_path, self.device, dtype)
         self._own_buffers(launch)
 
-    def _own_buffers(self, launch: str) -> None:
+    def _own_buffers(self, launch: str, max_graphs: int = 2) -> None:
         self.launch_mode = launch
-        self._launched = launcher(self._warp_decode, launch, self.device)   # None: eager
+        self._launched = launcher(self._warp_decode, launch, self.device, max_graphs=max_graphs)   # None: eager
         self._pinned: dict[tuple, torch.Tensor] = {}
         self._slot = 0
 
-    def twin(self, launch: str | None = None) -> FusedRenderer:
-        """The same networks with host buffers (and graphs) of its own, for another thread (a live session beside a
-        render), launched as this one is or as `launch` says."""
+    def twin(self, launch: str | None = None, max_graphs: int = 2) -> FusedRenderer:
+        """The same networks with host buffers (and up to `max_graphs` graphs) of its own, for another thread (a live
+        session beside a render), launched as this one is or as `launch` says."""
         other = object.__new__(FusedRenderer)
         other.device, other.dtype, other.warp, other.decoder = self.device, self.dtype, self.warp, self.decoder
-        other._own_buffers(self.launch_mode if launch is None else launch)
+        other._own_buffers(self.launch_mode if launch is None else launch, max_graphs)
         return other
+
+    @property
+    def launches(self) -> dict:
+        """What each call did (eager, capture, replay, compile, compiled); empty when launched eagerly."""
+        return dict(self._launched.counts) if self._launched is not None else {}
 
     def _to_device(self, array: np.ndarray, slot: int, name: str, dtype: torch.dtype) -> torch.Tensor:
         """`array` on the device as `dtype`; on CUDA through this slot's pinned buffer with a non-blocking copy
