@@ -473,3 +473,19 @@ def test_a_session_body_must_say_it_is_json(serve_parts, tmp_path):
     for kind in ("application/x-www-form-urlencoded", None):
         r = client.post("/v1/live", content=b'{"avatar": "anchor"}', headers={"Content-Type": kind} if kind else {})
         assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"], r.text
+
+
+def test_an_engine_launched_compiled_takes_no_live_session(tmp_path, monkeypatch):
+    """torch.compile's CUDA graphs are kept per thread and each session would compile anew mid-stream: refused in
+    words before an engine hears of it."""
+    from types import SimpleNamespace
+
+    from ditto_fast.core.errors import UsageError
+    from ditto_fast.serve.live.sessions import LiveSessions
+
+    sessions = LiveSessions([], SimpleNamespace(launch="compile"), [tmp_path], avatars=lambda name: None,
+                            log=lambda entry: None)
+    monkeypatch.setattr(sessions, "check", lambda body: SimpleNamespace(out=None, avatar="anchor"))
+    with pytest.raises(UsageError, match="--launch graphs"):
+        sessions.open({"avatar": "anchor"})
+    assert sessions.list() == []

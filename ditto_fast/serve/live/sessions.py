@@ -32,6 +32,9 @@ ACTIVE = ("starting", "streaming", "idle", "ending")
 QUEUED_AUDIO_S = 600            # seconds of speech a client may send ahead of the stream
 END_WAIT_S = 30.0               # how long DELETE waits for a session's file to be finished
 KEPT_ENDED = 100                # ended sessions still answered by GET
+COMPILE_REFUSED = ("live sessions run on engines launched eager or with graphs: torch.compile's CUDA graphs are kept "
+                   "per thread (pytorch/pytorch#123177) and each session would compile anew, minutes into its stream; "
+                   "start the server with --launch graphs")
 
 
 class ServedSession:
@@ -189,6 +192,8 @@ class LiveSessions:
         """A session for `body`, checked (see check), then opened on an engine; DittoError with its line if no
         engine takes it (a Ray actor takes none)."""
         request = self.check(body)
+        if self.setup.launch == "compile":
+            raise UsageError(COMPILE_REFUSED)
         with self._lock:
             if sum(s.active for s in self._sessions.values()) >= self.max_live:
                 raise UsageError(f"{self.max_live} live session(s) stream already, the most this server runs "
