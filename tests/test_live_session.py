@@ -119,6 +119,8 @@ def test_file_to_ts_stop_at_end(live_env, tmp_path):
     # the stream holds the speech and what came before it (the session's start), and nothing stalls
     assert s["stream_seconds"] >= 2.0 and abs(info["seconds"] - s["stream_seconds"]) < 0.3, (info, s)
     assert s["frames"]["sent"] == round(s["stream_seconds"] * 25)
+    f = s["frames"]                         # the line's parts add up; skipped are among the repeated and held
+    assert f["on_time"] + f["repeated"] + f["held"] == f["sent"] and f["skipped"] <= f["repeated"] + f["held"], f
     assert s["first_frame_latency_s"] is not None and 0 < s["first_frame_latency_s"] < s["latency_s"]["max"] + 0.05
     assert "live:" in err and "first frame" in err
     mi = mediainfo(out)
@@ -255,3 +257,17 @@ def test_random_bytes_on_stdin_end_the_stream_with_exit_3(live_env, tmp_path):
     assert p.returncode == 3, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "stdin: the first bytes are neither s16le 16 kHz mono speech" in lines[0], err
+    assert not out.exists()                             # before: a 0-byte .ts that refused the corrected rerun
+
+
+@pytest.mark.slow          # real processes on the wall clock
+def test_empty_stdin_is_exit_3_and_leaves_nothing_behind(live_env, tmp_path):
+    """A source that ends before its first speech has failed (the README's exit 3), without --stop-at-end too: one
+    line, and neither the stream's file nor --stats left to block the rerun (before: silence streamed for ever)."""
+    out, stats = tmp_path / "empty.m3u8", tmp_path / "stats.json"
+    p = live(live_env, "--audio-in", "-", "--out", out, "--stats", stats, "--quiet", stdin=subprocess.DEVNULL)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 3, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "stdin: ended before any speech came" in lines[0], err
+    assert sorted(os.listdir(tmp_path)) == []
