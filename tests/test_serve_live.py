@@ -502,7 +502,7 @@ def test_a_playlist_a_killed_server_left_open_is_closed_at_its_next_start(servin
     the next start closes it and says so; a session ended cleanly leaves no record behind."""
     import signal
 
-    from ditto_fast.serve.live.playlists import ENDLIST
+    ENDLIST = "#EXT-X-ENDLIST"                           # the HLS tag (RFC 8216): no more segments will come
 
     server = serving("--max-live", "1")
     playlist = tmp_path / "show.m3u8"
