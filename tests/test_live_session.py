@@ -211,6 +211,24 @@ def test_udp_and_hls_out(live_env, tmp_path):
         assert mi["audio"] == ["AAC", "2"] and abs(mi["seconds"] - info["seconds"]) < 0.1, (mi, info)
 
 
+@pytest.mark.slow          # a real stream in real time
+def test_force_replaces_the_whole_playlist(live_env, tmp_path):
+    """--force onto yesterday's HLS playlist: the new playlist and its own segments, none of yesterday's left
+    beside it (its later segments stayed, a recording that was half today's and half yesterday's)."""
+    out = tmp_path / "show.m3u8"
+    out.write_text("#EXTM3U\n" + "".join(f"#EXTINF:1.0,\nshow_{k:05d}.ts\n" for k in range(60)) + "#EXT-X-ENDLIST\n")
+    for k in range(60):
+        (tmp_path / f"show_{k:05d}.ts").write_bytes(b"yesterday")
+    p = live(live_env, "--audio-in", speech(tmp_path / "s.wav", 1.0), "--out", out, "--stop-at-end", "--force",
+             "--quiet")
+    _, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    listed = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
+    beside = sorted(f.name for f in tmp_path.glob("show_*.ts"))
+    assert 0 < len(listed) < 60 and beside == sorted(listed), (listed, beside)
+    assert all((tmp_path / name).read_bytes() != b"yesterday" for name in listed)
+
+
 @pytest.mark.slow          # real processes end to end
 @pytest.mark.parametrize("args, code, words", [
     (["--audio-in", "missing.wav", "--out", "x.ts"], 3, "missing.wav"),

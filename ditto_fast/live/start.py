@@ -147,7 +147,12 @@ def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: 
 
 
 def stream_output(renderer, request: LiveRequest, avatar, settings) -> StreamOutput:
-    """The ffmpeg stream to `request.out` of a session of `avatar` (its size, its plate's pixel format)."""
+    """The ffmpeg stream to `request.out` of a session of `avatar` (its size, its plate's pixel format). What it
+    replaces (`request.overwrite`) goes first: a new playlist keeps no segment of the old one beside it."""
+    if request.overwrite:
+        for path in stream_files(request.out):
+            if path.is_file():
+                path.unlink(missing_ok=True)
     return StreamOutput(request.out, avatar.size, settings.rate, plate_pix_fmt(avatar), crf=renderer.setup.crf,
                         preset=renderer.setup.preset, encoder=ENCODERS[settings.codec, renderer.setup.nvenc],
                         audio_sample_rate=STREAM_SAMPLE_RATE)
