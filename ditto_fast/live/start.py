@@ -149,7 +149,7 @@ def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: 
 def stream_output(renderer, request: LiveRequest, avatar, settings) -> StreamOutput:
     """The ffmpeg stream to `request.out` of a session of `avatar` (its size, its plate's pixel format). What it
     replaces (`request.overwrite`) goes first: a new playlist keeps no segment of the old one beside it."""
-    if request.overwrite:
+    if request.overwrite and request.out is not None:
         for path in stream_files(request.out):
             if path.is_file():
                 path.unlink(missing_ok=True)
