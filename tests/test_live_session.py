@@ -119,6 +119,8 @@ def test_file_to_ts_stop_at_end(live_env, tmp_path):
     # the stream holds the speech and what came before it (the session's start), and nothing stalls
     assert s["stream_seconds"] >= 2.0 and abs(info["seconds"] - s["stream_seconds"]) < 0.3, (info, s)
     assert s["frames"]["sent"] == round(s["stream_seconds"] * 25)
+    f = s["frames"]                         # the line's parts add up; skipped are among the repeated and held
+    assert f["on_time"] + f["repeated"] + f["held"] == f["sent"] and f["skipped"] <= f["repeated"] + f["held"], f
     assert s["first_frame_latency_s"] is not None and 0 < s["first_frame_latency_s"] < s["latency_s"]["max"] + 0.05
     assert "live:" in err and "first frame" in err
     mi = mediainfo(out)
@@ -209,6 +211,24 @@ def test_udp_and_hls_out(live_env, tmp_path):
         assert mi["audio"] == ["AAC", "2"] and abs(mi["seconds"] - info["seconds"]) < 0.1, (mi, info)
 
 
+@pytest.mark.slow          # a real stream in real time
+def test_force_replaces_the_whole_playlist(live_env, tmp_path):
+    """--force onto yesterday's HLS playlist: the new playlist and its own segments, none of yesterday's left
+    beside it (its later segments stayed, a recording that was half today's and half yesterday's)."""
+    out = tmp_path / "show.m3u8"
+    out.write_text("#EXTM3U\n" + "".join(f"#EXTINF:1.0,\nshow_{k:05d}.ts\n" for k in range(60)) + "#EXT-X-ENDLIST\n")
+    for k in range(60):
+        (tmp_path / f"show_{k:05d}.ts").write_bytes(b"yesterday")
+    p = live(live_env, "--audio-in", speech(tmp_path / "s.wav", 1.0), "--out", out, "--stop-at-end", "--force",
+             "--quiet")
+    _, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    listed = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
+    beside = sorted(f.name for f in tmp_path.glob("show_*.ts"))
+    assert 0 < len(listed) < 60 and beside == sorted(listed), (listed, beside)
+    assert all((tmp_path / name).read_bytes() != b"yesterday" for name in listed)
+
+
 @pytest.mark.slow          # real processes end to end
 @pytest.mark.parametrize("args, code, words", [
     (["--audio-in", "missing.wav", "--out", "x.ts"], 3, "missing.wav"),
@@ -255,3 +275,17 @@ def test_random_bytes_on_stdin_end_the_stream_with_exit_3(live_env, tmp_path):
     assert p.returncode == 3, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "stdin: the first bytes are neither s16le 16 kHz mono speech" in lines[0], err
+    assert not out.exists()                             # before: a 0-byte .ts that refused the corrected rerun
+
+
+@pytest.mark.slow          # real processes on the wall clock
+def test_empty_stdin_is_exit_3_and_leaves_nothing_behind(live_env, tmp_path):
+    """A source that ends before its first speech has failed (the README's exit 3), without --stop-at-end too: one
+    line, and neither the stream's file nor --stats left to block the rerun (before: silence streamed for ever)."""
+    out, stats = tmp_path / "empty.m3u8", tmp_path / "stats.json"
+    p = live(live_env, "--audio-in", "-", "--out", out, "--stats", stats, "--quiet", stdin=subprocess.DEVNULL)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 3, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "stdin: ended before any speech came" in lines[0], err
+    assert sorted(os.listdir(tmp_path)) == []

@@ -107,6 +107,34 @@ def test_stats_in_a_folder_that_cannot_be_written(run_cli, tmp_path, no_engine):
     assert code == 3 and "cannot write" in line, line
 
 
+# ----------------------------------------------------------------------------- issue 66: one set of file rules
+def test_an_existing_stats_file_needs_force_as_out_does(run_cli, tmp_path, no_engine):
+    """--stats onto a file that is there is refused as an --out there is (exit 2, the file named, --force the fix);
+    before, it was replaced without a word at the end of the stream."""
+    speech = tone_ts(tmp_path / "speech.ts")
+    stats = tmp_path / "yesterday.json"
+    stats.write_text('{"yesterday": true}\n')
+    code, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", tmp_path / "out.ts", "--stats", stats)
+    assert code == 2 and f"--stats {stats}: exists" in line and "give --force" in line, line
+    assert stats.read_text() == '{"yesterday": true}\n'
+    r = run_cli(["live", "--avatar", "small", "--audio-in", str(speech), "--out", str(tmp_path / "out.ts"),
+                 "--stats", str(stats), "--force"], {"DITTO_FAST_HOME": str(tmp_path / "home")})
+    assert "the networks were loaded" in r.stderr, r.stderr
+
+
+def test_stats_onto_another_streams_playlist_or_segment_is_refused_even_with_force(run_cli, tmp_path, no_engine):
+    """Another stream's recording (its playlist, a segment, a .ts) is never overwritten by the figures' JSON."""
+    speech = tone_ts(tmp_path / "speech.ts")
+    (tmp_path / "other.m3u8").write_text("#EXTM3U\n#EXT-X-ENDLIST\n")
+    (tmp_path / "other_00003.ts").write_bytes(b"a segment of another stream")
+    for stats in (tmp_path / "other.m3u8", tmp_path / "other_00003.ts", tmp_path / "new.ts"):
+        before = stats.read_bytes() if stats.exists() else None
+        code, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", tmp_path / "out.ts", "--stats", stats,
+                          "--force")
+        assert code == 2 and f"--stats {stats}: the figures are JSON" in line and ".json" in line, line
+        assert (stats.read_bytes() if stats.exists() else None) == before
+
+
 # ----------------------------------------------------------------------------- 11: a URL that answers 404
 def test_a_source_url_that_answers_404_is_exit_3_before_anything_loads(run_cli, tmp_path, no_engine):
     import http.server

@@ -52,3 +52,41 @@ def test_speech_that_came_in_a_burst_counts_from_its_turn_not_its_arrival():
 def test_help_says_what_the_latency_counts(run_cli):
     r = run_cli(["live", "--help"])
     assert "Latency is what a viewer sees" in " ".join(r.stdout.split())
+
+
+def send(st: LiveStats, on_time: int = 0, repeated: int = 0, held: int = 0) -> None:
+    """The output thread's count of slots sent, as session.py keeps it."""
+    st.sent += on_time
+    st.repeated += repeated
+    st.held += held
+    st.slots += on_time + repeated + held
+
+
+def test_skipped_counts_only_slots_that_were_sent():
+    """The frames thread gives up on slots by the clock plus its render estimate, ahead of the output: a 1.4 s
+    render estimate gives up on the next 35 slots at once. A stream that stopped after 30 slots said "30 frames: 0
+    on time, 0 repeated, 34 skipped, 30 held"; of the frames sent, no more can have been skipped than went out
+    repeated or held."""
+    st = LiveStats(Fraction(25))
+    st.skip(0, 34)                      # given up on slots 0..33 while the output held the plate
+    send(st, held=30)                   # the stream stopped after 30 slots
+    f = st.summary("interrupt")["frames"]
+    assert (f["sent"], f["held"], f["skipped"]) == (30, 30, 30), f
+    line = LiveStats.line(st.summary("interrupt"))
+    assert "30 frames: 0 on time, 0 repeated, 30 held (30 of these skipped" in line, line
+
+
+def test_the_line_s_figures_add_up_over_a_long_stream():
+    """Runs given up on, some sent and some beyond the stream's end, counted once each; on time + repeated + held is
+    every frame sent, and skipped is among the repeated and held."""
+    st = LiveStats(Fraction(25))
+    for k in range(1000):               # 1000 rounds of 10 slots: 6 made in time, 4 given up on (sent repeated)
+        st.skip(10 * k + 6, 10 * k + 10)
+        send(st, on_time=6, repeated=4)
+    st.skip(10_000, 10_040)             # the frames thread's last run, past the stream's end
+    assert len(st._skips._runs) <= 2    # runs wholly sent are folded as it goes: bounded memory for a day's stream
+    f = st.summary("interrupt")["frames"]
+    assert f["sent"] == 10_000 and f["on_time"] + f["repeated"] + f["held"] == f["sent"]
+    assert f["skipped"] == 4000 <= f["repeated"] + f["held"], f
+    line = LiveStats.line(st.summary("interrupt"))
+    assert "10000 frames: 6000 on time, 4000 repeated, 0 held (4000 of these skipped" in line, line

@@ -83,6 +83,10 @@ def test_cpu_tiny_dry_run_of_the_gpu_check(bundle, tmp_path):
     assert [(r["overlap"], r["steps"], r["launch"]) for r in data["live"]] == \
         [(70, 25, "eager"), (70, 25, "graphs"), (75, 25, "graphs"), (78, 25, "graphs"), (70, 10, "eager")]
     assert all(r["first_frame_latency_s"] and 0 <= r["on_time_share"] <= 1 for r in data["live"])
+    sessions = data["sessions"]                  # the sessions arm: a batch size each, captured before they stream
+    assert [r["sessions"] for r in sessions] == [1, 2] and all(len(r["per_session"]) == r["sessions"] for r in sessions)
+    assert all(r["captures_while_streaming"] == 0 and 0 <= r["on_time_fraction"] <= 1 for r in sessions), sessions
+    assert all(p["frames"]["sent"] > 0 for r in sessions for p in r["per_session"])
     assert [r["threads"] for r in data["encoders"]][0] == "auto" and len(data["encoders"]) >= 2
     assert data["compile"].startswith("not tried on a CPU") and data["skipped"] == []
     assert "ms/frame" in res.stdout and "PSNR" in res.stdout and "same bytes as inline eager" in res.stdout

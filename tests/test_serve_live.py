@@ -489,3 +489,80 @@ def test_an_engine_launched_compiled_takes_no_live_session(tmp_path, monkeypatch
     with pytest.raises(UsageError, match="--launch graphs"):
         sessions.open({"avatar": "anchor"})
     assert sessions.list() == []
+
+
+def test_post_v1_live_keeps_lives_file_rules(serve_parts, tmp_path, monkeypatch):
+    """POST /v1/live decides by `live`'s own rules (live/start.py's check_files): yesterday's .ts, playlist or one of
+    its segments is refused (400, exit code 2, the file named and the fix) unless the request says "overwrite":
+    true (it was replaced without a word); a relative out lies under the first --root, as a job's output does (it
+    was taken from the server's own folder)."""
+    from fastapi.testclient import TestClient
+
+    from ditto_fast.serve.app import make_app
+    from ditto_fast.serve.live.sessions import LiveSessions
+
+    p = serve_parts
+    first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
+    for folder in (first / "live", elsewhere):
+        folder.mkdir(parents=True)
+    live = LiveSessions(p.dispatcher.handles, p.acceptor.setup, [first, tmp_path], p.acceptor.avatars,
+                        p.events.append)
+    client = TestClient(make_app(p.queue, p.acceptor, p.dispatcher, p.metrics, live=live))
+    (first / "news.ts").write_bytes(b"yesterday's recording")
+    (first / "show.m3u8").write_text("#EXTM3U\n#EXTINF:1.0,\nshow_00000.ts\n#EXT-X-ENDLIST\n")
+    (first / "late_00007.ts").write_bytes(b"a segment of yesterday's late show")
+    for out, there in ((first / "news.ts", first / "news.ts"), (first / "show.m3u8", first / "show.m3u8"),
+                       (first / "late.m3u8", first / "late_00007.ts")):
+        r = client.post("/v1/live", json={"avatar": "anchor", "out": str(out)})
+        answer = r.json()
+        assert r.status_code == 400 and answer["exit_code"] == 2, answer
+        assert answer["error"].startswith(f"{there}: exists") and 'send "overwrite": true' in answer["error"], answer
+    assert (first / "news.ts").read_bytes() == b"yesterday's recording"
+    assert live.check({"avatar": "anchor", "out": str(first / "news.ts"), "overwrite": True}).overwrite is True
+    r = client.post("/v1/live", json={"avatar": "anchor", "out": str(first / "news.ts"), "overwrite": "yes"})
+    assert r.status_code == 400 and "overwrite must be true or false" in r.json()["error"], r.text
+
+    monkeypatch.chdir(elsewhere)                        # the server's own folder is no root
+    assert live.check({"avatar": "anchor", "out": "live/today.m3u8"}).out == str(first / "live" / "today.m3u8")
+    r = client.post("/v1/live", json={"avatar": "anchor", "out": "news.ts"})
+    assert r.status_code == 400 and r.json()["error"].startswith(f"{first / 'news.ts'}: exists"), r.text
+
+
+@pytest.mark.slow
+def test_a_playlist_a_killed_server_left_open_is_closed_at_its_next_start(serving, tmp_path):
+    """serve SIGKILLed mid-session leaves its HLS playlist without #EXT-X-ENDLIST (players poll it as live for ever):
+    the next start closes it and says so; a session ended cleanly leaves no record behind."""
+    import signal
+
+    ENDLIST = "#EXT-X-ENDLIST"                           # the HLS tag (RFC 8216): no more segments will come
+
+    server = serving("--max-live", "1")
+    playlist = tmp_path / "show.m3u8"
+    sid = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(playlist)})[1]["id"]
+    wait_state(server, sid, ("idle", "streaming"))
+    deadline = time.monotonic() + 120
+    while not (playlist.exists() and playlist.read_text().count("#EXTINF") >= 2):
+        assert time.monotonic() < deadline, server.log.read_text()[-3000:]
+        time.sleep(0.2)
+    server.stop(signal.SIGKILL)                          # the server, its engine and their ffmpeg at once
+    left = playlist.read_text()
+    assert ENDLIST not in left                           # what a killed server leaves
+
+    again = serving("--max-live", "1")                   # the same home
+    assert playlist.read_text() == left.rstrip("\n") + "\n" + ENDLIST + "\n"
+    closed = [e for e in _log_lines(again) if e.get("event") == "playlist closed"]
+    assert [(e["live"], e["playlist"]) for e in closed] == [(sid, str(playlist))], closed
+    listed = [ln for ln in left.splitlines() if ln and not ln.startswith("#")]
+    assert all((tmp_path / name).exists() for name in listed)
+
+    records = tmp_path / "home" / "serve" / "live"
+    nxt = again.call("POST", "/v1/live", {"avatar": "anchor", "out": str(tmp_path / "next.m3u8")})[1]["id"]
+    wait_state(again, nxt, ("idle", "streaming"))
+    assert [p.stem for p in records.glob("*.json")] == [nxt]
+    assert again.call("DELETE", f"/v1/live/{nxt}")[1]["state"] == "ended"
+    deadline = time.monotonic() + 30
+    while list(records.glob("*.json")):
+        assert time.monotonic() < deadline, list(records.glob("*.json"))
+        time.sleep(0.2)
+    assert (tmp_path / "next.m3u8").read_text().rstrip().endswith(ENDLIST)
+    assert again.stop() == 0

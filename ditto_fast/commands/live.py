@@ -22,7 +22,8 @@ def live(stop_at_end, quiet, config_path, **values):
     """Stream AVATAR speaking what --audio-in brings, as it arrives, to --out: idle motion when nobody speaks, frames
     at the nominal rate by the wall clock, picture and the same audio in one stream. Exit 0 when ended by the
     source's end (--stop-at-end), Ctrl-C or SIGTERM; 3 when the source failed (bytes refused, a URL that answers
-    404, cannot be reached or stalls), the stream closed complete up to there."""
+    404, cannot be reached or stalls), the stream closed complete up to there; one that failed or ended before its
+    first speech (an empty stdin) leaves no file behind."""
     options = LiveOptions(**take(values, LIVE_FIELDS))
     request = LiveRequest(**take(values, LIVE_REQUEST_FIELDS))
     if request.out is None:

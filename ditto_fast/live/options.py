@@ -27,6 +27,10 @@ SOURCE_HELP = ("Where the speech comes from: a FILE (played at its own pace), - 
 DEST_HELP = ("Where the stream goes: a .ts file (written as it streams), an .m3u8 playlist (HLS, segments beside "
              "it), udp://HOST:PORT, srt://HOST:PORT (caller; ?mode=listener to wait for a caller) or rtmp://URL.")
 
+OVERWRITE_HELP = ("Replace an --out file (a .ts, or an HLS playlist and its segments) or a --stats file that is there "
+                  "already; without it such a file is refused before anything loads (POST /v1/live: \"overwrite\": "
+                  "true).")
+
 
 def _destination(value: Any, where: str) -> str:
     """Where a stream goes: a .ts or .m3u8 path or an srt://, udp:// or rtmp:// URL (its kind known; not opened)."""
@@ -52,6 +56,7 @@ def _live_request_fields() -> list[tuple[str, Any, dataclasses.Field]]:
             for f in FIELDS if f.name not in NOT_LIVE]
     return kept + [
         ("out", "str | None", declared(flags=("--out",), check=_destination, help=DEST_HELP)),
+        ("overwrite", "bool | None", declared(flags=("--force",), kind="flag", help=OVERWRITE_HELP)),
         ("max_latency", "float | None", declared(flags=("--max-latency",), setting=("live", "max_latency"),
                                                  help="Seconds the stream may lag its speech at most: the picture "
                                                       "starts within it, and motion that falls further behind skips "
@@ -106,7 +111,8 @@ class _LiveRequestBase:
 
 # One live session, declared once and checked when made, as a RenderRequest is: the avatar, the render request's
 # settings a stream takes (emotion, seed, steps, fps, codec, blend, controls, emotion_strength), where it goes
-# (`out`: None for a caller that takes the frames itself) and the online loop's own (max_latency, overlap).
+# (`out`: None for a caller that takes the frames itself), whether it may replace files there (`overwrite`: `live
+# --force`, POST /v1/live's "overwrite") and the online loop's own (max_latency, overlap).
 LiveRequest = dataclasses.make_dataclass("LiveRequest", _live_request_fields(), bases=(_LiveRequestBase,),
                                          frozen=True)
 LiveRequest.__module__ = __name__           # pickled by name into an engine process
@@ -126,9 +132,6 @@ class LiveOptions:
                                        "from a piece of speech being there to be spoken (its arrival, or its turn "
                                        "on the stream's clock where it came ahead, as a TTS writing a whole answer "
                                        "at once makes it) to its frame leaving.")
-    force: bool = declared(False, flags=("--force",), kind="flag",
-                           help="Replace an --out file (a .ts, or an HLS playlist and its segments) that is there "
-                                "already; without it such an --out is refused before anything loads.")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -144,16 +144,6 @@ def written_by_stream(dest: str, path: str | os.PathLike) -> bool:
         _segment_name(out).fullmatch(other.resolve().name) is not None
 
 
-def check_stream_replaces(dest: str, force: bool) -> None:
-    """UsageError unless `force` where a stream to `dest` would replace files that are there (a .ts file, an HLS
-    playlist or its segments; a named pipe is written into, not replaced)."""
-    there = [p for p in stream_files(dest) if p.is_file()]
-    if there and not force:
-        more = f" and {len(there) - 1} more of its files" if len(there) > 1 else ""
-        raise UsageError(f"{there[0]}{more}: exists; a stream starts its file anew: give --force to replace it, or "
-                         "choose another --out")
-
-
 def _muxer_args(dest: str, kind: str) -> list[str]:
     """ffmpeg's output options and output for `dest` of `kind`."""
     if kind == "ts file":

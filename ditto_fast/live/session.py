@@ -201,13 +201,13 @@ class LiveSession:
             if self._t0 is not None:                    # a frame that would miss its slot is not made
                 late = int((time.monotonic() + self.render_estimate - self._t0) * self.s.rate) + 1
                 if late > i:
-                    self.stats.skipped += late - i
+                    self.stats.skip(i, late)
                     i = late
                     continue
             got = self._motion_for(i)
             if got is None:
                 if self._end_slot is None and not self._stop.is_set():
-                    self.stats.skipped += 1
+                    self.stats.skip(i, i + 1)
                 i += 1
                 continue
             m0, m1, w = got

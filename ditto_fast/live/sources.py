@@ -264,6 +264,9 @@ class AudioSource:
                 self._error = f"{self.name}: {reason}"
         if self._bytes is not None and self._error is None:
             self._error = self._bytes.error
+        if self._error is None and self.received == 0 and not self._stop.is_set():
+            self._error = (f"{self.name}: ended before any speech came (an empty input); send speech: s16le 16 kHz "
+                           "mono, or a container ffmpeg decodes")
         if not self._stop.is_set():
             self._ended.set()
 

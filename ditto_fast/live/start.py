@@ -5,6 +5,7 @@ halves: the checks in the server, the stream in an engine process of the engine 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from ditto_fast.core.config import Config
@@ -12,23 +13,59 @@ from ditto_fast.core.errors import InputError, UsageError
 from ditto_fast.encoding.writer import check_output_path
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.options import LiveOptions, LiveRequest
-from ditto_fast.live.outputs import (StreamOutput, check_destination, check_reachable, check_stream_replaces,
+from ditto_fast.live.outputs import (StreamOutput, check_destination, check_reachable, stream_files,
                                      written_by_stream)
 from ditto_fast.live.sources import check_source_url, open_source, source_file
 from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.media.rates import STREAM_SAMPLE_RATE
 
+# how each door tells the fix: `live`'s flags, POST /v1/live's fields
+COMMAND = {"force": "give --force", "out": "--out"}
+SERVED = {"force": 'send "overwrite": true', "out": "out"}
+STREAM_SUFFIXES = (".ts", ".m3u8")
 ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", True): "h264_nvenc",
             ("hevc", True): "hevc_nvenc"}
 
 
-def check_live(request: LiveRequest, config: Config) -> None:
+def check_live(request: LiveRequest, config: Config, stats: Path | None = None, source: Path | None = None,
+               served: bool = False) -> None:
     """Everything about a session that can be checked before anything loads: its settings (a control file read, a
-    codec a stream can take) and its destination (a file's folder writable, a URL complete); UsageError or
-    InputError naming what is wrong."""
+    codec a stream can take) and the files it writes (check_files); UsageError or InputError naming what is wrong."""
     request.settings(config)
+    check_files(request, stats, source, served)
+
+
+def check_files(request: LiveRequest, stats: Path | None = None, source: Path | None = None,
+                served: bool = False) -> None:
+    """The one set of rules for the files a session writes, `live`'s and POST /v1/live's (`served`: the fix is then
+    told as the API says it): its destination (a file's folder writable: InputError; a URL complete), never the
+    `source` file it reads, and `stats` (its figures) none of those nor a stream's file; a .ts, playlist, segment
+    or stats file there already is replaced only with `request.overwrite` (--force, "overwrite": true). UsageError
+    (exit 2) naming the file and the fix."""
+    words = SERVED if served else COMMAND
+    replace = bool(request.overwrite)
     if request.out is not None:
         check_destination(request.out)
+        if source is not None and written_by_stream(request.out, source):
+            raise UsageError(f"{request.out}: the stream would overwrite its own source ({source}); choose another "
+                             f"{words['out']}")
+        there = [p for p in stream_files(request.out) if p.is_file()]
+        if there and not replace:
+            more = f" and {len(there) - 1} more of its files" if len(there) > 1 else ""
+            raise UsageError(f"{there[0]}{more}: exists; a stream starts its file anew: {words['force']} to replace "
+                             f"it, or choose another {words['out']}")
+    if stats is None:
+        return
+    check_output_path(stats, example="live.json")
+    check_writes([("stats file (--stats)", stats)], [source])
+    if request.out is not None and written_by_stream(request.out, stats):
+        raise UsageError(f"--stats {stats}: the stream (--out {request.out}) writes there; give the figures a file "
+                         "of their own")
+    if Path(stats).suffix.lower() in STREAM_SUFFIXES:       # another stream's playlist or segment, even with --force
+        raise UsageError(f"--stats {stats}: the figures are JSON, and that is a stream's file name; give a name such "
+                         f"as {Path(stats).with_suffix('.json')}")
+    if Path(stats).is_file() and not replace:
+        raise UsageError(f"--stats {stats}: exists; {words['force']} to replace it, or choose another --stats")
 
 
 def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
@@ -36,21 +73,12 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
     """Stream `request.avatar` speaking what `options.audio_in` brings to `request.out` until the source ends
     (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`). Every
     file and destination is checked before the networks load; a source that fails before any speech came ends the
-    stream, and a source that failed at all is InputError (its line) once the stream is closed."""
-    check_live(request, engine.settings())
+    stream and leaves nothing behind (no stream file, no stats), and a source that failed at all is InputError (its
+    line) once the stream is closed."""
     source_path = source_file(options.audio_in)
+    check_live(request, engine.settings(), options.stats, source_path)
     if request.out is not None:
-        if source_path is not None and written_by_stream(request.out, source_path):
-            raise UsageError(f"{request.out}: the stream would overwrite its own source ({source_path}); choose "
-                             "another --out")
-        check_stream_replaces(request.out, bool(options.force))
         check_reachable(request.out)        # an RTMP server that takes no connection, an SRT/UDP host not known
-    if options.stats is not None:           # written at the end: checked now, not after the whole stream
-        check_output_path(options.stats, example="live.json")
-        check_writes([("stats file (--stats)", options.stats)], [source_path])
-        if request.out is not None and written_by_stream(request.out, options.stats):
-            raise UsageError(f"--stats {options.stats}: the stream (--out {request.out}) writes there; give the "
-                             "figures a file of their own")
     check_source_url(options.audio_in)                                  # an http(s) source that answers 404
     source = open_source(options.audio_in, stdin_fd=stdin_fd, stop_at_end=stop_at_end)   # checked: missing file ...
     from ditto_fast.engine.renderer import Renderer
@@ -76,6 +104,10 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
         stats = stream_live(renderer, request, source, stop_at_end, log, started=stop_when_the_source_fails)
     finally:
         done.set()
+    if source.error and source.received == 0:       # refused before its first speech: nothing to keep, and
+        for path in stream_files(request.out) if request.out is not None else []:   # nothing to block a rerun
+            path.unlink(missing_ok=True)
+        raise InputError(source.error)
     if options.stats is not None:
         write_json(options.stats, stats)
     if source.error:                        # the stream is closed and complete up to here; the source failed
@@ -115,7 +147,12 @@ def stream_live(renderer, request: LiveRequest, source, stop_at_end: bool, log: 
 
 
 def stream_output(renderer, request: LiveRequest, avatar, settings) -> StreamOutput:
-    """The ffmpeg stream to `request.out` of a session of `avatar` (its size, its plate's pixel format)."""
+    """The ffmpeg stream to `request.out` of a session of `avatar` (its size, its plate's pixel format). What it
+    replaces (`request.overwrite`) goes first: a new playlist keeps no segment of the old one beside it."""
+    if request.overwrite and request.out is not None:
+        for path in stream_files(request.out):
+            if path.is_file():
+                path.unlink(missing_ok=True)
     return StreamOutput(request.out, avatar.size, settings.rate, plate_pix_fmt(avatar), crf=renderer.setup.crf,
                         preset=renderer.setup.preset, encoder=ENCODERS[settings.codec, renderer.setup.nvenc],
                         audio_sample_rate=STREAM_SAMPLE_RATE)

@@ -4,7 +4,9 @@ frames that left late, repeated or not at all."""
 from __future__ import annotations
 
 import random
+import threading
 import time
+from collections import deque
 from fractions import Fraction
 from typing import Callable
 
@@ -37,6 +39,35 @@ class Reservoir:
                 self.values[j] = value
 
 
+class SkippedSlots:
+    """Slot numbers given up on, as increasing runs [first, end), counted among the slots sent so far: the frames
+    thread may give up on slots the stream never sends (it stopped first). Runs wholly sent are folded into a count
+    (bounded memory for a day-long stream); safe between the thread adding runs and the one reading the count."""
+
+    def __init__(self) -> None:
+        self._done = 0                  # slots of the runs folded, all sent
+        self._runs: deque[tuple[int, int]] = deque()
+        self._lock = threading.Lock()
+
+    def add(self, first: int, end: int, sent: int) -> None:
+        """Slots [first, end) given up on, `sent` slots being out now."""
+        with self._lock:
+            if end > first:
+                self._runs.append((first, end))
+            self._fold(sent)
+
+    def among(self, sent: int) -> int:
+        """How many of slots [0, sent) were given up on."""
+        with self._lock:
+            self._fold(sent)
+            return self._done + sum(max(0, min(end, sent) - first) for first, end in self._runs)
+
+    def _fold(self, sent: int) -> None:
+        while self._runs and self._runs[0][1] <= sent:
+            first, end = self._runs.popleft()
+            self._done += end - first
+
+
 class LiveStats:
     """Counters and latencies of one session; `summary()` is the --stats JSON."""
 
@@ -48,7 +79,7 @@ class LiveStats:
         self.sent = 0               # of the slots, frames sent as made for them
         self.held = 0               # slots sent before any frame was made: the plate as shot
         self.repeated = 0           # slots whose frame was not ready: the last one again
-        self.skipped = 0            # frames not made because they would have missed their slots
+        self._skips = SkippedSlots()   # slots whose frame was not made: it would have missed its slot
         self.late = 0               # frames made that came after their slot had gone
         self.motion_skipped = 0.0   # seconds of speech whose motion was dropped to catch up with the clock
         self.source_error: str | None = None
@@ -56,6 +87,16 @@ class LiveStats:
         self.first_frame: float | None = None
         self.audio = None           # the session's StreamAudio, once it runs
         self._behind_at, self._behind_from = 0.0, 0
+
+    def skip(self, first: int, end: int) -> None:
+        """Slots [first, end) get no frame of their own (it would have missed its slot): counted once they are sent."""
+        self._skips.add(first, end, self.slots)
+
+    @property
+    def skipped(self) -> int:
+        """Of the slots sent, those whose frame was not made (each went out repeated or held): never more than the
+        frames sent, however far ahead of the output the frames thread gave up on slots."""
+        return self._skips.among(self.slots)
 
     def latency(self, sent: float, arrivals: list[float], first_speech: tuple[int, float] | None,
                 samples: tuple[int, int]) -> None:
@@ -122,11 +163,13 @@ class LiveStats:
 
     @staticmethod
     def line(summary: dict) -> str:
-        """The one line the command prints at the end."""
+        """The one line the command prints at the end: the frames sent as on time, repeated and held (which add up
+        to them), and how many of those repeated or held had no frame made for them (skipped)."""
         f, lat = summary["frames"], summary["latency_s"]
         ffl = summary["first_frame_latency_s"]
         return (f"live: {summary['stream_seconds']:.1f} s streamed ({summary['speech_seconds']:.1f} s of speech), "
-                f"{f['sent']} frames: {f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped, "
-                f"{f['held']} held; first frame "
+                f"{f['sent']} frames: {f['on_time']} on time, {f['repeated']} repeated, {f['held']} held"
+                + (f" ({f['skipped']} of these skipped: not rendered, to keep the clock)" if f["skipped"] else "")
+                + "; first frame "
                 + (f"{ffl * 1000:.0f} ms" if ffl is not None else "n/a")
                 + (f", latency median {lat['median'] * 1000:.0f} ms p95 {lat['p95'] * 1000:.0f} ms" if lat else ""))

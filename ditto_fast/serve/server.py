@@ -213,6 +213,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     from ditto_fast.serve.jobs.lease import Heartbeat
     from ditto_fast.serve.jobs.queue import JobQueue
     from ditto_fast.serve.jobs.watch import WatchFolder
+    from ditto_fast.serve.live.playlists import OpenPlaylists
     from ditto_fast.serve.live.sessions import LiveSessions
     from ditto_fast.serve.metrics import Metrics
     from ditto_fast.serve.page.api import PageFiles
@@ -227,6 +228,8 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
             metrics.ended(job)
         log({"job": job["id"], "state": job["status"], "why": "its server died while rendering it",
              "crashes": job["crashes"], **({"error": job["error"]} if job["status"] != "queued" else {})})
+    playlists = OpenPlaylists(store_root() / "serve" / "live")
+    playlists.recover(log)                              # what sessions of a server that is gone left open
     log({"event": "engine loaded", **engine_info, "engines": [h.state().as_json() for h in handles],
          "queued": queue.counts()["queued"]})
     policy = CallbackPolicy(parse_networks(opts.callback_allow))
@@ -235,7 +238,7 @@ def _serve(handles: list[EngineHandle], setup: RenderSetup, engine_info: dict[st
     callbacks = CallbackSender(queue, policy, log)
     heartbeat = Heartbeat(queue.heartbeat, log)
     live = LiveSessions(handles, setup, roots, avatars.get, log, opts.max_live, opts.live_idle_timeout,
-                        network_outputs=opts.live_outputs == "any") if opts.max_live else None
+                        network_outputs=opts.live_outputs == "any", playlists=playlists) if opts.max_live else None
     files = PageFiles(acceptor.roots, (opts.uploads or uploads_default(opts)).absolute(),
                       store_root() / "serve" / "previews", opts.max_upload_mb << 20)
     dispatcher = Dispatcher(handles, queue, metrics, log, avatars, setup, audio=acceptor.decoded, callbacks=callbacks,

@@ -18,6 +18,9 @@ It writes random checkpoints there (`ditto-fast checkpoints init-random`, full s
     and for the both-switches-on arm: its start, its first and second job (cold and warm), fps against in process
   - live 1080p25 (the speech file at its own pace): 25 steps eager and with graphs at overlap 70, graphed at 75 and
     78, and the 10 steps of the first run: first-frame latency, frames on time
+  - sessions: 1, 2, 4, then 6 and 8 live sessions at once on one engine (1080p25, 25 steps, graphs), sharing its
+    warp + decode and its DDIM sampler as an engine process's sessions do, while every session holds 95 % on time:
+    the worst session's share of frames on time, the slowest first frame, captures made while they streamed
   - the encoder on its own (x264 threads: auto against counts sized to the host) and NVENC (the carried ffmpeg's
     and the machine's own, where it has one)
   - last, what time is left: torch.compile (launch compile) in an engine process that is killed at the budget
@@ -139,6 +142,7 @@ def parity(files: dict[str, Path], device: "torch.device") -> dict:
 ARMS = (("inline", "eager"), ("thread", "eager"), ("inline", "graphs"), ("thread", "graphs"))
 # overlap, steps, launch: the default eager and graphed, shorter windows graphed (overlap 78: the nearest to a first
 # frame in 0.4 s: docs/performance.md), and the 10 steps eager that kept up on the H200
+SESSIONS = (1, 2, 4, 6, 8)      # live sessions at once on one engine (a CPU's dry run: the first two)
 LIVE = ((70, 25, "eager"), (70, 25, "graphs"), (75, 25, "graphs"), (78, 25, "graphs"), (70, 10, "eager"))
 COMPILE_AT_LEAST_S = 150        # what the compile arm needs of the budget to be tried at all
 
@@ -248,6 +252,7 @@ def run(args: argparse.Namespace, seconds: float, repeats: int, tmp: Path, budge
                              if (row := engine_process(engine.setup, arm, audio, tmp, out["renders"], budget))]
     out["live"] = [row for overlap, steps, launch in LIVE
                    if (row := live_loop(engine, arms, audio, tmp, overlap, steps, launch, budget))]
+    out["sessions"] = sessions_arm(engine, audio, tmp, budget, cuda)
     out["encoders"] = encoder_arms(tmp / "arm_inline_eager.mp4", engine.setup, budget)
     out["nvenc"] = nvenc(engine, arms, audio, tmp, nvenc_works, budget)
     out["compile"] = compile_arm(engine.setup, audio, tmp, out["renders"], budget) if cuda else \
@@ -511,6 +516,84 @@ def live_loop(engine, arms: Arms, audio: Path, tmp: Path, overlap: int, steps: i
           "RTF " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None)
           + "; of 40 ms a frame left: " + ", ".join(f"{k} {v} ms" for k, v in s["budget_left_ms"].items()), flush=True)
     return {"overlap": overlap, "steps": steps, "launch": launch, **s}
+
+
+def sessions_arm(engine, audio: Path, tmp: Path, budget: Budget, cuda: bool) -> list[dict]:
+    """N live sessions at once on one engine (the 1080p avatar at 25 fps, 25 steps, overlap 70, launched with graphs),
+    each reading the speech file at its own pace to a .ts of its own, sharing one warp + decode and one DDIM sampler as
+    handles/engine_sessions.py shares them (each batch size captured before they stream); N grows while every
+    session holds 95 % of its frames on time. On a CPU the graphs' stand-in (core/graphs.py Rerun) runs the path."""
+    import threading
+    import wave
+    from fractions import Fraction
+
+    from ditto_fast.core.graphs import BUCKETS, Launched
+    from ditto_fast.engine.measurements import sample_inputs
+    from ditto_fast.live.outputs import StreamOutput
+    from ditto_fast.live.session import LiveSession, LiveSettings
+    from ditto_fast.live.sources import open_source
+    from ditto_fast.motion.conditions import emotion_vector
+    from ditto_fast.motion.ddim import DDIMSampler, Denoiser
+    from ditto_fast.motion.shared_windows import SharedWindows
+    from ditto_fast.render.shared_fused import SharedFused
+
+    with wave.open(str(audio), "rb") as w:
+        speech_s = w.getnframes() / w.getframerate()
+    counts = (SESSIONS if cuda else SESSIONS[:2])
+    if not budget.fits(speech_s + 20, f"{counts[0]} live session(s) at once"):
+        return []
+    fused = engine.fused.twin(launch="graphs", max_graphs=len(BUCKETS))
+    denoise = Denoiser(engine.lmdm, "graphs")
+    if not cuda:
+        fused._launched = Launched(fused._warp_decode, cuda=False, max_graphs=len(BUCKETS))
+        denoise._launched = Launched(denoise._flat, cuda=False, max_graphs=len(BUCKETS) + 1, skip_unchanged=True)
+    shared = SharedFused(fused)
+    windows = SharedWindows(DDIMSampler(engine.lmdm, 25, engine.config.motion.guidance, denoise))
+    t0 = time.perf_counter()
+    shared.warm(sample_inputs(engine.fused, 1))
+    windows.warm()
+    warm_s = round(time.perf_counter() - t0, 2)
+    avatar = engine.avatar("gpu_check")
+    settings = LiveSettings(emotion=emotion_vector("neutral"), seed=0, steps=25, codec="h264", overlap=70,
+                            rate=Fraction(25), blend=engine.config.render.blend, controls=None, max_latency=3.0,
+                            stop_at_end=True)
+
+    def captures() -> int:
+        return sum(x._launched.counts["capture"] for x in (fused, denoise))
+
+    rows = []
+    for n in counts:
+        if rows and not budget.fits(speech_s + 10, f"{n} live sessions at once"):
+            break
+        stats: list = [None] * n
+        before = captures()
+
+        def one(i: int) -> None:
+            output = StreamOutput(str(tmp / f"sessions_{n}_{i}.ts"), avatar.size, settings.rate, "yuv420p",
+                                  crf=engine.setup.crf, preset=engine.setup.preset, encoder="libx264")
+            stats[i] = LiveSession(engine, avatar, open_source(str(audio)), output, settings, fused=shared,
+                                   windows=lambda steps: windows).run()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        on_time = [s["frames"]["on_time"] / max(1, s["frames"]["sent"]) for s in stats]
+        firsts = [s["first_frame_latency_s"] for s in stats]
+        row = {"sessions": n, "on_time_fraction": round(min(on_time), 3),
+               "first_frame_latency_s": None if None in firsts else max(firsts),
+               "latency_median_s": max((s["latency_s"] or {}).get("median", 0) for s in stats),
+               "captures_while_streaming": captures() - before, "warm_up_s": warm_s,
+               "per_session": [{"on_time_fraction": round(f, 3), "first_frame_latency_s": s["first_frame_latency_s"],
+                                "frames": s["frames"], "ms_per_frame": s["ms_per_frame"]}
+                               for f, s in zip(on_time, stats)]}
+        rows.append(row)
+        print(f"{n} live session(s) at once, 1080p25, 25 steps, graphs: worst {100 * row['on_time_fraction']:.0f} % "
+              f"of frames on time, slowest first frame {1000 * (row['first_frame_latency_s'] or 0):.0f} ms, "
+              f"{row['captures_while_streaming']} captures while streaming", flush=True)
+        if row["on_time_fraction"] < 0.95 and cuda:
+            break
+    return rows
 
 
 def encoder_arms(rendered: Path, setup, budget: Budget) -> list[dict]:

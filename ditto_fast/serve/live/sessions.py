@@ -25,6 +25,7 @@ from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.start import check_live
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.serve.checks import check_utf8, confine
+from ditto_fast.serve.live.playlists import OpenPlaylists
 from ditto_fast.serve.live.whep import WhepViewers
 
 STATES = ("starting", "streaming", "idle", "ending", "ended", "failed")
@@ -145,9 +146,9 @@ class LiveSessions:
 
     def __init__(self, engines: Sequence[EngineHandle], setup: Any, roots: list[Path], avatars: Callable[[str], Any],
                  log: Callable[[dict], None], max_live: int = 1, idle_timeout: float = 30.0,
-                 network_outputs: bool = False):
+                 network_outputs: bool = False, playlists: OpenPlaylists | None = None):
         self.engines, self.setup, self.roots = list(engines), setup, [r.resolve() for r in roots]
-        self.avatars, self.log = avatars, log
+        self.avatars, self.log, self.playlists = avatars, log, playlists
         self.max_live, self.idle_timeout, self.network_outputs = max_live, idle_timeout, network_outputs
         self._sessions: dict[str, ServedSession] = {}
         self.viewers = WhepViewers()
@@ -160,7 +161,9 @@ class LiveSessions:
 
     def check(self, body: Any) -> LiveRequest:
         """The LiveRequest `body` (the avatar, `out` and the live settings) asks for, checked before anything starts:
-        its fields, its output under the roots (or a URL, where allowed), its control file, its avatar."""
+        its fields, its output under the roots (a relative one under the first, as a job's; or a URL, where allowed)
+        and the files it would write by `live`'s rules (check_files: one there already only with "overwrite": true),
+        its control file, its avatar."""
         if not isinstance(body, dict):
             raise UsageError("send one live session as a JSON object: {\"avatar\": NAME, \"out\": PATH_OR_URL, ...}")
         unknown = sorted(set(body) - set(LIVE_KEYS))
@@ -176,15 +179,17 @@ class LiveSessions:
         if out is None:
             pass
         elif describe_destination(out) in ("ts file", "hls"):
-            out = str(Path(out).absolute())
+            out = str(self.roots[0] / out)              # a relative path lies under the first root, as a job's does
             confine(Path(out), self.roots, "live output")
         elif not self.network_outputs:
             raise UsageError(f"{out}: this server streams to files under its roots only; start it with "
                              "--live-outputs any to allow srt://, udp:// and rtmp:// outputs")
-        if body.get("controls") is not None:
-            confine(Path(str(body["controls"])), self.roots, "controls file")
-        request = LiveRequest(**{**{k: v for k, v in body.items() if v is not None}, "out": out})
-        check_live(request, self.setup.config)
+        values = {k: v for k, v in body.items() if v is not None}
+        if isinstance(values.get("controls"), str) and values["controls"]:
+            values["controls"] = str(self.roots[0] / values["controls"])
+            confine(Path(values["controls"]), self.roots, "controls file")
+        request = LiveRequest(**{**values, "out": out})
+        check_live(request, self.setup.config, served=True)
         self.avatars(request.avatar)                    # unknown or broken: its line, before an engine hears of it
         return request
 
@@ -203,6 +208,8 @@ class LiveSessions:
                 raise UsageError(f"{request.out}: another live session streams there; choose another output")
             session = ServedSession(secrets.token_hex(8), request, self.log, self.viewers.count)
             self._sessions[session.id] = session
+            if self.playlists is not None and request.out is not None and describe_destination(request.out) == "hls":
+                self.playlists.add(session.id, request.out)    # closed at its end, or at the next start if killed
             ended = [k for k, s in self._sessions.items() if not s.active]
             for k in ended[:max(0, len(ended) - KEPT_ENDED)]:
                 del self._sessions[k]
@@ -212,6 +219,7 @@ class LiveSessions:
             session.link = engine.open_live(LiveJob(request, label=session.id), heard=session.heard)
         except DittoError as e:
             session.error, session.finished = str(e), time.time()
+            self._close_playlists()
             raise
         session.engine, session.pid = engine, engine.info.get("pid")
         self.log({"live": session.id, "state": "starting", "avatar": request.avatar, "out": request.out,
@@ -247,9 +255,25 @@ class LiveSessions:
                 out[k] += ((s.stats or {}).get("frames") or {}).get(k, 0)
         return out
 
+    def _close_playlists(self) -> None:
+        """The playlists of the sessions that have ended closed where their writer left them open, their records
+        removed (OpenPlaylists.done; one still being written is looked at again next time)."""
+        if self.playlists is None:
+            return
+        for sid in self.playlists.recorded():
+            session = self._sessions.get(sid)
+            if session is None or not session.active:
+                playlist = self.playlists.playlist(sid)
+                if self.playlists.done(sid):
+                    self.log({"live": sid, "event": "playlist closed", "playlist": playlist,
+                              "why": "its stream ended without closing it"
+                                     + (f" ({session.error})" if session is not None and session.error else "")})
+
     def _watch_idle(self) -> None:
-        """End a session idle (no client, and what its last client sent said) for `idle_timeout` s."""
+        """End a session idle (no client, and what its last client sent said) for `idle_timeout` s; close what
+        ended sessions left open."""
         while not self._stop.wait(1.0):
+            self._close_playlists()
             for s in list(self._sessions.values()):
                 if s.state != "idle":
                     s.idle_since = None
@@ -270,3 +294,4 @@ class LiveSessions:
             t.start()
         for t in threads:
             t.join(END_WAIT_S + 15)
+        self._close_playlists()             # a session that did not end in time keeps its record: the next start
