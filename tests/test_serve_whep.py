@@ -1,23 +1,72 @@
 """WebRTC out of `serve` by WHEP, as a player uses it: a real server, a real WebRTC peer (aiortc) that offers to receive
-video and audio, gets the answer and decodes what comes: the session's picture at its size and rate, its speech;
-several viewers of one session; a viewer ended by DELETE; the refusals."""
+video and audio, gets the answer and decodes what comes: the session's picture at its size and rate, its speech (every
+second of it, counted, at its level); several viewers of one session; a viewer ended by DELETE; the refusals. Quick:
+the audio cut in 20 ms Opus frames; the viewers' slots (taken before any await, dropped when never connected), the
+offers answered or refused in words, on the registry with a session stand-in."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import urllib.request
 
 import numpy as np
 import pytest
 
+from fractions import Fraction
+
 from support import speech_clip
 
 aiortc = pytest.importorskip("aiortc")
 websockets = pytest.importorskip("websockets")
 
-pytestmark = pytest.mark.slow
+
+# ----------------------------------------------------------------------------- quick: the audio's 20 ms frames
+@pytest.mark.parametrize("rate", [Fraction(25), Fraction(30), Fraction(30000, 1001)])
+def test_each_frame_s_audio_is_cut_in_20_ms_opus_frames_with_consecutive_pts(rate):
+    """aiortc's Opus encoder makes one packet of each 960 samples and gives a frame's packets one RTP timestamp: a
+    40 ms frame's second packet is discarded by every receiver. So each frame's slot is cut in 960-sample pieces,
+    pts consecutive, the remainder (30 fps: 1600 samples a frame) carried into the next; no sample lost or doubled,
+    and a frame's audio starts at its picture's time."""
+    from ditto_fast.serve.live.whep import OPUS_SAMPLES, AudioSlices
+
+    assert OPUS_SAMPLES == 960
+    first = 1000                                    # a viewer joins a session already streaming
+    slots = [(i * 16000 * rate.denominator // rate.numerator) * 3 for i in range(first, first + 101)]  # as session.py
+    sent, pieces, slices = [], [], AudioSlices(rate)
+    counter = 0
+    for k, i in enumerate(range(first, first + 100)):
+        n = slots[k + 1] - slots[k]
+        pcm = ((np.arange(counter, counter + n) % 65536) - 32768).astype(np.int16)    # every sample its own value
+        counter += n
+        sent.append(pcm)
+        got = slices.add(i, pcm)
+        pieces += got
+        held = counter - len(pieces) * 960
+        assert 0 <= held < 960, (i, held)           # whatever is whole goes at once; the rest waits
+    assert all(len(p) == 960 and p.dtype == np.int16 for _, p in pieces)
+    pts = [t for t, _ in pieces]
+    start = first * 48000 * rate.denominator // rate.numerator
+    assert abs(pts[0] - slots[0]) <= 2 and pts[0] == start          # a frame's audio at its picture's time
+    assert pts == list(range(start, start + 960 * len(pieces), 960))
+    whole = np.concatenate(sent)
+    assert np.array_equal(np.concatenate([p for _, p in pieces]), whole[:960 * len(pieces)])
+    assert counter - 960 * len(pieces) < 960
+
+
+def test_frames_a_viewer_missed_leave_their_gap_in_the_audio():
+    """A viewer that fell behind skips frames: the audio after them starts at its own frame's time (pts), not
+    where the last piece ended, so sound and picture stay in step."""
+    from ditto_fast.serve.live.whep import AudioSlices
+
+    slices = AudioSlices(Fraction(30))
+    got = slices.add(0, np.ones(1600, np.int16)) + slices.add(1, np.ones(1600, np.int16))
+    assert [t for t, _ in got] == [0, 960, 1920]                   # 320 samples held
+    got = slices.add(5, np.full(1600, 7, np.int16))                 # frames 2-4 missed: the held 320 dropped
+    assert [t for t, _ in got] == [5 * 1600] and (got[0][1] == 7).all()
+    assert [t for t, _ in slices.add(6, np.full(1600, 7, np.int16))] == [5 * 1600 + 960, 5 * 1600 + 1920]
 
 
 def _post_sdp(server, path: str, sdp: str, kind: str = "application/sdp") -> tuple[int, str, dict]:
@@ -84,6 +133,100 @@ async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = N
     return got
 
 
+# ----------------------------------------------------------------------------- quick: the viewers' registry
+class _Link:
+    """The engine link of a session stand-in: who watches (the registry asks nothing else of it)."""
+
+    def __init__(self) -> None:
+        self.watching = 0
+
+    def watch(self, take):
+        self.watching += 1
+
+        def leave() -> None:
+            self.watching -= 1
+        return leave
+
+
+class _Session:
+    """What WhepViewers reads of a served session: its id, state and frame rate, and its engine link."""
+
+    def __init__(self) -> None:
+        self.id, self.active, self.state, self.rate, self.link = "s1", True, "streaming", Fraction(25), _Link()
+
+
+async def _offer_sdp(*kinds: str) -> str:
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    for kind in kinds:
+        pc.addTransceiver(kind, direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def test_fifty_offers_at_once_take_sixteen_slots_and_the_unconnected_are_dropped():
+    """The cap holds however many offers come at once (the slot is taken before the answer is awaited); an offer
+    whose connection is never made (nobody answers its ICE) gives its slot back after the deadline."""
+    from ditto_fast.serve.live.whep import MAX_VIEWERS, ViewersFull, WhepViewers
+
+    async def run() -> tuple[list, int, int, int]:
+        viewers, session = WhepViewers(connect_s=1.0), _Session()
+        sdp = await _offer_sdp("video", "audio")
+        got = await asyncio.gather(*[viewers.offer(session, sdp) for _ in range(50)], return_exceptions=True)
+        taken = viewers.count("s1")
+        deadline = time.monotonic() + 60
+        while viewers.count("s1") and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        left, watching = viewers.count("s1"), session.link.watching
+        await viewers.close()
+        return got, taken, left, watching
+
+    got, taken, left, watching = asyncio.run(run())
+    answered = [g for g in got if isinstance(g, tuple)]
+    full = [g for g in got if isinstance(g, ViewersFull)]
+    assert len(answered) == MAX_VIEWERS == taken and len(full) == 50 - MAX_VIEWERS, got
+    assert "16 viewers already" in str(full[0]) and full[0].retry_after > 0
+    assert left == 0 and watching == 0                 # never connected: dropped, and the engine told
+
+
+def test_offers_answered_or_refused_in_words():
+    """A video-only offer (a monitor without sound) is answered with video alone; an offer with no video, one
+    without H.264, a malformed line, a truncated offer: refused in one line that names the problem."""
+    from ditto_fast.core.errors import UsageError
+    from ditto_fast.serve.live.whep import WhepViewers
+
+    async def run() -> tuple[str, dict]:
+        viewers, session = WhepViewers(), _Session()
+        _, answer = await viewers.offer(session, await _offer_sdp("video"))
+        full = await _offer_sdp("video", "audio")
+        said = {}
+        for name, sdp in {"audio only": await _offer_sdp("audio"),
+                          "no H.264": full.replace("H264/90000", "VP9/90000"),
+                          "bad media line": re.sub(r"(m=video \d+ UDP/TLS/RTP/SAVPF)[ \d]*", r"\1", full),
+                          "truncated": full[:len(full) // 2],
+                          "not SDP": "hello"}.items():
+            with pytest.raises(UsageError) as e:
+                await viewers.offer(session, sdp)
+            said[name] = str(e.value)
+        await viewers.close()
+        return answer, said
+
+    answer, said = asyncio.run(run())
+    media = [line.split()[0] for line in answer.split("\r\n") if line.startswith("m=")]
+    assert media == ["m=video"] and "H264/90000" in answer, answer
+    assert "no video" in said["audio only"] and "H.264" in said["no H.264"]
+    assert "line" in said["bad media line"] and "m=KIND" in said["bad media line"], said
+    assert "section lacks" in said["truncated"] and "not an SDP offer" in said["not SDP"], said
+    for line in said.values():
+        assert "\n" not in line and "Error" not in line and line.rstrip().endswith(("Content-Type: application/sdp",
+                                                                                    "receives",
+                                                                                    "for 'audio')")), line
+
+
+@pytest.mark.slow
 def test_a_session_without_an_output_is_watched_by_webrtc(serving, tmp_path):
     import soundfile as sf
 
@@ -110,6 +253,7 @@ def test_a_session_without_an_output_is_watched_by_webrtc(serving, tmp_path):
     assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
 
 
+@pytest.mark.slow
 def test_whep_refusals(serving, tmp_path):
     server = serving()
     code, body, _ = _post_sdp(server, "/v1/live/nope/whep", "v=0")
