@@ -79,9 +79,11 @@ def _post_sdp(server, path: str, sdp: str, kind: str = "application/sdp") -> tup
         return e.code, e.read().decode(), {k.lower(): v for k, v in e.headers.items()}
 
 
-async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = None, delete: bool = False) -> dict:
-    """One viewer for `seconds`: what it decoded (frames, their size, audio samples at 48 kHz and their level); with
-    `speech`, sent over the session's WebSocket meanwhile."""
+async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = None, delete: bool = False,
+                 rate: int = 16000, until=None) -> dict:
+    """One viewer for `seconds` (and then until `until(got)`, within 180 s): what it decoded (frames, their size,
+    audio samples at 48 kHz and their level, the monotonic time of its first and last audio frame); with `speech`
+    (float at `rate`), sent over the session's WebSocket meanwhile, once the first picture came."""
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
     pc = RTCPeerConnection()
@@ -103,7 +105,10 @@ async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = N
                     got["size"] = (frame.width, frame.height)
                     got["first_frame_at"] = got["first_frame_at"] or time.monotonic()
                 else:
+                    assert frame.sample_rate == 48000
                     got["audio"].append(frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].copy())
+                    got["audio_from"] = got.get("audio_from") or time.monotonic()
+                    got["audio_to"] = time.monotonic()
         tasks.append(asyncio.ensure_future(pull()))
 
     await pc.setLocalDescription(await pc.createOffer())
@@ -114,15 +119,26 @@ async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = N
     got["location"] = headers["location"]
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
     if speech is not None:
+        deadline = time.monotonic() + 60
+        while not got["frames"]:
+            assert time.monotonic() < deadline, "no picture came in 60 s"
+            await asyncio.sleep(0.05)
         async with websockets.connect(f"ws://127.0.0.1:{server.port}/v1/live/{sid}/audio") as ws:
-            pcm = np.round(speech * 32767).astype("<i2")
+            if rate != 16000:
+                await ws.send(json.dumps({"rate": rate}))
+            pcm, step = np.round(speech * 32767).astype("<i2"), rate // 50
             t0 = time.monotonic()
-            for k, i in enumerate(range(0, len(pcm), 320)):
-                await ws.send(pcm[i:i + 320].tobytes())
+            for k, i in enumerate(range(0, len(pcm), step)):
+                await ws.send(pcm[i:i + step].tobytes())
                 await asyncio.sleep(max(0.0, t0 + (k + 1) * 0.02 - 0.5 - time.monotonic()))
             await asyncio.sleep(max(0.0, seconds - (time.monotonic() - t0)))
     else:
         await asyncio.sleep(seconds)
+    deadline = time.monotonic() + 180
+    while until is not None and not until(got):
+        assert time.monotonic() < deadline, (f"not yet after 180 s: {until.__doc__} ({got['frames']} frames, "
+                                             f"{sum(map(len, got['audio'])) / 48000:.2f} s of audio)")
+        await asyncio.sleep(0.2)
     if delete:                                                      # WHEP's teardown, while it still watches
         req = urllib.request.Request(f"http://127.0.0.1:{server.port}{got['location']}", method="DELETE")
         got["deleted"] = await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=30).status)
@@ -251,6 +267,67 @@ def test_a_session_without_an_output_is_watched_by_webrtc(serving, tmp_path):
         urllib.request.urlopen(req, timeout=30)
     assert gone.value.code == 404 and "no viewer" in json.loads(gone.value.read())["error"]
     assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
+
+
+def _tone_windows(pcm: np.ndarray) -> tuple[np.ndarray, float]:
+    """Which 20 ms windows of 48 kHz audio carry the tone (RMS over half the loudest window's) and their mean RMS."""
+    x = pcm.astype(np.float64)[:len(pcm) // 960 * 960].reshape(-1, 960) / 32768
+    rms = np.sqrt((x ** 2).mean(axis=1))
+    loud = rms > rms.max() / 2
+    return loud, float(rms[loud].mean())
+
+
+def _ts_audio(path) -> np.ndarray:
+    """The .ts file's sound, decoded: int16 mono at 48 kHz."""
+    import av
+
+    with av.open(str(path)) as f:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=48000)
+        out = [r.to_ndarray().reshape(-1) for frame in f.decode(audio=0) for r in resampler.resample(frame)]
+    return np.concatenate(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fps", [25, 30])
+def test_a_viewer_hears_every_second_of_the_speech_at_its_level(serving, tmp_path, fps):
+    """A 440 Hz tone sent to a session with a .ts of its own: an aiortc viewer receives one second of audio for each
+    second of picture, and hears the whole tone at the .ts's level (aiortc's Opus encoder once gave each 40 ms
+    frame's two 20 ms packets one RTP timestamp; receivers discarded one of each: half the speech)."""
+    server = serving()
+    ts = tmp_path / "w.ts"
+    code, view = server.call("POST", "/v1/live", {"avatar": "anchor", "out": str(ts), "fps": fps})
+    assert code == 201, view
+    sid = view["id"]
+    t = np.arange(int(6.0 * 48000)) / 48000
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    tone[:4800] *= np.linspace(0, 1, 4800, dtype=np.float32)            # no click at its ends
+    tone[-4800:] *= np.linspace(1, 0, 4800, dtype=np.float32)
+    def past_the_tone(got: dict) -> bool:
+        """the viewer has had 7 s of audio since the tone began"""
+        pcm = np.concatenate(got["audio"]) if got["audio"] else np.zeros(0, np.int16)
+        loud = np.flatnonzero(np.abs(pcm) > 0.15 * 32768)
+        return len(loud) > 0 and len(pcm) - loud[0] > 7 * 48000
+
+    got = asyncio.run(_watch(server, sid, 7.0, tone, rate=48000, until=past_the_tone))
+    assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
+    heard = len(got["audio"]) / 48000
+    pictures = got["frames"] / fps
+    watched = got["audio_to"] - got["audio_from"]
+    print(f"{fps} fps: {heard:.2f} s of audio for {pictures:.2f} s of picture ({got['frames']} frames), "
+          f"{watched:.2f} s watched")
+    assert heard >= 0.98 * pictures, (heard, pictures)        # was 0.5 at 25 fps, 0.6 at 30
+    deadline = time.monotonic() + 60
+    while server.call("GET", f"/v1/live/{sid}")[1]["state"] not in ("ended", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    viewer, level = _tone_windows(got["audio"])
+    whole, ts_level = _tone_windows(_ts_audio(ts))
+    assert whole.sum() >= 2 * 50, whole.sum()                   # the .ts has the tone (seconds of it, at the least)
+    # the viewer's 20 ms windows against the .ts's, from the tone's onset in each: the same windows carry it
+    a, b = viewer[np.argmax(viewer):], whole[np.argmax(whole):]
+    n = min(len(a), len(b))
+    assert n >= 3 * 50 and (a[:n] != b[:n]).sum() <= 0.02 * n + 2, (n, (a[:n] != b[:n]).sum())
+    assert abs(20 * np.log10(level / ts_level)) < 1.0, (level, ts_level)               # at its level
 
 
 @pytest.mark.slow

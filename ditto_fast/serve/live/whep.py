@@ -124,8 +124,8 @@ def _tracks(feed: _Feed, rate: Fraction):
                     self.stop()
                     raise MediaStreamError
                 self.ready.extend(self.slices.add(item[0], np.frombuffer(item[1], "<i2")))
-            pts, pcm = self.ready.popleft()
-            frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+            pts, pcm = self.ready.popleft()     # stereo, as the encoder takes it: its mono upmix is 3 dB down
+            frame = av.AudioFrame.from_ndarray(np.repeat(pcm, 2).reshape(1, -1), format="s16", layout="stereo")
             frame.sample_rate, frame.pts = STREAM_SAMPLE_RATE, pts
             frame.time_base = Fraction(1, STREAM_SAMPLE_RATE)
             return frame
