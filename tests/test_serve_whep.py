@@ -11,6 +11,7 @@ import json
 import re
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -332,6 +333,9 @@ def test_a_viewer_hears_every_second_of_the_speech_at_its_level(serving, tmp_pat
 
 @pytest.mark.slow
 def test_whep_refusals(serving, tmp_path):
+    """An unknown session, another content type, a body that is not SDP, a malformed line, an SDP over the body's
+    limit: each refused in a line that names it; a video-only offer answered; the cap under offers at once (503,
+    Retry-After) and its slots given back when nobody connects; an ended session's offer 409."""
     server = serving()
     code, body, _ = _post_sdp(server, "/v1/live/nope/whep", "v=0")
     assert code == 404 and "no live session nope" in json.loads(body)["error"]
@@ -340,6 +344,30 @@ def test_whep_refusals(serving, tmp_path):
     assert code == 415 and "application/sdp" in json.loads(body)["error"]
     code, body, _ = _post_sdp(server, f"/v1/live/{sid}/whep", "hello")
     assert code == 400 and "SDP offer" in json.loads(body)["error"]
+    offer = asyncio.run(_offer_sdp("video", "audio"))
+    bad = re.sub(r"(m=video \d+ UDP/TLS/RTP/SAVPF)[ \d]*", r"\1", offer)       # aiortc: a bare AssertionError
+    code, body, _ = _post_sdp(server, f"/v1/live/{sid}/whep", bad)
+    said = json.loads(body)["error"]
+    assert code == 400 and "line 7" in said and "m=video" in said and "Error" not in said, said
+    code, body, _ = _post_sdp(server, f"/v1/live/{sid}/whep", offer + "a=x-padding:" + "x" * (70 << 10) + "\r\n")
+    said = json.loads(body)["error"]
+    assert code == 413 and "SDP offer" in said and "job" not in said, said
+    # a monitor without sound: answered with video alone
+    code, answer, _ = _post_sdp(server, f"/v1/live/{sid}/whep", asyncio.run(_offer_sdp("video")))
+    assert code == 201 and [m.split()[0] for m in answer.split("\r\n") if m.startswith("m=")] == ["m=video"]
+    # offers at once past the cap: 16 answered, the rest 503 with Retry-After; none connects, and after the
+    # deadline every slot is free again
+    with ThreadPoolExecutor(24) as pool:
+        got = list(pool.map(lambda _: _post_sdp(server, f"/v1/live/{sid}/whep", offer), range(24)))
+    assert sorted(code for code, _, _ in got) == [201] * 15 + [503] * 9, [(c, b[:80]) for c, b, _ in got]
+    full = [(json.loads(b)["error"], h) for c, b, h in got if c == 503]
+    assert "16 viewers already" in full[0][0] and int(full[0][1]["retry-after"]) > 0, full[0]
+    assert server.call("GET", f"/v1/live/{sid}")[1]["viewers"] == 16
+    deadline = time.monotonic() + 120
+    while server.call("GET", f"/v1/live/{sid}")[1]["viewers"]:
+        assert time.monotonic() < deadline, "viewers that never connected still hold their slots"
+        time.sleep(0.5)
+    assert _post_sdp(server, f"/v1/live/{sid}/whep", offer)[0] == 201
     assert server.call("DELETE", f"/v1/live/{sid}")[1]["state"] == "ended"
     code, body, _ = _post_sdp(server, f"/v1/live/{sid}/whep", "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n")
     assert code == 409 and "ended" in json.loads(body)["error"]
