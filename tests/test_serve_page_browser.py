@@ -147,7 +147,8 @@ def test_a_producer_s_whole_path_in_a_browser(serving, browser, tmp_path):
 
 def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, browser, tmp_path):
     """A session with no output of its own, watched on the page: Chromium's own WebRTC decodes the picture at its
-    size while speech goes in over the WebSocket; the page shows the session's latency and the viewer's figures."""
+    size while speech goes in over the WebSocket, and plays every audio packet; the page shows the session's latency
+    and the viewer's figures."""
     import asyncio
     import json as json_
 
@@ -190,6 +191,15 @@ def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, b
     while talker.is_alive():
         page.wait_for_timeout(200)
     print(page.evaluate("window.dittoViewerStats"), server.call("GET", f"/v1/live/{sid}")[1])
+    # what it hears: every packet played (none discarded as a duplicate of another's RTP timestamp), and after the
+    # first second hardly a sample concealed (Chromium's getStats; the session's silence is packets too)
+    _until(page, "() => window.dittoViewerStats && window.dittoViewerStats.audio !== null", timeout=30)
+    heard = page.evaluate("window.dittoViewerStats.audio")
+    assert heard and heard["packets_discarded"] == 0 and heard["packets_received"] >= 50 * 4, heard
+    pictures = heard["frames_decoded_after_first_s"] / 25
+    assert heard["audio_s_after_first_s"] >= 0.98 * pictures, heard         # a second heard a second seen
+    if pictures >= 0.98 * heard["watched_s_after_first_s"]:     # the session kept time (on a CPU shared, it may not)
+        assert heard["concealed_after_first_s"] < 0.02, heard
     _until(page, "() => window.dittoViewerStats && window.dittoViewerStats.glass_to_glass_s !== null", timeout=30)
     stats = page.evaluate("window.dittoViewerStats")
     assert stats["frames_decoded"] >= 100 and (stats["width"], stats["height"]) == (1920, 1080), stats

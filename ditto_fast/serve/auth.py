@@ -13,7 +13,7 @@ from ditto_fast.core.errors import UsageError
 from ditto_fast.serve.answers import refusal
 from ditto_fast.serve.hosts import AllowedHosts, origin_host
 
-BODY_LIMIT = 64 << 10           # a job is a few hundred bytes
+BODY_LIMIT = 64 << 10           # a job is a few hundred bytes, a WebRTC viewer's SDP offer a few KiB
 DRAIN_LIMIT = 64 << 20          # a refused body is read (and dropped) up to this, so its client sees the answer
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")      # what changes nothing: any page may cause it (it reads no answer)
 BODY_WINDOW_S = 30.0            # a body must bring BODY_MIN_RATE bytes a second over each window of this length:
@@ -152,7 +152,7 @@ class RequestGate:
             if len(body) > self.limit:
                 if more:
                     await drain(receive, len(body))
-                return await refusal(f"request body over {self.limit >> 10} KiB; a job is one small JSON object",
+                return await refusal(f"request body over {self.limit >> 10} KiB; {_body_is(scope)}",
                                      413)(scope, receive, send)
         replayed = False
 
@@ -177,6 +177,14 @@ def same_origin(send):
             message = {**message, "headers": headers}
         await send(message)
     return sending
+
+
+def _body_is(scope) -> str:
+    """What a request's body should be, said when it is over the limit: a WHEP viewer's SDP offer, else a job."""
+    kind = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+    if kind == b"application/sdp" or scope["path"].rstrip("/").endswith("/whep"):
+        return "a WebRTC viewer's SDP offer is a few KiB of text (send the offer createOffer made, nothing else)"
+    return "a job is one small JSON object"
 
 
 async def _refuse_websocket(scope, receive, send, message: str, status: int) -> None:

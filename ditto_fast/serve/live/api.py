@@ -1,6 +1,6 @@
 """The live routes of the job API: POST /v1/live opens a session, GET /v1/live[/ID] tells its state and figures,
 DELETE ends it cleanly; POST /v1/live/ID/whep takes a WebRTC viewer's SDP offer (WHEP: 201, the SDP answer and its
-Location, which DELETE ends); the WebSocket /v1/live/ID/audio is its audio client, both ways (socket.py)."""
+Location, which DELETE ends; 503 with Retry-After while the session has its most viewers); the WebSocket /v1/live/ID/audio is its audio client, both ways (socket.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.serve.live.sessions import LiveSessions
 from ditto_fast.serve.live.socket import CLOSE_POLICY, CLOSE_UNKNOWN, ENDED_POLL_S, refuse, serve_socket
+from ditto_fast.serve.live.whep import ViewersFull
 START_WAIT_S = 60.0             # how long a viewer's offer waits for its session to start streaming
 
 
@@ -70,6 +71,8 @@ def add_live_routes(app: FastAPI, sessions: LiveSessions, token: str | None, ans
             await asyncio.sleep(ENDED_POLL_S)
         try:
             vid, sdp = await sessions.viewers.offer(session, (await request.body()).decode("utf-8", "replace"))
+        except ViewersFull as e:
+            return refusal(str(e), 503, e.exit_code, headers={"Retry-After": str(e.retry_after)})
         except DittoError as e:
             return error(e, 409 if not session.active else 400)
         return Response(sdp, status_code=201, media_type="application/sdp",

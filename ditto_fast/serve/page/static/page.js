@@ -302,7 +302,7 @@ function showLive(sessions) {
 }
 
 // ------------------------------------------------------------------ watching a live session (WebRTC, WHEP)
-const viewer = { id: null, pc: null, location: null, session: null, timer: null, stats: null };
+const viewer = { id: null, pc: null, location: null, session: null, timer: null, stats: null, heardFrom: null };
 
 function iceGathered(pc) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
@@ -316,7 +316,7 @@ function iceGathered(pc) {
 async function watch(id) {
   await stopWatching();
   const pc = new RTCPeerConnection();
-  Object.assign(viewer, { id: id, pc: pc, session: null, stats: null });
+  Object.assign(viewer, { id: id, pc: pc, session: null, stats: null, heardFrom: null });
   $("viewer-panel").hidden = false;
   $("viewer-stats").textContent = "Connecting to " + id + "…";
   const stream = new MediaStream();
@@ -356,8 +356,11 @@ async function stopWatching(why) {
 async function showViewerStats() {
   if (!viewer.pc) return;
   const report = await viewer.pc.getStats();
-  let video = null;
-  report.forEach((r) => { if (r.type === "inbound-rtp" && r.kind === "video") video = r; });
+  let video = null, audio = null;
+  report.forEach((r) => {
+    if (r.type === "inbound-rtp" && r.kind === "video") video = r;
+    if (r.type === "inbound-rtp" && r.kind === "audio") audio = r;
+  });
   if (!video || !video.framesDecoded) return;
   const jitter = video.jitterBufferEmittedCount ? video.jitterBufferDelay / video.jitterBufferEmittedCount : 0;
   const decode = video.totalDecodeTime / video.framesDecoded;
@@ -365,13 +368,29 @@ async function showViewerStats() {
   viewer.stats = { frames_decoded: video.framesDecoded, width: video.frameWidth, height: video.frameHeight,
                    fps: video.framesPerSecond || 0, jitter_buffer_s: jitter, decode_s: decode,
                    session_latency_s: session,
-                   glass_to_glass_s: session === null ? null : session + jitter + decode };
+                   glass_to_glass_s: session === null ? null : session + jitter + decode,
+                   audio: audio ? heard(audio, video) : null };
   window.dittoViewerStats = viewer.stats;
   const parts = [video.frameWidth + "×" + video.frameHeight, (video.framesPerSecond || 0).toFixed(0) + " fps",
                  "jitter buffer " + (jitter * 1000).toFixed(0) + " ms", "decode " + (decode * 1000).toFixed(1) + " ms"];
   if (session !== null) parts.push("speech to picture " + (session * 1000).toFixed(0) + " ms",
                                    "glass to glass ≈ " + (viewer.stats.glass_to_glass_s * 1000).toFixed(0) + " ms");
   $("viewer-stats").textContent = "Watching " + viewer.id + ": " + parts.join(", ");
+}
+
+// what the viewer hears (getStats' audio): packets discarded; since its first second, the share of samples concealed
+// (played with no audio come in time), and the seconds of audio heard and the frames decoded meanwhile
+function heard(a, video) {
+  const now = { samples: a.totalSamplesReceived || 0, concealed: a.concealedSamples || 0, t: a.timestamp,
+                frames: video.framesDecoded };
+  const rate = now.samples && a.totalSamplesDuration ? now.samples / a.totalSamplesDuration : 48000;
+  if (!viewer.heardFrom && now.samples >= rate) viewer.heardFrom = now;
+  const from = viewer.heardFrom || now, samples = now.samples - from.samples, concealed = now.concealed - from.concealed;
+  return { packets_received: a.packetsReceived, packets_discarded: a.packetsDiscarded || 0,
+           packets_lost: a.packetsLost || 0, samples_received: now.samples, concealed_samples: now.concealed,
+           concealed_after_first_s: samples > 0 ? concealed / samples : null,
+           audio_s_after_first_s: (samples - concealed) / rate, watched_s_after_first_s: (now.t - from.t) / 1000,
+           frames_decoded_after_first_s: now.frames - from.frames };
 }
 
 // ------------------------------------------------------------------ the form
