@@ -200,3 +200,11 @@ def test_the_exit_code_table_says_what_live_does_on_an_interrupt():
     table = text[text.index("## Exit codes"):text.index("## Delivery")]
     three = next(ln for ln in table.splitlines() if ln.startswith("| 3 |"))
     assert "`live`" in three and "RTMP" in three, three
+
+
+def test_live_on_a_compiled_engine_is_refused_before_the_networks_load(run_cli, tmp_path, no_engine):
+    """torch.compile's graphs are kept per thread, and the session's own warp + decode would compile minutes into the
+    stream: refused in words, naming the launch that works."""
+    speech = tone_ts(tmp_path / "speech.ts")
+    code, line = live(run_cli, tmp_path, "--audio-in", speech, "--out", tmp_path / "out.ts", "--launch", "compile")
+    assert code == 2 and "--launch graphs" in line and not (tmp_path / "out.ts").exists(), line

@@ -27,6 +27,17 @@ ENCODERS = {("h264", False): "libx264", ("hevc", False): "libx265", ("h264", Tru
             ("hevc", True): "hevc_nvenc"}
 
 
+COMPILE_REFUSED = ("live sessions run on engines launched eager or with graphs: torch.compile's CUDA graphs are kept "
+                   "per thread (pytorch/pytorch#123177) and each session would compile anew, minutes into its stream; "
+                   "use --launch graphs")
+
+
+def check_launch(launch: str) -> None:
+    """A live session on an engine launched as `launch` (the engine option): UsageError for compile."""
+    if launch == "compile":
+        raise UsageError(COMPILE_REFUSED)
+
+
 def check_live(request: LiveRequest, config: Config, stats: Path | None = None, source: Path | None = None,
                served: bool = False) -> None:
     """Everything about a session that can be checked before anything loads: its settings (a control file read, a
@@ -76,7 +87,9 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
     stream and leaves nothing behind (no stream file, no stats), and a source that failed at all is InputError (its
     line) once the stream is closed."""
     source_path = source_file(options.audio_in)
-    check_live(request, engine.settings(), options.stats, source_path)
+    config = engine.settings()
+    check_launch(engine.launch or config.render.launch)
+    check_live(request, config, options.stats, source_path)
     if request.out is not None:
         check_reachable(request.out)        # an RTMP server that takes no connection, an SRT/UDP host not known
     check_source_url(options.audio_in)                                  # an http(s) source that answers 404

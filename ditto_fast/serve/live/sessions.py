@@ -22,7 +22,7 @@ from ditto_fast.handles.base import EngineHandle
 from ditto_fast.handles.live_link import LiveJob, LiveLink
 from ditto_fast.live.options import LIVE_KEYS, LiveRequest
 from ditto_fast.live.outputs import describe_destination
-from ditto_fast.live.start import check_live
+from ditto_fast.live.start import check_launch, check_live
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.serve.checks import check_utf8, confine
 from ditto_fast.serve.live.playlists import OpenPlaylists
@@ -33,9 +33,6 @@ ACTIVE = ("starting", "streaming", "idle", "ending")
 QUEUED_AUDIO_S = 600            # seconds of speech a client may send ahead of the stream
 END_WAIT_S = 30.0               # how long DELETE waits for a session's file to be finished
 KEPT_ENDED = 100                # ended sessions still answered by GET
-COMPILE_REFUSED = ("live sessions run on engines launched eager or with graphs: torch.compile's CUDA graphs are kept "
-                   "per thread (pytorch/pytorch#123177) and each session would compile anew, minutes into its stream; "
-                   "start the server with --launch graphs")
 
 
 class ServedSession:
@@ -197,8 +194,7 @@ class LiveSessions:
         """A session for `body`, checked (see check), then opened on an engine; DittoError with its line if no
         engine takes it (a Ray actor takes none)."""
         request = self.check(body)
-        if self.setup.launch == "compile":
-            raise UsageError(COMPILE_REFUSED)
+        check_launch(self.setup.launch)
         with self._lock:
             if sum(s.active for s in self._sessions.values()) >= self.max_live:
                 raise UsageError(f"{self.max_live} live session(s) stream already, the most this server runs "
