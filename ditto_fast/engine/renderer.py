@@ -159,6 +159,12 @@ class Renderer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def told_load(self) -> float:
+        """The seconds the networks took to load, said apart (an engine host says them when it is ready, before any
+        job): no render's timings count them then."""
+        seconds, self._unreported_load = self._unreported_load, 0.0
+        return round(seconds, 3)
+
     def avatar(self, name: str) -> Avatar:
         """The avatar `name`, opened once and checked against these checkpoints; reopened if replaced since."""
         return self._avatars.get(name)

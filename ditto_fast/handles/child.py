@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
         else:
             channel.send(m.Failed(f"the engine could not start: {type(e).__name__}: {e}", 1))
         return 0
-    channel.send(m.Ready({"pid": os.getpid(), "load_seconds": round(renderer.load_seconds, 3)}))
+    channel.send(m.Ready({"pid": os.getpid(), "load_seconds": renderer.told_load()}))    # not the first job's
     inbox: queue.Queue = queue.Queue()
     answers: queue.Queue = queue.Queue()
     cancelled: set[str] = set()

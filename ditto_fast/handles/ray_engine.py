@@ -97,7 +97,8 @@ class EngineActor:
         import torch
 
         return {"node": _node(), "node_id": _node_id(), "setup": self.setup, "pid": os.getpid(),
-                "torch_threads": torch.get_num_threads(), "error": str(self.problem) if self.problem else None,
+                "torch_threads": torch.get_num_threads(), "load_seconds": getattr(self, "load_seconds", None),
+                "error": str(self.problem) if self.problem else None,
                 "exit_code": self.problem.exit_code if self.problem else 0}
 
     def _load(self) -> None:
@@ -106,6 +107,7 @@ class EngineActor:
 
             try:
                 self.renderer = Renderer(setup=self.setup)
+                self.load_seconds = self.renderer.told_load()       # said when it is ready, not by its first job
             except DittoError as e:
                 self.problem = e
 
