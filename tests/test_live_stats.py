@@ -90,3 +90,18 @@ def test_the_line_s_figures_add_up_over_a_long_stream():
     assert f["skipped"] == 4000 <= f["repeated"] + f["held"], f
     line = LiveStats.line(st.summary("interrupt"))
     assert "10000 frames: 6000 on time, 4000 repeated, 0 held (4000 of these skipped" in line, line
+
+
+def test_the_streams_delay_is_said_in_its_parts():
+    """The latency budget: at Ditto's overlap 70 (10 new frames a window) the floor with no compute at all is 1.465 s
+    (0.1 jitter + 20 rows in lumps of 5 + 85 ms look-ahead + a window and two frames of cushion); at overlap 78 it is
+    0.545 s; what the clock's start shows beyond it is compute."""
+    st = LiveStats(Fraction(30))
+    st.budget(1.775, 10, 0.1)
+    b = st.summary()["latency_budget_ms"]
+    assert b == {"jitter": 100.0, "speech_rows": 800.0, "look_ahead": 85.0, "cushion": 480.0, "floor": 1465.0,
+                 "compute": 310.0, "delay": 1775.0}
+    st.budget(0.5, 2, 0.1)
+    b = st.summary()["latency_budget_ms"]
+    assert b["floor"] == 545.0 and b["compute"] == 0.0 and b["speech_rows"] == 200.0
+    assert LiveStats(Fraction(25)).summary()["latency_budget_ms"] is None         # before the clock starts

@@ -265,6 +265,7 @@ class LiveSession:
         if first is None:
             return
         self._t0 = min(first + (self.window_frames + 2) / MOTION_FPS, self.start + self.s.max_latency)
+        self.stats.budget(self._t0 - self.start, self.window_frames, self.stats.audio.jitter)
         i, ended = 0, False
         try:
             while not self._stop.is_set():

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
+from ditto_fast.media.rates import MOTION_FPS, SPEECH_SAMPLE_RATE
 
 STAGES = ("audio_features", "motion", "stitch", "render", "handoff", "putback", "write")
 MADE = ("stitch", "render", "handoff", "putback")    # stages of the frames made (write: of every frame sent)
@@ -85,6 +85,7 @@ class LiveStats:
         self.source_error: str | None = None
         self.latencies = Reservoir()
         self.first_frame: float | None = None
+        self.latency_budget: dict | None = None     # the stream's delay in its parts, ms (budget())
         self.audio = None           # the session's StreamAudio, once it runs
         self._behind_at, self._behind_from = 0.0, 0
 
@@ -124,6 +125,21 @@ class LiveStats:
                 f"{self.skipped} skipped so far; the stream keeps its rate and its audio")
             self._behind_at, self._behind_from = now, self.repeated
 
+    def budget(self, delay: float, window_frames: int, jitter: float) -> None:
+        """The stream's delay (its clock's start after the session's: what speech sent at its pace waits to be seen)
+        in its parts: the jitter allowance, the speech rows of the first two windows (HuBERT gives them in lumps of
+        five, 0.2 s), HuBERT's look-ahead, the clock's cushion of a window and two frames, and the rest: the compute
+        of the first windows and frame."""
+        from ditto_fast.audio.stream_features import CHUNK_HOP, CHUNK_LOOKAHEAD
+
+        lump = CHUNK_HOP / SPEECH_SAMPLE_RATE
+        parts = {"jitter": jitter, "speech_rows": -(-2 * window_frames // 5) * lump,
+                 "look_ahead": CHUNK_LOOKAHEAD / SPEECH_SAMPLE_RATE, "cushion": (window_frames + 2) / MOTION_FPS}
+        parts["floor"] = sum(parts.values())
+        parts["compute"] = max(0.0, delay - parts["floor"])
+        parts["delay"] = delay
+        self.latency_budget = {k: round(1000 * v, 1) for k, v in parts.items()}
+
     def summary(self, ended_by: str | None = None) -> dict:
         """The figures as JSON-ready values: latencies in seconds, each stage's real-time factor (its seconds per
         second of stream), the frame counts; `ended_by`: what ended the stream (None while it streams)."""
@@ -134,6 +150,7 @@ class LiveStats:
             "stream_seconds": round(stream_s, 3),
             "speech_seconds": round(audio.speech / SPEECH_SAMPLE_RATE, 3) if audio else 0.0,
             "first_frame_latency_s": None if self.first_frame is None else round(self.first_frame, 4),
+            "latency_budget_ms": self.latency_budget,
             "latency_s": None if lat is None else {"median": round(float(np.median(lat)), 4),
                                                    "p95": round(float(np.percentile(lat, 95)), 4),
                                                    "max": round(float(self.latencies.max), 4)},
