@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import store_env
+from support import without_root_powers
 
 
 def _one_error_line(stderr: str) -> str:
@@ -71,24 +72,13 @@ def test_a_missing_named_input_is_exit_3_in_one_line(tmp_path, run_cli):
 
 
 # ----------------------------------------------------------------------------- named inputs: unreadable is 3
-def _without_root_powers() -> None:
-    """In a child before exec: drop the capabilities that let root read and write any file (CAP_DAC_OVERRIDE,
-    CAP_DAC_READ_SEARCH) from the bounding set, so that the program it runs obeys file modes as root."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (1, 2):                                  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(24, cap, 0, 0, 0) != 0:          # PR_CAPBSET_DROP
-            os._exit(99)
-
-
 @pytest.fixture()
 def bound_by_modes(tmp_path):
     """run(args, env, unreadable=[paths]) -> CompletedProcess: `ditto-fast ARGS` as a process that file modes bind,
     the files `unreadable` at mode 000 meanwhile (as root: without root's power to read any file)."""
     root = os.geteuid() == 0
     if root:
-        probe = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=_without_root_powers)
+        probe = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=without_root_powers)
         if probe.returncode == 99:
             pytest.skip("root here cannot drop CAP_DAC_OVERRIDE (no CAP_SETPCAP), so no file is unreadable to it")
 
@@ -99,7 +89,7 @@ def bound_by_modes(tmp_path):
         try:
             return subprocess.run([sys.executable, "-m", "ditto_fast.cli", *map(str, args)], capture_output=True,
                                   text=True, env={**os.environ, **env}, cwd=tmp_path, timeout=300,
-                                  preexec_fn=_without_root_powers if root else None)
+                                  preexec_fn=without_root_powers if root else None)
         finally:
             for p, mode in modes.items():
                 p.chmod(mode)
