@@ -460,3 +460,25 @@ def test_frames_that_come_as_their_speech_alone_are_heard_and_the_pictures_go_on
     assert {size for size, _ in images} == {(64, 48)}
     shade = [level for _, level in images]                  # the pictures decode again from the key frame on
     assert shade[1:4] == [shade[0]] * 3 and abs(shade[4] - 120) <= 4 and abs(shade[5] - 150) <= 4, shade
+
+
+def test_the_example_records_an_agent_whose_face_a_running_serve_renders(serving, tts_wav, tmp_path):
+    """examples/pipecat_agent.py --url: the .mp4 has the face at the avatar's size and the answer's speech; the line
+    it prints says when the face first spoke after the TTS's first audio."""
+    import imageio_ffmpeg
+    from test_pipecat_video import assert_face_spoke_after_the_speech
+
+    server = serving()
+    out = tmp_path / "agent.mp4"
+    res = subprocess.run([sys.executable, str(REPO / "examples" / "pipecat_agent.py"), "--avatar", "anchor", "--audio",
+                          str(tts_wav), "-o", str(out), "--url", f"http://127.0.0.1:{server.port}", "--idle", "0.5"],
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert_face_spoke_after_the_speech(res.stdout)
+    probe = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(out), "-f", "null", "-"],
+                           capture_output=True, text=True)
+    streams = [ln for ln in probe.stderr.splitlines() if "Stream #0" in ln and "->" not in ln]
+    assert any("Video: h264" in ln and "1920x1080" in ln for ln in streams), streams
+    frames = int(probe.stderr.replace("\r", "\n").split("frame=")[-1].split()[0])
+    assert frames >= 3.0 * 25, frames                           # the whole answer, and the idle before it
