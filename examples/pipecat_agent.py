@@ -3,8 +3,11 @@
 avatar saying it, and a recorder writes what an output transport would show to an .mp4.
 
     python examples/pipecat_agent.py --avatar ruby --audio answer.wav -o agent.mp4 [--checkpoints ckpt]
+    python examples/pipecat_agent.py --avatar ruby --audio answer.wav -o agent.mp4 --url http://HOST:8750
 
-In a real agent the stand-in TTS is a TTS service (after an STT and an LLM) and the recorder a WebRTC transport's
+With --url a running `ditto-fast serve` renders the face (this process loads no network). It prints what it wrote
+and how long the face took to speak: from the TTS's first audio frame to the first picture carrying that speech
+at the pipeline's end (where a transport would show it). In a real agent the stand-in TTS is a TTS service (after an STT and an LLM) and the recorder a WebRTC transport's
 output (Daily, SmallWebRTC): see the README's "Voice agents" section. Needs `pip install 'ditto-fast[pipecat]'`.
 Exit codes as the ditto-fast commands': 2 bad usage, 3 a bad input file, 5 an avatar problem, 6 checkpoints.
 """
@@ -27,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--home", help="the avatar store (default $DITTO_FAST_HOME or ~/.cache/ditto-fast)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ap.add_argument("--idle", type=float, default=1.0, help="seconds the avatar idles before it speaks")
+    ap.add_argument("--url", help="a running `ditto-fast serve` (http://HOST:8750) renders the face instead")
+    ap.add_argument("--token", help="its bearer token (with --url)")
     args = ap.parse_args(argv)
     if args.home:
         os.environ["DITTO_FAST_HOME"] = args.home
@@ -50,14 +55,18 @@ async def run(args: argparse.Namespace) -> int:
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.workers.runner import WorkerRunner
 
-    from ditto_fast.engine.renderer import Renderer
     from ditto_fast.pipecat import DittoFastVideoService, Mp4Recorder, WavSpeaker
 
     tts = WavSpeaker(args.audio)                                      # stands in for a TTS service
     recorder = Mp4Recorder(args.output, rate=lambda: video.rate)      # stands in for a transport's output
-    renderer = Renderer(args.checkpoints, device=args.device)         # loaded before the pipeline's setup timeout
-    renderer.avatar(args.avatar)                                      # an unknown avatar: one line, exit 5
-    video = DittoFastVideoService(args.avatar, renderer=renderer)
+    if args.url:                                                      # rendered by a running serve
+        video = DittoFastVideoService(args.avatar, url=args.url, token=args.token)
+    else:
+        from ditto_fast.engine.renderer import Renderer
+
+        renderer = Renderer(args.checkpoints, device=args.device)     # loaded before the pipeline's setup timeout
+        renderer.avatar(args.avatar)                                  # an unknown avatar: one line, exit 5
+        video = DittoFastVideoService(args.avatar, renderer=renderer)
     worker = PipelineWorker(Pipeline([tts, video, recorder]), enable_rtvi=False)
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
@@ -67,10 +76,14 @@ async def run(args: argparse.Namespace) -> int:
         await worker.queue_frames([TTSSpeakFrame("(the answer)"), EndFrame()])   # EndFrame: once it has been said
 
     await asyncio.gather(runner.run(), speak())
-    stats = video.stats or {}
+    if recorder.first_speech_at is None or tts.first_audio_at is None:
+        face = "no picture carried the speech (the agent spoke without its face: see the error above)"
+    else:
+        face = (f"the face spoke {1000 * (recorder.first_speech_at - tts.first_audio_at):.0f} ms after the TTS's "
+                "first audio")
     print(f"{args.output}: {recorder.images} frames at {video.rate} fps, {recorder.audio_seconds:.2f} s of audio; "
-          f"first frame {1000 * (stats.get('first_frame_latency_s') or 0):.0f} ms after the speech came in")
-    return 0 if args.output.exists() else 1
+          f"{face}")
+    return 0 if args.output.exists() and recorder.first_speech_at is not None else 1
 
 
 if __name__ == "__main__":

@@ -211,6 +211,15 @@ def test_bad_settings_are_refused_before_anything_runs(engine):
         DittoFastVideoService("anchor", renderer=engine, emotion="schedule.json")
 
 
+def assert_face_spoke_after_the_speech(stdout: str) -> None:
+    """The example's line says when the face first spoke, after the TTS's first audio: a picture that carries
+    speech cannot reach the pipeline's end before the speech came in (a figure of 0 ms is not one)."""
+    import re
+
+    said = re.search(r"the face spoke (\d+) ms after the TTS's first audio", stdout)
+    assert said and int(said.group(1)) > 0, stdout
+
+
 def test_the_example_writes_the_agent_to_an_mp4(engine, session_home, tiny_checkpoints, tts_wav, tmp_path):
     out = tmp_path / "agent.mp4"
     env = {**os.environ, "DITTO_FAST_CPU_PRECISION": "fp32", "PYTHONPATH": str(REPO)}
@@ -219,6 +228,7 @@ def test_the_example_writes_the_agent_to_an_mp4(engine, session_home, tiny_check
                           "--checkpoints", str(tiny_checkpoints), "--device", "cpu", "--idle", "0.5"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+    assert_face_spoke_after_the_speech(res.stdout)
     import imageio_ffmpeg
 
     probe = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(out), "-f", "null", "-"],

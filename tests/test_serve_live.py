@@ -92,6 +92,27 @@ def video_frames(path: Path) -> tuple[str, int]:
     return size, int(frames[-1])
 
 
+def test_a_client_that_falls_behind_skips_pictures_never_speech():
+    """Frames for a WebSocket client more than MEDIA_QUEUED behind: each still goes, with its speech; the picture
+    is left out from then to the next key frame (where a decoder joins again)."""
+    from ditto_fast.serve.live.socket import MEDIA_QUEUED, _post
+
+    outbox, state, pcm = asyncio.Queue(), {"keyed": False}, np.arange(1920, dtype="<i2").tobytes()
+    sent = 3 * MEDIA_QUEUED + 7
+    keys = set(range(0, sent, MEDIA_QUEUED))                      # a key frame every MEDIA_QUEUED (a GOP)
+    for i in range(sent):                                          # nobody takes them
+        _post(outbox, ("media", (i, b"unit %d" % i, i in keys, pcm)), state)
+    _post(outbox, {"event": "playback_finished", "segment": 1, "frame": sent - 1}, state)
+    queued = [outbox.get_nowait() for _ in range(outbox.qsize())]
+    media = [m for kind, m in queued[:-1]]
+    assert [m[0] for m in media] == list(range(sent)) and all(m[3] == pcm for m in media)   # all the speech
+    assert queued[-1]["event"] == "playback_finished"
+    skipped = [m[0] for m in media if m[1] == b""]
+    assert skipped and not keys & set(skipped)                     # pictures left out; never a key frame's
+    assert all(m[1] == b"unit %d" % m[0] for m in media if m[1])
+    assert all(m[2] is False for m in media if not m[1])
+
+
 @pytest.mark.slow
 def test_websocket_pcm_at_24k_goes_out_in_the_ts(serving, tmp_path):
     server = serving()

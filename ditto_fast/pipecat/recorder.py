@@ -6,13 +6,21 @@ import asyncio
 import queue
 import subprocess
 import threading
+import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
 import imageio_ffmpeg
 import numpy as np
-from pipecat.frames.frames import CancelFrame, EndFrame, Frame, OutputAudioRawFrame, OutputImageRawFrame
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    Frame,
+    OutputAudioRawFrame,
+    OutputImageRawFrame,
+    TTSAudioRawFrame,
+)
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from ditto_fast.audio.resample import Resampler
@@ -26,7 +34,8 @@ class Mp4Recorder(FrameProcessor):
     """Writes the `OutputImageRawFrame`s (RGB, one size) at `rate` frames per second (a number, or a callable asked
     at the first frame: the video service's rate) and the output audio frames (mono or stereo, resampled to the
     first one's rate) to `path` (.mp4: H.264 and AAC), finished at the EndFrame or CancelFrame. Frames go on
-    downstream. `images` and `audio_seconds` count what it took."""
+    downstream. `images` and `audio_seconds` count what it took; `first_speech_at` is the time.monotonic() at which
+    the picture of the first frame that carried speech came (the image before the first TTSAudioRawFrame)."""
 
     def __init__(self, path: str | Path, rate: float | Fraction | Callable[[], Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -45,6 +54,8 @@ class Mp4Recorder(FrameProcessor):
         self._error: BaseException | None = None
         self.images = 0
         self.audio_samples = 0
+        self.first_speech_at: float | None = None
+        self._image_at: float | None = None
 
     @property
     def audio_seconds(self) -> float:
@@ -54,8 +65,11 @@ class Mp4Recorder(FrameProcessor):
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, OutputImageRawFrame) and direction == FrameDirection.DOWNSTREAM:
+            self._image_at = time.monotonic()
             self._image(frame)
         elif isinstance(frame, OutputAudioRawFrame) and direction == FrameDirection.DOWNSTREAM:
+            if isinstance(frame, TTSAudioRawFrame) and self.first_speech_at is None and self._image_at is not None:
+                self.first_speech_at = self._image_at
             self._sound(frame)
         elif isinstance(frame, (EndFrame, CancelFrame)):
             await self._finish()

@@ -8,7 +8,8 @@ Out: playback events as JSON text (`{"event": "playback_started"|"playback_finis
 "position_s": S, "interrupted": B, "frame": F}`, and for each clear `{"event": "cleared", "frame": F}`: no frame
 after F carries speech sent before the clear, so a client mutes what it still receives up to F); with media, one
 binary message per frame: a 4-byte big-endian header length, the header (JSON: index, key, unit and pcm byte
-counts, the frame rate and the PCM's rate), the frame as one H.264 access unit, then its slot's s16le speech. A
+counts, the frame rate and the PCM's rate), the frame as one H.264 access unit, then its slot's s16le speech (a
+client more than MEDIA_QUEUED frames behind gets its frames' speech with no access unit until the next key frame). A
 refusal is one JSON line `{"error", "exit_code"}` and a close: 1003 (not PCM, a bad message or rate), 4404 (no such
 session), 4409 (it has an audio client already), 4410 (ended)."""
 
@@ -129,7 +130,8 @@ async def serve_socket(ws: WebSocket, session: Any) -> None:
 
 
 def _post(outbox: asyncio.Queue, item: Any, state: dict) -> None:
-    """Queue an event, or a frame (a client that fell behind skips frames up to the next key frame)."""
+    """Queue an event, or a frame (a client that fell behind gets the frames up to the next key frame as their speech
+    alone, an empty access unit: the picture skips, every sample of the speech still comes)."""
     if isinstance(item, tuple) and item[0] == "media":
         media = item[1]
         if media is None:
@@ -138,7 +140,7 @@ def _post(outbox: asyncio.Queue, item: Any, state: dict) -> None:
             state["keyed"] = False
         state["keyed"] = state["keyed"] or media[2]
         if not state["keyed"]:
-            return
+            item = ("media", (media[0], b"", False, media[3]))
     outbox.put_nowait(item)
 
 
