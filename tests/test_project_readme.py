@@ -317,3 +317,29 @@ def test_the_pages_that_run_are_these():
     """The pages whose examples run (a page left out would not be tried)."""
     assert {p.name for p in PAGES[1:] if runnable(p)} >= {"batch.md", "delivery.md", "emotion.md", "live.md",
                                                          "serve.md"}
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_every_link_between_the_pages_lands():
+    """Each relative link of the README and docs/*.md names a file that exists and, with `#anchor`, a heading of
+    it (so a section moved keeps its links working)."""
+    broken = []
+    for page in PAGES:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), re.M)}
+                if anchor not in slugs:
+                    broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
