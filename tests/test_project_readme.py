@@ -221,7 +221,7 @@ class Server:
     def __init__(self, line: str, cwd: Path, env: dict, port: str):
         self.log = cwd / "serve.log"
         command = line.rstrip("&").strip() + f" --port {port}"
-        self.proc = subprocess.Popen(command, shell=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=self.log.open("w"), start_new_session=True)
         deadline = time.monotonic() + 600
         while '"listening"' not in self.log.read_text():
