@@ -27,7 +27,7 @@ PAGES = (README, *sorted((REPO / "docs").glob("*.md")))
 RUN = {"bash": "shell", "sh": "shell", "python": "python", "py": "python", "json": "json"}
 NOT_RUN = re.compile(r"<!-- not run: (.+?) -->")
 FILE = re.compile(r"<!-- file: (\S+) -->")         # the block is that file, written where the page's examples run
-SERVE_LINE = re.compile(r"^ditto-fast serve .*&$")
+SERVE_LINE = re.compile(r"^(ditto-fast serve [^#]*?)\s*&\s*(#.*)?$")     # started for the page's later blocks
 SERVE_PORT = "8750"
 
 
@@ -220,7 +220,7 @@ class Server:
 
     def __init__(self, line: str, cwd: Path, env: dict, port: str):
         self.log = cwd / "serve.log"
-        command = line.rstrip("&").strip() + f" --port {port}"
+        command = SERVE_LINE.match(line).group(1) + f" --port {port}"
         self.proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=self.log.open("w"), start_new_session=True)
         deadline = time.monotonic() + 600
@@ -265,6 +265,7 @@ def run_page(page: Path, workdir: Path, env: dict) -> dict[str, str]:
                     assert server is None, f"{b.where}: a second server on one page"
                     server = Server(line, workdir, env, port)
                 elif line is not None:
+                    assert not re.search(r"(?<!&)&\s*(#.*)?$", line), f"{b.where}: only `ditto-fast serve` runs in the background"
                     script.append(line)
     finally:
         if server is not None:
