@@ -6,9 +6,10 @@ avatar saying it, and a recorder writes what an output transport would show to a
     python examples/pipecat_agent.py --avatar ruby --audio answer.wav -o agent.mp4 --url http://HOST:8750
 
 With --url a running `ditto-fast serve` renders the face (this process loads no network). It prints what it wrote
-and how long the face took to speak: from the TTS's first audio frame to the first picture carrying that speech
-at the pipeline's end (where a transport would show it). In a real agent the stand-in TTS is a TTS service (after an STT and an LLM) and the recorder a WebRTC transport's
-output (Daily, SmallWebRTC): see the README's "Voice agents" section. Needs `pip install 'ditto-fast[pipecat]'`.
+and how long the face took to speak: from the TTS's first audio frame to the first picture carrying that speech at
+the pipeline's end (where a transport would show it). In a real agent the stand-in TTS is a TTS service (after an
+STT and an LLM) and the recorder a WebRTC transport's output (Daily, SmallWebRTC): see docs/live.md's "Voice agents"
+section. Needs `pip install 'ditto-fast[pipecat]'`.
 Exit codes as the ditto-fast commands': 2 bad usage, 3 a bad input file, 5 an avatar problem, 6 checkpoints.
 """
 

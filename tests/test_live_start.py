@@ -200,14 +200,19 @@ def test_a_reachable_rtmp_server_passes_on_to_the_engine(run_cli, tmp_path, no_e
 
 
 def test_the_exit_code_table_says_what_live_does_on_an_interrupt():
-    """The table's 130/143 row and live's own section agree with the code: once it streams, Ctrl-C and SIGTERM end
-    the stream cleanly (exit 0, the file complete; test_live_session.py sends both); before, 130/143."""
+    """The table's 130/143 row (docs/commands.md's, and the README's short one) and live's own section agree with
+    the code: once it streams, Ctrl-C and SIGTERM end the stream cleanly (exit 0, the file complete;
+    test_live_session.py sends both); before, 130/143."""
     from conftest import REPO
 
-    text = (REPO / "README.md").read_text()
+    short = (REPO / "README.md").read_text()
+    row = next(ln for ln in short.splitlines() if ln.startswith("| 130 / 143 |"))
+    assert "`live`" in row and "exit 0" in row, row
+    text = (REPO / "docs" / "commands.md").read_text()
     row = next(ln for ln in text.splitlines() if ln.startswith("| 130 / 143 |"))
     assert "`live`" in row and "exit 0" in row and "complete" in row, row
-    table = text[text.index("## Exit codes"):text.index("## Delivery")]
+    table = text[text.index("## Exit codes"):]
+    table = table[:table.index("\n## ")]
     three = next(ln for ln in table.splitlines() if ln.startswith("| 3 |"))
     assert "`live`" in three and "RTMP" in three, three
 

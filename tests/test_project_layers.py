@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
@@ -219,6 +220,9 @@ def test_the_layout_names_every_room_in_the_order_of_its_layers():
         for module in (PACKAGE / room).glob("*.py"):
             if module.stem != "__init__":
                 assert f"{module.name}" in text, f"docs/layout.md does not name {room}/{module.name}"
+    unnamed = [str(m.relative_to(PACKAGE)) for m in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyx")]
+               if m.stem != "__init__" and not re.search(rf"(?<!\w){re.escape(m.stem)}(\.pyx?)?\b", tree)]
+    assert not unnamed, f"docs/layout.md does not name these modules: {unnamed}"
 
 
 def test_serve_starts_no_process_of_its_own():

@@ -205,7 +205,7 @@ def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, b
     assert stats["frames_decoded"] >= 100 and (stats["width"], stats["height"]) == (1920, 1080), stats
     assert 0 < stats["session_latency_s"] <= 3.0 + 0.5 and stats["glass_to_glass_s"] >= stats["session_latency_s"]
     assert "glass to glass" in page.inner_text("#viewer-stats")
-    if os.environ.get("DITTO_FAST_VIEWER_STATS"):           # scripts/bench: the README's glass-to-glass figure
+    if os.environ.get("DITTO_FAST_VIEWER_STATS"):           # scripts/bench: docs/live.md's glass-to-glass figure
         Path(os.environ["DITTO_FAST_VIEWER_STATS"]).write_text(json_.dumps(stats))
     page.click("#viewer-close")
     _until(page, "() => document.getElementById('viewer-panel').hidden")
