@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ditto_fast.handles import messages as m
+from ditto_fast.live.states import ACTIVE
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -33,8 +34,6 @@ class LiveJob:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
-STATES = ("starting", "streaming", "ending", "ended", "failed")
-ACTIVE = ("starting", "streaming", "ending")
 
 
 class LiveLink:
