@@ -185,7 +185,7 @@ def test_frames_on_their_way_at_an_interruption_are_muted_up_to_the_frame_the_se
     assert run([frame(11), cleared, frame(12), frame(13), frame(14)]) == [True, False, False, False, True]
 
     def later(service):                                 # an older server, which never says: time passes
-        return lambda: setattr(service, "_muted_since", service._muted_since - remote.CLEARED_WAIT_S - 0.1)
+        return lambda: setattr(service._mute, "deadline", service._mute.deadline - remote.CLEARED_WAIT_S - 0.1)
     assert run([frame(11), frame(12), later, frame(13)]) == [True, False, False, True]
 
 

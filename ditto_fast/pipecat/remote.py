@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import struct
 import time
 from fractions import Fraction
@@ -43,6 +42,7 @@ from pipecat.utils.errors import ErrorCategory, classify_http_status_code
 
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import UsageError
+from ditto_fast.live.held import Held, Mute
 from ditto_fast.media.rates import STREAM_SAMPLE_RATE
 from ditto_fast.pipecat.face import FaceService
 from ditto_fast.pipecat.remote_api import NotAServe, Refused, end_session, open_session
@@ -88,11 +88,10 @@ class RemoteVideoService(FaceService):
         self._segment = 0               # the server's number of the utterance being sent (or last sent)
         self._open = False              # an utterance is being sent
         self._finished = 0              # the last utterance played (or interrupted)
-        self._held: list[tuple[int, Frame]] = []            # (the utterance it follows, the frame)
+        self._held = Held()                                 # marked by the utterance each follows
         self._played: list[tuple[int, int]] = []            # (frame that carried its end, utterance), not yet shown
         self._shown = -1                                    # the index of the last frame pushed
-        self._muted_through: float = -1                     # frames up to here carry speech an interruption cut
-        self._muted_since = 0.0                             # when that clear was sent
+        self._mute = Mute()                                 # by frame index: those carry speech an interruption cut
         self._ended = asyncio.Event()
 
     @property
@@ -148,7 +147,7 @@ class RemoteVideoService(FaceService):
                 logger.info(f"{self}: the avatar's server at {self._url} answers again: live session {view['id']}")
             self._said, self._sid, self._ws = False, view["id"], ws
             self._decoder, self._resampler, self._open, self._segment, self._finished = None, None, False, 0, 0
-            self._played, self._shown, self._muted_through = [], -1, -1
+            self._played, self._shown, self._mute = [], -1, Mute()
             self._ended = asyncio.Event()
             self._reader = self.create_task(self._read(ws), name="ditto-fast-remote-read")
             return True
@@ -189,9 +188,9 @@ class RemoteVideoService(FaceService):
         self._ws, self._stale, self._sid = None, self._sid, None
         self._open, self._finished, self._played = False, self._segment, []
         reader, self._reader = self._reader, None
-        held, self._held = self._held, []
+        held = self._held.drain()
         await self._tell(self._without(f"went away ({why})"), ErrorCategory.CONNECTIVITY)
-        for _, f in held:
+        for f in held:
             await self.push_frame(f)
         if reader is not None and reader is not asyncio.current_task():
             await self.cancel_task(reader)
@@ -221,9 +220,8 @@ class RemoteVideoService(FaceService):
                 self._reader = None
             if self._sid is not None:
                 await asyncio.to_thread(end_session, self._url, self._token, self._sid, HTTP_TIMEOUT_S)
-            for _, f in self._held:
+            for f in self._held.drain():
                 await self.push_frame(f)
-            self._held = []
 
     # -- speech up -------------------------------------------------------------------------------------------------
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -250,7 +248,7 @@ class RemoteVideoService(FaceService):
                 await self._end_utterance(ws)
         if down and not isinstance(frame, (SystemFrame, EndFrame)) and self._ws is not None \
                 and self._finished < self._segment:
-            self._held.append((self._segment, frame))       # after the speech before it was played
+            self._held.hold(self._segment, frame)           # after the speech before it was played
             return
         await self.push_frame(frame, direction)
 
@@ -292,13 +290,11 @@ class RemoteVideoService(FaceService):
         if self._resampler is not None:
             self._resampler.flush()
         self._open = False
-        self._muted_through, self._muted_since = math.inf, time.monotonic()      # until the server says which
+        self._mute.unknown(time.monotonic(), CLEARED_WAIT_S)                # until the server says which
         if not await self._send(ws, json.dumps({"clear": True})):
             return
         self._finished = self._segment
-        kept = [f for _, f in self._held if not f.interruptible]
-        self._held = []
-        for f in kept:
+        for f in self._held.interrupt():
             await self.push_frame(f)
 
     # -- frames down -----------------------------------------------------------------------------------------------
@@ -316,7 +312,7 @@ class RemoteVideoService(FaceService):
                     self._played.append((said["frame"], said["segment"]))
                     await self._release()
                 elif said.get("event") == "cleared":
-                    self._muted_through = said["frame"]
+                    self._mute.said(said["frame"] + 1)     # up to that frame: the speech cut
                 elif "error" in said:
                     why = f"the live session: {said['error']}"
         except Exception as e:  # noqa: BLE001 - the connection lost: said once, the agent speaks on
@@ -329,9 +325,7 @@ class RemoteVideoService(FaceService):
         been pushed."""
         while self._played and self._played[0][0] <= self._shown:
             self._finished = max(self._finished, self._played.pop(0)[1])
-        ready = [f for s, f in self._held if s <= self._finished]
-        self._held = [(s, f) for s, f in self._held if s > self._finished]
-        for f in ready:
+        for f in self._held.through(self._finished):
             await self.push_frame(f)
 
     async def _show(self, message: bytes) -> None:
@@ -348,9 +342,7 @@ class RemoteVideoService(FaceService):
             self._size, self._last = size, (image, size)
             await self.push_frame(OutputImageRawFrame(image=image, size=size, format="RGB"))
         index = header["index"]
-        if self._muted_through == math.inf and time.monotonic() - self._muted_since > CLEARED_WAIT_S:
-            self._muted_through = index - 1                 # a server that does not say: muted long enough
-        if index <= self._muted_through:                    # on its way when the caller interrupted: not heard
+        if self._mute.muted(index, time.monotonic()):      # on its way when the caller interrupted: not heard
             pcm = bytes(len(pcm))
         audio = TTSAudioRawFrame if any(pcm) else OutputAudioRawFrame
         await self.push_frame(audio(audio=pcm, sample_rate=header["pcm_rate"], num_channels=1))

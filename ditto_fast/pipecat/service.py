@@ -15,7 +15,6 @@ import asyncio
 import os
 import threading
 import time
-from collections import deque
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
@@ -40,6 +39,7 @@ from pipecat.services.settings import ServiceSettings
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.frame_output import FrameOutput
+from ditto_fast.live.held import Held, Mute
 from ditto_fast.live.options import LiveRequest
 from ditto_fast.live.pushed import PushedSource
 from ditto_fast.live.start import plate_pix_fmt, stream_live
@@ -109,10 +109,9 @@ class DittoFastVideoService(FaceService):
         self._resampler: tuple[Resampler, Resampler] | None = None      # to 16 kHz, and to the stream's 48 kHz
         self._size: tuple[int, int] | None = None
         self._rate = Fraction(25)
-        self._lock = threading.Lock()
-        self._held: deque[tuple[int, Frame]] = deque()       # (source samples before it, frame), in order
+        self._held = Held()                                    # marked by the source samples given before each
         self._shown = 0                                        # stream samples sent so far (the last slot's end)
-        self._mute_until = 0                                   # stream samples before it go out silent
+        self._mute = Mute()                                    # by stream samples (16 kHz)
 
     # -- what the session is doing -----------------------------------------------------------------------------
     @property
@@ -191,9 +190,7 @@ class DittoFastVideoService(FaceService):
                 await asyncio.wait_for(self._done.wait(), STOP_WAIT_S)
             except TimeoutError:
                 logger.warning(f"{self}: frames of the session were still on their way at the end")
-            with self._lock:
-                held, self._held = [f for _, f in self._held], deque()
-            for f in held:
+            for f in self._held.drain():
                 await self.push_frame(f)
         if self._pusher is not None:
             await self.cancel_task(self._pusher)
@@ -276,10 +273,8 @@ class DittoFastVideoService(FaceService):
         session = self._session
         if session is not None and getattr(session, "start", None) is not None:
             due = int((time.monotonic() - session.start - IN_JITTER) * SPEECH_SAMPLE_RATE)      # the stream decided so far
-            self._mute_until = max(self._mute_until, due)
-        with self._lock:
-            kept = [f for _, f in self._held if not f.interruptible]
-            self._held.clear()
+            self._mute.extend(due)
+        kept = self._held.interrupt()
         if kept and self._queue is not None:
             self._queue.put_nowait(("frames", kept))
 
@@ -288,11 +283,8 @@ class DittoFastVideoService(FaceService):
         source = self._source
         if source is None or self._thread is None or self._done.is_set():
             return False
-        with self._lock:
-            if self._held or source.available() or not self._shown_up_to(source.taken, self._shown):
-                self._held.append((source.received, frame))
-                return True
-        return False
+        return self._held.hold(source.received, frame,
+                               lambda: not source.available() and self._shown_up_to(source.taken, self._shown))
 
     def _shown_up_to(self, index: int, shown: int) -> bool:
         """Whether source sample `index - 1` and all before it have left in the stream's first `shown` samples."""
@@ -311,15 +303,12 @@ class DittoFastVideoService(FaceService):
         """On the session's output thread, at slot i's time: the frame, its audio, and the frames held for it."""
         num, den = SPEECH_SAMPLE_RATE * self._rate.denominator, self._rate.numerator
         a, b = i * num // den, (i + 1) * num // den
-        if a < self._mute_until:
+        if self._mute.muted(a, time.monotonic()):
             pcm = pcm.copy()
-            pcm[:(self._mute_until - a) * BAND_PER_SAMPLE] = 0
+            pcm[:int(self._mute.until - a) * BAND_PER_SAMPLE] = 0
         speech = bool(pcm.any())
-        released = []
-        with self._lock:
-            self._shown = b
-            while self._held and self._shown_up_to(self._held[0][0], b):
-                released.append(self._held.popleft()[1])
+        self._shown = b
+        released = self._held.release(lambda mark: self._shown_up_to(mark, b))
         self._call_in_loop(self._queue.put_nowait, ("slot", rgb.tobytes(), pcm.tobytes(), speech, released))
 
     async def _push_out(self) -> None:
@@ -338,8 +327,7 @@ class DittoFastVideoService(FaceService):
                 for f in item[1]:
                     await self.push_frame(f)
             elif kind == "ended":
-                with self._lock:                # nothing more will be shown: what was held goes on
-                    held, self._held = [f for _, f in self._held], deque()
+                held = self._held.drain()       # nothing more will be shown: what was held goes on
                 self._done.set()
                 for f in held:
                     await self.push_frame(f)
