@@ -414,6 +414,8 @@ def test_a_slow_agent_hears_all_of_an_answer_before_its_end(serving, tts_wav):
     import soxr
     from pipecat.frames.frames import EndFrame, TTSSpeakFrame
 
+    from ditto_fast.pipecat import DittoFastVideoService
+
     server = serving()
     video = DittoFastVideoService("anchor", url=f"http://127.0.0.1:{server.port}")
     decode = video._face._decode
