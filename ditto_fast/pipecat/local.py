@@ -1,5 +1,6 @@
-"""`LocalFace`: the face `DittoFastVideoService` gives the agent's speech when it is rendered on this machine. The TTS's audio feeds the same live session as `ditto-fast live` (live/session.py: the online motion
-loop, the frame clock); each frame it sends comes back into the pipeline as an `OutputImageRawFrame` with its slot's
+"""`LocalFace`: the face `DittoFastVideoService` gives the agent's speech when it is rendered on this machine. The
+TTS's audio feeds the same live session as `ditto-fast live` (live/session.py: the online motion loop, the frame
+clock); each frame it sends comes back into the pipeline as an `OutputImageRawFrame` with its slot's
 audio, in step, at the avatar's rate.
 
 Threads: the session's own (motion, frames, output) and one that runs it; the output thread hands each frame to the

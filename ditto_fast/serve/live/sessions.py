@@ -19,7 +19,7 @@ import numpy as np
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.core.files import shown
 from ditto_fast.handles.base import EngineHandle
-from ditto_fast.handles.live_link import LiveJob, LiveLink
+from ditto_fast.handles.live_link import SessionOrder, LiveLink
 from ditto_fast.live.options import LIVE_KEYS, LiveRequest
 from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.start import check_launch, check_live
@@ -213,7 +213,7 @@ class LiveSessions:
         engine = min(self.engines, key=lambda h: (h.state().state == "dead", len(h.state().sessions),
                                                   h.state().state == "busy"))
         try:
-            session.link = engine.open_live(LiveJob(request, label=session.id), heard=session.heard)
+            session.link = engine.open_live(SessionOrder(request, label=session.id), heard=session.heard)
         except DittoError as e:
             session.error, session.finished = str(e), time.time()
             self._close_playlists()
@@ -272,7 +272,7 @@ class LiveSessions:
         while not self._stop.wait(1.0):
             self._close_playlists()
             for s in list(self._sessions.values()):
-                if s.state != "idle":
+                if s.state != IDLE:
                     s.idle_since = None
                     continue
                 s.idle_since = s.idle_since or time.monotonic()
