@@ -19,7 +19,7 @@ from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.clip import check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.handles.base import EngineJob, EngineLimits
-from ditto_fast.handles.live_link import LiveJob
+from ditto_fast.handles.live_link import SessionOrder
 from ditto_fast.handles.process import ProcessEngine
 from ditto_fast.live.options import LiveRequest
 
@@ -79,7 +79,7 @@ def test_a_session_streams_on_the_engine_beside_its_renders(engines, engine, cli
     handle.start()
     heard: list = []
     out = tmp_path / "live.ts"
-    link = handle.open_live(LiveJob(LiveRequest(avatar="anchor", out=str(out), max_latency=3.0), label="s1"),
+    link = handle.open_live(SessionOrder(LiveRequest(avatar="anchor", out=str(out), max_latency=3.0), label="s1"),
                             heard=lambda event, detail: heard.append(event))
     _until(lambda: link.state == "streaming", f"the session started: {link.state} {link.error}")
     assert handle.state().sessions == ["s1"] and link.engine == handle.name
@@ -106,7 +106,7 @@ def test_a_hung_engine_ends_its_session_naming_the_hang_and_a_fresh_one_streams(
     handle = engines(beat_s=3.0)
     handle.start()
     out = tmp_path / "hung.ts"
-    link = handle.open_live(LiveJob(LiveRequest(avatar="anchor", out=str(out))))
+    link = handle.open_live(SessionOrder(LiveRequest(avatar="anchor", out=str(out))))
     _until(lambda: link.stats and link.stats["frames"]["sent"] > 10, "frames went out")
     pid = handle.pid
     os.kill(pid, signal.SIGSTOP)                        # no heartbeat: a hang in native code
@@ -118,7 +118,7 @@ def test_a_hung_engine_ends_its_session_naming_the_hang_and_a_fresh_one_streams(
     assert state.state == "dead" and "hung" in state.last_death and state.sessions == []
     _until(lambda: not Path(f"/proc/{pid}").exists(), "the hung engine was killed", 15)
     assert _frames(out) > 0                             # what it streamed stays playable
-    again = handle.open_live(LiveJob(LiveRequest(avatar="anchor", out=str(tmp_path / "next.ts"))))
+    again = handle.open_live(SessionOrder(LiveRequest(avatar="anchor", out=str(tmp_path / "next.ts"))))
     _until(lambda: again.state == "streaming", f"a fresh engine took the next session: {again.error}")
     assert handle.pid != pid and handle.state().restarts == 1
     again.stop()
@@ -128,7 +128,7 @@ def test_a_hung_engine_ends_its_session_naming_the_hang_and_a_fresh_one_streams(
 def test_a_session_the_engine_cannot_run_fails_with_its_line_and_the_engine_goes_on(engines):
     handle = engines()
     handle.start()
-    link = handle.open_live(LiveJob(LiveRequest(avatar="nobody", out="/tmp/never.ts")))
+    link = handle.open_live(SessionOrder(LiveRequest(avatar="nobody", out="/tmp/never.ts")))
     assert link.wait(30) and link.state == "failed" and "nobody" in link.error, link.error
     assert handle.state().state == "idle" and handle.state().sessions == []
 
@@ -137,14 +137,14 @@ def test_a_ray_engine_refuses_a_session_in_one_line():
     from ditto_fast.handles.ray_engine import RayEngine
 
     with pytest.raises(UsageError, match="--ray"):
-        RayEngine.open_live(None, LiveJob(LiveRequest(avatar="anchor", out="x.ts")))
+        RayEngine.open_live(None, SessionOrder(LiveRequest(avatar="anchor", out="x.ts")))
 
 
 def test_closing_an_engine_ends_its_sessions_cleanly(engines, tmp_path):
     handle = engines()
     handle.start()
     out = tmp_path / "closed.ts"
-    link = handle.open_live(LiveJob(LiveRequest(avatar="anchor", out=str(out))))
+    link = handle.open_live(SessionOrder(LiveRequest(avatar="anchor", out=str(out))))
     _until(lambda: link.stats and link.stats["frames"]["sent"] > 10, "frames went out")
     handle.close()
     assert link.wait(5) and link.state == "ended", (link.state, link.error)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ditto_fast.handles import messages as m
 from ditto_fast.handles.engine_sessions import EngineSessions, _Carried
-from ditto_fast.handles.live_link import LiveJob, LiveLink
+from ditto_fast.handles.live_link import SessionOrder, LiveLink
 from ditto_fast.live.options import LiveRequest
 from support import together
 
@@ -41,7 +41,7 @@ class _Engine:
 
 
 def _link(engine: _Engine) -> LiveLink:
-    link = LiveLink(LiveJob(LiveRequest(avatar="anchor"), label="s"), engine.send, "engine-0")
+    link = LiveLink(SessionOrder(LiveRequest(avatar="anchor"), label="s"), engine.send, "engine-0")
     link.state = "streaming"
     return link
 
@@ -106,7 +106,7 @@ def test_five_hundred_clears_from_threads_all_reach_the_engine():
 def _sessions() -> tuple[EngineSessions, list, _Carried]:
     said: list = []
     sessions = EngineSessions(None, said.append)
-    carried = _Carried(LiveJob(LiveRequest(avatar="anchor"), id="s1"))
+    carried = _Carried(SessionOrder(LiveRequest(avatar="anchor"), id="s1"))
     sessions._carried["s1"] = carried
     return sessions, said, carried
 
@@ -147,10 +147,10 @@ def test_every_clear_is_answered_and_drops_the_pending_ends():
 def test_the_messages_cross_a_socket_as_themselves():
     a, b = socket.socketpair()
     ours, theirs = Connection(a.detach()), Connection(b.detach())
-    job = LiveJob(LiveRequest(avatar="anchor"), label="x")
-    sent = [m.Open(job.id, job), _speech(4), m.SegmentEnd(job.id, 4), m.Clear(job.id), m.Watch(job.id, 2),
-            m.End(job.id, "no client"), m.Progress("t", "render", 3, 9), m.Outcome("t", ("error", "bad", 2)),
-            m.SessionMedia(job.id, 7, b"\x00\x00\x01", True, b"\x01\x00"), m.Stop()]
+    order = SessionOrder(LiveRequest(avatar="anchor"), label="x")
+    sent = [m.Open(order.id, order), _speech(4), m.SegmentEnd(order.id, 4), m.Clear(order.id), m.Watch(order.id, 2),
+            m.End(order.id, "no client"), m.Progress("t", "render", 3, 9), m.Outcome("t", ("error", "bad", 2)),
+            m.SessionMedia(order.id, 7, b"\x00\x00\x01", True, b"\x01\x00"), m.Stop()]
     for message in sent:
         ours.send(message)
     got = [theirs.recv() for _ in sent]

@@ -137,7 +137,7 @@ def test_frames_on_their_way_at_an_interruption_are_muted_up_to_the_frame_the_se
 
     from pipecat.frames.frames import OutputAudioRawFrame, TTSAudioRawFrame
 
-    from ditto_fast.pipecat import remote
+    from ditto_fast.pipecat import DittoFastVideoService, remote
     from ditto_fast.serve.live.socket import media_message
 
     loud = np.full(1920, 8000, "<i2").tobytes()
@@ -162,7 +162,7 @@ def test_frames_on_their_way_at_an_interruption_are_muted_up_to_the_frame_the_se
                     yield m
 
     def run(messages) -> list[bool]:
-        service = remote.RemoteVideoService("anchor", url="http://127.0.0.1:9")
+        service = DittoFastVideoService("anchor", url="http://127.0.0.1:9")._face     # the remote face
         heard = []
 
         async def push_frame(f, *_):
@@ -170,7 +170,7 @@ def test_frames_on_their_way_at_an_interruption_are_muted_up_to_the_frame_the_se
                 heard.append(isinstance(f, TTSAudioRawFrame) and any(f.audio))
 
         async def go():
-            service.push_frame, service._decode = push_frame, lambda unit: []
+            service.out.push_frame, service._decode = push_frame, lambda unit: []
             service._ws = ws = Socket([m(service) if callable(m) else m for m in messages])
             await service._show(frame(10))
             await service._interrupt(ws)
@@ -185,8 +185,26 @@ def test_frames_on_their_way_at_an_interruption_are_muted_up_to_the_frame_the_se
     assert run([frame(11), cleared, frame(12), frame(13), frame(14)]) == [True, False, False, False, True]
 
     def later(service):                                 # an older server, which never says: time passes
-        return lambda: setattr(service, "_muted_since", service._muted_since - remote.CLEARED_WAIT_S - 0.1)
+        return lambda: setattr(service._mute, "deadline", service._mute.deadline - remote.CLEARED_WAIT_S - 0.1)
     assert run([frame(11), frame(12), later, frame(13)]) == [True, False, False, True]
+
+
+def test_the_face_a_serve_renders_is_a_DittoFastVideoService_that_says_its_state():
+    """`url=` makes no other class: the service is the one subclassed, and says its state in a live session's
+    words (starting until its session opens; ended once ended here)."""
+    import asyncio
+
+    from ditto_fast.live.states import STATES
+    from ditto_fast.pipecat import DittoFastVideoService
+
+    class Named(DittoFastVideoService):
+        pass
+
+    video = Named("anchor", url="http://127.0.0.1:9", token="t", emotion="neutral")
+    assert type(video) is Named and isinstance(video, DittoFastVideoService)
+    assert video.state == "starting" and video.state in STATES and video.session is None
+    asyncio.run(video._face.end(graceful=False))
+    assert video.state == "ended"
 
 
 # ----------------------------------------------------------------------------- an agent in this process
@@ -370,13 +388,18 @@ def test_a_url_that_is_not_a_serve_is_one_line_and_the_agent_speaks(tts_wav):
     threading.Thread(target=web.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{web.server_address[1]}"
 
+    video, states = DittoFastVideoService("anchor", url=url), []
+
     async def drive(worker, sink, tap):
+        await until(lambda: video.state == "failed", what="the face failed")
+        states.append(video.state)
         await worker.queue_frames([TTSSpeakFrame("hello"), EndFrame()])
 
     try:
-        seen, errors = run_agent(DittoFastVideoService("anchor", url=url), tts_wav, drive)
+        seen, errors = run_agent(video, tts_wav, drive)
     finally:
         web.shutdown()
+    assert states == ["failed"] and video.state == "ended"
     assert len(errors) == 1 and "\n" not in errors[0], errors
     assert f"{url} is not a ditto-fast serve" in errors[0], errors
     speech = [s for s in seen if s[0] == "speech"]
@@ -391,15 +414,16 @@ def test_a_slow_agent_hears_all_of_an_answer_before_its_end(serving, tts_wav):
     import soxr
     from pipecat.frames.frames import EndFrame, TTSSpeakFrame
 
-    from ditto_fast.pipecat.remote import RemoteVideoService
-
-    class SlowAgent(RemoteVideoService):
-        def _decode(self, unit):
-            time.sleep(0.1)                         # 10 frames a second where 25 come
-            return super()._decode(unit)
+    from ditto_fast.pipecat import DittoFastVideoService
 
     server = serving()
-    video = SlowAgent("anchor", url=f"http://127.0.0.1:{server.port}")
+    video = DittoFastVideoService("anchor", url=f"http://127.0.0.1:{server.port}")
+    decode = video._face._decode
+
+    def slow_decode(unit):
+        time.sleep(0.1)                             # 10 frames a second where 25 come
+        return decode(unit)
+    video._face._decode = slow_decode
 
     async def drive(worker, sink, tap):
         await until(lambda: sink.kinds().count("image") >= 5, what="the idle face")
@@ -428,7 +452,7 @@ def test_frames_that_come_as_their_speech_alone_are_heard_and_the_pictures_go_on
     from pipecat.frames.frames import OutputAudioRawFrame, OutputImageRawFrame
 
     from ditto_fast.live.relay import _h264
-    from ditto_fast.pipecat.remote import RemoteVideoService
+    from ditto_fast.pipecat import DittoFastVideoService
     from ditto_fast.serve.live.socket import media_message
 
     codec, units = _h264((64, 48), Fraction(25), "veryfast"), []
@@ -439,7 +463,7 @@ def test_frames_that_come_as_their_speech_alone_are_heard_and_the_pictures_go_on
             f.pict_type = av.video.frame.PictureType.I
         units.append(b"".join(bytes(p) for p in codec.encode(f)))
     pcm = np.full(1920, 800, "<i2").tobytes()
-    service, out = RemoteVideoService("anchor", url="http://127.0.0.1:9"), []
+    service, out = DittoFastVideoService("anchor", url="http://127.0.0.1:9")._face, []
 
     async def push_frame(f, *_):
         if isinstance(f, OutputImageRawFrame):
@@ -448,7 +472,7 @@ def test_frames_that_come_as_their_speech_alone_are_heard_and_the_pictures_go_on
             out.append(("audio", len(f.audio)))
 
     async def go():
-        service.push_frame = push_frame
+        service.out.push_frame = push_frame
         for i, unit in enumerate(units):
             skipped = i in (1, 2, 3)
             await service._show(media_message((i, b"" if skipped else unit, i in (0, 4), pcm), 25))

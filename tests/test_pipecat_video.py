@@ -154,6 +154,7 @@ def test_speech_becomes_frames_of_the_avatar_in_step_with_its_audio(engine, tts_
     stats = video.stats
     assert stats["frames"]["sent"] == kinds.count("image"), stats
     assert stats["first_frame_latency_s"] is not None and stats["speech_dropped_s"] == 0
+    assert video.state == "ended"                   # in live/states.py's words
 
 
 def test_an_interruption_drops_the_rest_of_the_speech_and_the_avatar_idles(engine, tts_wav):
@@ -198,7 +199,7 @@ def test_an_unknown_avatar_is_one_error_and_the_agent_still_speaks(engine, tts_w
 
     sink, video, errors, before, after, _ = run_pipeline(engine, tts_wav[2.0], drive, avatar="nobody")
     assert len(errors) == 1 and "nobody" in errors[0] and "\n" not in errors[0], errors
-    assert "image" not in sink.kinds()
+    assert "image" not in sink.kinds() and video.state == "failed"
     speech = [v for k, v in sink.seen if k == "speech"]         # the TTS's own frames, passed on as they came
     assert {v[0] for v in speech} == {TTS_RATE} and sum(len(v[2]) for v in speech) == 2 * TTS_RATE
     assert after == before

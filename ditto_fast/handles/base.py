@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ditto_fast.engine.renderer import RenderResult
     from ditto_fast.engine.request import RenderRequest
     from ditto_fast.engine.stages import Progress
-    from ditto_fast.handles.live_link import LiveJob, LiveLink
+    from ditto_fast.handles.live_link import SessionOrder, LiveLink
 
 
 # a render job's states, one set wherever a job is kept (a batch's report, serve's queue): queued, running, then
@@ -114,8 +114,8 @@ class EngineHandle(Protocol):
         `commit()`, called once the output is complete, just before its rename (after it, the job is done). Raises
         EngineError (the render's own refusal), JobCancelled, EngineDied or JobTimedOut (then call restart())."""
 
-    def open_live(self, job: LiveJob, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
-        """Start the live session `job` on this engine, beside any job it renders; its link (`heard(event, detail)`
+    def open_live(self, order: SessionOrder, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
+        """Start the live session `order` on this engine, beside any job it renders; its link (`heard(event, detail)`
         hears ready, log, event, ended and failed). UsageError where this kind of engine carries no session."""
 
     def restart(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ditto_fast.handles import messages as m
-from ditto_fast.handles.live_link import LiveJob
+from ditto_fast.handles.live_link import SessionOrder
 
 STATS_EVERY_S = 1.0
 PLAYBACK_EVERY_S = 0.04     # how often a session's playback is looked at (a frame at 25 fps)
@@ -20,13 +20,13 @@ PLAYBACK_EVERY_S = 0.04     # how often a session's playback is looked at (a fra
 class _Carried:
     """One session: its speech source, its LiveSession once it exists, whether a stop came first."""
 
-    def __init__(self, job: LiveJob):
+    def __init__(self, order: SessionOrder):
         from ditto_fast.live.pushed import PushedSource
 
         from ditto_fast.live.playback import Playback
 
-        self.job = job
-        self.source = PushedSource(f"live session {job.label or job.id}")
+        self.order = order
+        self.source = PushedSource(f"live session {order.label or order.id}")
         self.playback = Playback()
         self.lock = threading.Lock()            # the source and the playback change together
         self.session: Any = None
@@ -78,7 +78,7 @@ class EngineSessions:
     def hear(self, message: m.SessionMessage) -> None:
         """A parent's message about a session (from the engine's reader thread)."""
         if isinstance(message, m.Open):
-            carried = _Carried(message.job)
+            carried = _Carried(message.order)
             with self._lock:
                 self._carried[message.id] = carried
             thread = threading.Thread(target=self._run, args=(carried,), name=f"live-{message.id}", daemon=True)
@@ -129,12 +129,12 @@ class EngineSessions:
                 carried.source.clear()
                 through = -1
         for event in [*events, {"event": "cleared", "frame": through}]:
-            self.send(m.SessionEvent(carried.job.id, event))
+            self.send(m.SessionEvent(carried.order.id, event))
 
     def stop_all(self, timeout: float = 30.0) -> None:
         """End every session cleanly (the engine stops), waiting up to `timeout` s for their files to close."""
         for carried in list(self._carried.values()):
-            self.hear(m.End(carried.job.id, "engine stopped"))
+            self.hear(m.End(carried.order.id, "engine stopped"))
         for thread in self._threads:
             thread.join(timeout)
 
@@ -143,13 +143,13 @@ class EngineSessions:
         from ditto_fast.handles.outcome import out_of_memory
         from ditto_fast.live.start import stream_live
 
-        sid = carried.job.id
+        sid = carried.order.id
 
         def started(session: Any) -> None:
             carried.session = session
             if carried.stop_asked.is_set():
                 session.stop(carried.why)
-            self.send(m.SessionReady(sid, {"avatar": carried.job.request.avatar, "size": list(session.avatar.size),
+            self.send(m.SessionReady(sid, {"avatar": carried.order.request.avatar, "size": list(session.avatar.size),
                                           "rate": str(session.s.rate)}))
             threading.Thread(target=self._report, args=(carried,), name=f"live-{sid}-stats", daemon=True).start()
 
@@ -161,16 +161,16 @@ class EngineSessions:
                                         lambda *media: self.send(m.SessionMedia(sid, *media)),
                                         preset=self.renderer.setup.preset)
             carried.relay.watch(carried.watchers)
-            if carried.job.request.out is None:
+            if carried.order.request.out is None:
                 return carried.relay
             try:
-                return Outputs(stream_output(self.renderer, carried.job.request, avatar, settings), carried.relay)
+                return Outputs(stream_output(self.renderer, carried.order.request, avatar, settings), carried.relay)
             except BaseException:
                 carried.relay.abort()
                 raise
 
         try:
-            stats = stream_live(self.renderer, carried.job.request, carried.source, False,
+            stats = stream_live(self.renderer, carried.order.request, carried.source, False,
                                 lambda line: self.send(m.SessionLog(sid, line)), started=started, output=outputs,
                                 **self._shared())
         except DittoError as e:
@@ -187,7 +187,7 @@ class EngineSessions:
 
     def _report(self, carried: _Carried) -> None:
         """The session's playback events as its stream goes out, and its figures each second."""
-        sid, beat = carried.job.id, 0
+        sid, beat = carried.order.id, 0
         while not carried.stop_asked.wait(PLAYBACK_EVERY_S):
             try:
                 with carried.lock:

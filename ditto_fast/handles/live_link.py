@@ -1,5 +1,6 @@
-"""A live session going out to an engine (`LiveJob`), and the parent's side of it there (`LiveLink`): speech pushed to it (16 kHz, as the model
-hears it), cleared on an interruption, ended; the session stopped; its state, figures and cause read. What the
+"""A live session ordered of an engine (`SessionOrder`: its request and id), and the parent's side of it there
+(`LiveLink`): speech pushed to it (16 kHz, as the model hears it), cleared on an interruption, ended; the session
+stopped; its state (live/states.py's words), figures and cause read. What the
 session says comes back through the engine's handle (`heard`), which also tells the link when its engine is lost.
 
 The messages (messages.py) leave on two channels: the speech, and the control (an answer's end, a clear, the
@@ -18,32 +19,31 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ditto_fast.handles import messages as m
+from ditto_fast.live.states import ACTIVE
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 if TYPE_CHECKING:
     from ditto_fast.live.options import LiveRequest
 
 @dataclass(frozen=True)
-class LiveJob:
-    """A live session for an engine to carry beside its render jobs: the session's checked request; `id` names it in
-    every message about it."""
+class SessionOrder:
+    """A live session ordered of an engine, to carry beside its render jobs: the session's checked request; `id`
+    names it in every message about it."""
 
     request: LiveRequest
     label: str = ""                     # what the session is called where it came from (serve's session id)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
-STATES = ("starting", "streaming", "ending", "ended", "failed")
-ACTIVE = ("starting", "streaming", "ending")
 
 
 class LiveLink:
     """One live session on an engine, seen from the process that opened it. `send` hands a message to the engine
     (OSError when it is gone); `heard(event, detail)` hears ready, log, event (playback), ended and failed."""
 
-    def __init__(self, job: LiveJob, send: Callable[[Any], None], engine: str,
+    def __init__(self, order: SessionOrder, send: Callable[[Any], None], engine: str,
                  heard: Callable[[str, Any], None] | None = None):
-        self.job, self.id, self.engine = job, job.id, engine
+        self.order, self.id, self.engine = order, order.id, engine
         self.heard = heard or (lambda event, detail: None)
         self.state, self.error = "starting", None
         self.info: dict[str, Any] = {}         # what the engine said when the session started

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ditto_fast.handles.base import EngineJob
-    from ditto_fast.handles.live_link import LiveJob
+    from ditto_fast.handles.live_link import SessionOrder
 
 
 # ---------------------------------------------------------------------- to the engine: its life and its render jobs
@@ -90,8 +90,8 @@ class SessionMessage:
 
 @dataclass(frozen=True)
 class Open(SessionMessage):
-    """Start the session `job` (its id is the job's)."""
-    job: LiveJob
+    """Start the session `order` (its id is the order's)."""
+    order: SessionOrder
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from ditto_fast.core.errors import InputError, one_line
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
                                      JobTimedOut, at_memory_cap, signal_words)
 from ditto_fast.handles import messages as m
-from ditto_fast.handles.live_link import LiveJob, LiveLink
+from ditto_fast.handles.live_link import SessionOrder, LiveLink
 from ditto_fast.handles.outcome import answer
 from ditto_fast.media.claims import remove_dead_writers
 
@@ -253,7 +253,7 @@ class ProcessEngine:
     def _forget(self, link: LiveLink, links: dict[str, LiveLink]) -> None:
         links.pop(link.id, None)
         if links is self._links:
-            self._state.sessions = [f"{k.job.label or k.id}" for k in links.values()]
+            self._state.sessions = [f"{k.order.label or k.id}" for k in links.values()]
 
     def _watch(self, proc: subprocess.Popen, links: dict[str, LiveLink]) -> None:
         """While `proc` is this handle's engine: kill it when it stops beating and no render waits on it (a render's
@@ -269,7 +269,7 @@ class ProcessEngine:
             stalled = [k for k in links.values() if k.state == "streaming" and
                        time.monotonic() - k.last_change > self.limits.stall_s]
             if why is None and stalled:
-                why = f"live session {stalled[0].job.label or stalled[0].id} made no progress for " \
+                why = f"live session {stalled[0].order.label or stalled[0].id} made no progress for " \
                       f"{self.limits.stall_s:g} s"
             if why is None:
                 continue
@@ -417,17 +417,17 @@ class ProcessEngine:
         return EngineDied(f"{self.name} {why}")
 
     # ------------------------------------------------------------------ a live session
-    def open_live(self, job: LiveJob, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
-        """Start the live session `job` on this engine, beside any job it renders (a dead engine is started again
+    def open_live(self, order: SessionOrder, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
+        """Start the live session `order` on this engine, beside any job it renders (a dead engine is started again
         first); its link. DittoError when no engine starts."""
         if self._state.state == "dead" or self._proc is None:
             self.restart()
         with self._lock:
-            link = LiveLink(job, self._send, self.name, heard)
-            self._links[job.id] = link
-            self._state.sessions = [f"{k.job.label or k.id}" for k in self._links.values()]
+            link = LiveLink(order, self._send, self.name, heard)
+            self._links[order.id] = link
+            self._state.sessions = [f"{k.order.label or k.id}" for k in self._links.values()]
             try:
-                self._send(m.Open(job.id, job))
+                self._send(m.Open(order.id, order))
             except (OSError, ValueError):
                 pass                    # gone already: the read loop tells the link why
         return link

@@ -17,7 +17,7 @@ from ditto_fast.core.errors import DittoError, InputError, UsageError
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
                                      JobTimedOut)
-from ditto_fast.handles.live_link import LiveJob
+from ditto_fast.handles.live_link import SessionOrder
 from ditto_fast.handles.outcome import answer, run_job
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
@@ -369,7 +369,7 @@ class RayEngine:
         self.close()
         return EngineDied(f"{self.name} {why}")
 
-    def open_live(self, job: LiveJob, heard: Any = None) -> Any:
+    def open_live(self, order: SessionOrder, heard: Any = None) -> Any:
         """Refused: a Ray actor carries render jobs only."""
         raise UsageError("live sessions run on an engine process of the server's own host, with its GPU; this "
                          "server renders on Ray actors (--ray), which take render jobs only: start a second "

@@ -1,6 +1,6 @@
-"""A face for Pipecat voice agents, rendered on this machine (`pip install 'ditto-fast[pipecat]'`):
-`DittoFastVideoService` after the TTS; `WavSpeaker` (a stand-in TTS that speaks a WAV) and `Mp4Recorder` (the
-pipeline's picture and sound to an .mp4) to try it with no network."""
+"""A face for Pipecat voice agents, rendered on this machine or by a running serve (`url=`)
+(`pip install 'ditto-fast[pipecat]'`): `DittoFastVideoService` after the TTS; `WavSpeaker` (a stand-in TTS that
+speaks a WAV) and `Mp4Recorder` (the pipeline's picture and sound to an .mp4) to try it with no network."""
 
 from __future__ import annotations
 

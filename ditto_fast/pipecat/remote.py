@@ -1,4 +1,5 @@
-"""The face of a Pipecat agent rendered by a running `ditto-fast serve` (`DittoFastVideoService(avatar, url=...)`): the
+"""`RemoteFace`: the face of a Pipecat agent rendered by a running `ditto-fast serve` (`DittoFastVideoService(avatar,
+url=...)`): the
 agent's process loads no network and imports no torch. At StartFrame the service opens a live session on the
 server (POST /v1/live, no output of its own) and its WebSocket both ways: the TTS's audio goes up as it comes
 (48 kHz: the server keeps its band), the session's frames come back (H.264, decoded here with PyAV) with their
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import struct
 import time
 from fractions import Fraction
@@ -38,13 +38,13 @@ from pipecat.frames.frames import (
     UserStartedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.settings import ServiceSettings
 from pipecat.utils.errors import ErrorCategory, classify_http_status_code
 
 from ditto_fast.audio.resample import Resampler
 from ditto_fast.core.errors import UsageError
+from ditto_fast.live.held import Held, Mute
 from ditto_fast.media.rates import STREAM_SAMPLE_RATE
-from ditto_fast.pipecat.face import FaceService
+from ditto_fast.pipecat.face import Face
 from ditto_fast.pipecat.remote_api import NotAServe, Refused, end_session, open_session
 
 FIELDS = ("emotion", "seed", "steps", "fps", "blend", "controls", "overlap", "max_latency")
@@ -56,19 +56,18 @@ RETRY_S = 2.0               # without a session, how often a new one is tried wh
 CLEARED_WAIT_S = 2.0        # after a clear, how long frames stay muted if the server never says which (an older one)
 
 
-class RemoteVideoService(FaceService):
-    """A talking face from a running serve at `url` (http://HOST:PORT), `token` its bearer token; the live
-    settings as the in-process service takes them (checked by the server: a refusal is one ErrorFrame and the audio
-    passes on, so the agent still speaks)."""
+class RemoteFace(Face):
+    """A talking face from a running serve at `url` (http://HOST:PORT), `token` its bearer token, pushed through the
+    Pipecat service `out`; the live settings as the in-process face takes them (checked by the server: a refusal is
+    one ErrorFrame and the audio passes on, so the agent still speaks)."""
 
-    def __init__(self, avatar: str, *, url: str, token: str | None = None, **settings: Any) -> None:
+    def __init__(self, out: Any, avatar: str, *, url: str, token: str | None = None, **settings: Any) -> None:
         unknown = sorted(set(settings) - set(FIELDS))
         if unknown:
             raise TypeError(f"unknown setting {unknown[0]!r}; a live session takes {', '.join(FIELDS)}")
         if not url.startswith(("http://", "https://")):
             raise UsageError(f"url= takes the address of a running `ditto-fast serve`, http://HOST:PORT (got {url!r})")
-        kwargs = {k: settings.pop(k) for k in list(settings) if k not in FIELDS}
-        super().__init__(settings=ServiceSettings(model=None), **kwargs)
+        super().__init__(out)
         self._url, self._token = url.rstrip("/"), token
         self._body = {"avatar": avatar, **{k: v for k, v in settings.items() if v is not None}}
         self._sid: str | None = None
@@ -82,27 +81,29 @@ class RemoteVideoService(FaceService):
         self._stopping = False
         self._resampler: Resampler | None = None
         self._decoder: Any = None
-        self._size: tuple[int, int] | None = None
         self._last: tuple[bytes, tuple[int, int]] | None = None     # the last picture pushed, and its size
-        self._rate = Fraction(25)
         self._segment = 0               # the server's number of the utterance being sent (or last sent)
         self._open = False              # an utterance is being sent
         self._finished = 0              # the last utterance played (or interrupted)
-        self._held: list[tuple[int, Frame]] = []            # (the utterance it follows, the frame)
+        self._held = Held()                                 # marked by the utterance each follows
         self._played: list[tuple[int, int]] = []            # (frame that carried its end, utterance), not yet shown
         self._shown = -1                                    # the index of the last frame pushed
-        self._muted_through: float = -1                     # frames up to here carry speech an interruption cut
-        self._muted_since = 0.0                             # when that clear was sent
+        self._mute = Mute()                                 # by frame index: those carry speech an interruption cut
         self._ended = asyncio.Event()
+        self._gone = False              # no serve answers at the URL: not tried again
+        self._closed = False            # ended here
 
     @property
-    def size(self) -> tuple[int, int] | None:
-        """The frames' (width, height), once they come."""
-        return self._size
-
-    @property
-    def rate(self) -> Fraction:
-        return self._rate
+    def state(self) -> str:
+        """The face's state, in live/states.py's words: starting until a session opens (and again while a new one
+        is tried, its server gone), streaming, ending, ended; failed where no serve answers at the URL."""
+        if self._closed:
+            return "ended"
+        if self._stopping:
+            return "ending"
+        if self._gone:
+            return "failed"
+        return "streaming" if self._ws is not None else "starting"
 
     @property
     def session(self) -> str | None:
@@ -117,12 +118,13 @@ class RemoteVideoService(FaceService):
         async with self._opening:
             if self._ws is not None:
                 return True
-            if self._stopping or not self.is_usable:
+            if self._stopping or not self.out.is_usable:
                 return False
             stale, self._stale = self._stale, None
             try:
                 view = await asyncio.to_thread(self._open_session, stale, timeout)
             except NotAServe as e:
+                self._gone = True
                 await self._tell(f"{self._url} is not a ditto-fast serve ({e}): give url= the address `ditto-fast "
                                  "serve` listens on (http://HOST:8750); the agent speaks on without its face",
                                  ErrorCategory.INVALID_REQUEST)
@@ -145,12 +147,12 @@ class RemoteVideoService(FaceService):
                                  ErrorCategory.CONNECTIVITY)
                 return False
             if self._said:
-                logger.info(f"{self}: the avatar's server at {self._url} answers again: live session {view['id']}")
-            self._said, self._sid, self._ws = False, view["id"], ws
+                logger.info(f"{self.out}: the avatar's server at {self._url} answers again: live session {view['id']}")
+            self._said, self._gone, self._sid, self._ws = False, False, view["id"], ws
             self._decoder, self._resampler, self._open, self._segment, self._finished = None, None, False, 0, 0
-            self._played, self._shown, self._muted_through = [], -1, -1
+            self._played, self._shown, self._mute = [], -1, Mute()
             self._ended = asyncio.Event()
-            self._reader = self.create_task(self._read(ws), name="ditto-fast-remote-read")
+            self._reader = self.out.create_task(self._read(ws), name="ditto-fast-remote-read")
             return True
 
     def _open_session(self, stale: str | None, timeout: float) -> dict:
@@ -166,17 +168,17 @@ class RemoteVideoService(FaceService):
         """One ErrorFrame while the face is away (the next ones go to the debug log); retries while it may come back."""
         if not self._said:
             self._said = True
-            await self.push_error(line, category=category)
+            await self.out.push_error(line, category=category)
         else:
-            logger.debug(f"{self}: {line}")
+            logger.debug(f"{self.out}: {line}")
         self._keep_trying()
 
     def _keep_trying(self) -> None:
-        if (self._retry is None or self._retry.done()) and not self._stopping and self.is_usable:
-            self._retry = self.create_task(self._retry_loop(), name="ditto-fast-remote-retry")
+        if (self._retry is None or self._retry.done()) and not self._stopping and self.out.is_usable:
+            self._retry = self.out.create_task(self._retry_loop(), name="ditto-fast-remote-retry")
 
     async def _retry_loop(self) -> None:
-        while self._ws is None and not self._stopping and self.is_usable:
+        while self._ws is None and not self._stopping and self.out.is_usable:
             await asyncio.sleep(RETRY_S)
             if not self._speaking:      # an answer under way goes on as it started
                 await self._connect(REOPEN_TIMEOUT_S)
@@ -189,22 +191,24 @@ class RemoteVideoService(FaceService):
         self._ws, self._stale, self._sid = None, self._sid, None
         self._open, self._finished, self._played = False, self._segment, []
         reader, self._reader = self._reader, None
-        held, self._held = self._held, []
+        held = self._held.drain()
         await self._tell(self._without(f"went away ({why})"), ErrorCategory.CONNECTIVITY)
-        for _, f in held:
-            await self.push_frame(f)
+        for f in held:
+            await self.out.push_frame(f)
         if reader is not None and reader is not asyncio.current_task():
-            await self.cancel_task(reader)
+            await self.out.cancel_task(reader)
 
-    async def _end(self, graceful: bool) -> None:
+    async def end(self, graceful: bool) -> None:
+        """End the session; graceful: once the speech given has been played."""
         self._stopping = True
         if self._retry is not None:
-            await self.cancel_task(self._retry)
+            await self.out.cancel_task(self._retry)
             self._retry = None
         if self._ws is None:
             if self._stale is not None:
                 await asyncio.to_thread(end_session, self._url, self._token, self._stale, REOPEN_TIMEOUT_S)
                 self._stale = None
+            self._closed = True
             return
         ws, self._ws = self._ws, None
         try:
@@ -217,19 +221,19 @@ class RemoteVideoService(FaceService):
             await ws.close()
         finally:
             if self._reader is not None:
-                await self.cancel_task(self._reader)
+                await self.out.cancel_task(self._reader)
                 self._reader = None
             if self._sid is not None:
                 await asyncio.to_thread(end_session, self._url, self._token, self._sid, HTTP_TIMEOUT_S)
-            for _, f in self._held:
-                await self.push_frame(f)
-            self._held = []
+            self._closed = True
+            for f in self._held.drain():
+                await self.out.push_frame(f)
 
     # -- speech up -------------------------------------------------------------------------------------------------
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
+        """TTS audio up to the session; interruptions and answers' ends passed on; what follows speech held."""
         if isinstance(frame, StartFrame):
-            await self.push_frame(frame, direction)
+            await self.out.push_frame(frame, direction)
             await self._connect(HTTP_TIMEOUT_S)
             return
         down = direction == FrameDirection.DOWNSTREAM
@@ -250,9 +254,9 @@ class RemoteVideoService(FaceService):
                 await self._end_utterance(ws)
         if down and not isinstance(frame, (SystemFrame, EndFrame)) and self._ws is not None \
                 and self._finished < self._segment:
-            self._held.append((self._segment, frame))       # after the speech before it was played
+            self._held.hold(self._segment, frame)           # after the speech before it was played
             return
-        await self.push_frame(frame, direction)
+        await self.out.push_frame(frame, direction)
 
     async def _send(self, ws: Any, message: bytes | str) -> bool:
         """Send on the session's WebSocket; False where the connection is gone (lost: said once)."""
@@ -292,14 +296,12 @@ class RemoteVideoService(FaceService):
         if self._resampler is not None:
             self._resampler.flush()
         self._open = False
-        self._muted_through, self._muted_since = math.inf, time.monotonic()      # until the server says which
+        self._mute.unknown(time.monotonic(), CLEARED_WAIT_S)                # until the server says which
         if not await self._send(ws, json.dumps({"clear": True})):
             return
         self._finished = self._segment
-        kept = [f for _, f in self._held if not f.interruptible]
-        self._held = []
-        for f in kept:
-            await self.push_frame(f)
+        for f in self._held.interrupt():
+            await self.out.push_frame(f)
 
     # -- frames down -----------------------------------------------------------------------------------------------
     async def _read(self, ws: Any) -> None:
@@ -316,7 +318,7 @@ class RemoteVideoService(FaceService):
                     self._played.append((said["frame"], said["segment"]))
                     await self._release()
                 elif said.get("event") == "cleared":
-                    self._muted_through = said["frame"]
+                    self._mute.said(said["frame"] + 1)     # up to that frame: the speech cut
                 elif "error" in said:
                     why = f"the live session: {said['error']}"
         except Exception as e:  # noqa: BLE001 - the connection lost: said once, the agent speaks on
@@ -329,10 +331,8 @@ class RemoteVideoService(FaceService):
         been pushed."""
         while self._played and self._played[0][0] <= self._shown:
             self._finished = max(self._finished, self._played.pop(0)[1])
-        ready = [f for s, f in self._held if s <= self._finished]
-        self._held = [(s, f) for s, f in self._held if s > self._finished]
-        for f in ready:
-            await self.push_frame(f)
+        for f in self._held.through(self._finished):
+            await self.out.push_frame(f)
 
     async def _show(self, message: bytes) -> None:
         size = struct.unpack(">I", message[:4])[0]
@@ -346,14 +346,12 @@ class RemoteVideoService(FaceService):
             images = [self._last] if self._last is not None else []
         for image, size in images:
             self._size, self._last = size, (image, size)
-            await self.push_frame(OutputImageRawFrame(image=image, size=size, format="RGB"))
+            await self.out.push_frame(OutputImageRawFrame(image=image, size=size, format="RGB"))
         index = header["index"]
-        if self._muted_through == math.inf and time.monotonic() - self._muted_since > CLEARED_WAIT_S:
-            self._muted_through = index - 1                 # a server that does not say: muted long enough
-        if index <= self._muted_through:                    # on its way when the caller interrupted: not heard
+        if self._mute.muted(index, time.monotonic()):      # on its way when the caller interrupted: not heard
             pcm = bytes(len(pcm))
         audio = TTSAudioRawFrame if any(pcm) else OutputAudioRawFrame
-        await self.push_frame(audio(audio=pcm, sample_rate=header["pcm_rate"], num_channels=1))
+        await self.out.push_frame(audio(audio=pcm, sample_rate=header["pcm_rate"], num_channels=1))
         self._shown = index
         if self._played:
             await self._release()

@@ -19,17 +19,18 @@ import numpy as np
 from ditto_fast.core.errors import DittoError, UsageError
 from ditto_fast.core.files import shown
 from ditto_fast.handles.base import EngineHandle
-from ditto_fast.handles.live_link import LiveJob, LiveLink
+from ditto_fast.handles.live_link import SessionOrder, LiveLink
 from ditto_fast.live.options import LIVE_KEYS, LiveRequest
 from ditto_fast.live.outputs import describe_destination
 from ditto_fast.live.start import check_launch, check_live
+from ditto_fast.live.states import ACTIVE as SESSION_ACTIVE, IDLE, STATES as SESSION_STATES, with_idle
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 from ditto_fast.serve.checks import check_utf8, confine
 from ditto_fast.serve.live.playlists import OpenPlaylists
 from ditto_fast.serve.live.whep import WhepViewers
 
-STATES = ("starting", "streaming", "idle", "ending", "ended", "failed")
-ACTIVE = ("starting", "streaming", "idle", "ending")
+STATES = with_idle(SESSION_STATES)     # a live session's states, and idle: no client, nothing left to say
+ACTIVE = with_idle(SESSION_ACTIVE)
 QUEUED_AUDIO_S = 600            # seconds of speech a client may send ahead of the stream
 END_WAIT_S = 30.0               # how long DELETE waits for a session's file to be finished
 KEPT_ENDED = 100                # ended sessions still answered by GET
@@ -73,7 +74,7 @@ class ServedSession:
         if self.link is None:
             return "failed" if self.error else "starting"
         state = self.link.state
-        return "idle" if state == "streaming" and not self.clients and self.link.queued_seconds <= 0 else state
+        return IDLE if state == "streaming" and not self.clients and self.link.queued_seconds <= 0 else state
 
     @property
     def active(self) -> bool:
@@ -212,7 +213,7 @@ class LiveSessions:
         engine = min(self.engines, key=lambda h: (h.state().state == "dead", len(h.state().sessions),
                                                   h.state().state == "busy"))
         try:
-            session.link = engine.open_live(LiveJob(request, label=session.id), heard=session.heard)
+            session.link = engine.open_live(SessionOrder(request, label=session.id), heard=session.heard)
         except DittoError as e:
             session.error, session.finished = str(e), time.time()
             self._close_playlists()
@@ -271,7 +272,7 @@ class LiveSessions:
         while not self._stop.wait(1.0):
             self._close_playlists()
             for s in list(self._sessions.values()):
-                if s.state != "idle":
+                if s.state != IDLE:
                     s.idle_since = None
                     continue
                 s.idle_since = s.idle_since or time.monotonic()
