@@ -73,10 +73,6 @@ class Dispatcher:
                          for i, h in enumerate(self.handles)]
 
     @property
-    def max_crashes(self) -> int:
-        return self.policy.max_deaths
-
-    @property
     def running(self) -> list[str]:
         """The jobs being rendered now."""
         with self._queued:
