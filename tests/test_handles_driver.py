@@ -137,11 +137,17 @@ def test_a_dead_engine_is_tried_again_by_the_policy_then_its_handle_takes_no_mor
     assert [s[3] for s in store.said if s[0] == "engine"] == [0.0, 0.0, None]
 
 
-def test_an_engine_started_for_the_first_job_that_cannot_start_puts_it_back():
+def test_an_engine_is_started_for_a_first_job_that_goes_to_whichever_engine_is_ready_first():
+    engine, store = DyingEngine(), Store(["a"])
+    drive(engine, store, QUICK, threading.Event(), start=True)
+    assert store.said == [("put back", "a"), ("engine", "started", None, None), ("done", "a")]
     engine, store = DyingEngine(start_fails=True), Store(["a"])
     drive(engine, store, QUICK, threading.Event(), start=True)
-    assert store.said == [("engine", "started", "engine-0: no checkpoints", None), ("put back", "a")]
-    assert store.queue == ["a"]
+    assert store.said == [("put back", "a"), ("engine", "started", "engine-0: no checkpoints", None)]
+    assert store.queue == ["a"] and engine.rendered == []
+    engine, store = DyingEngine(start_fails=True), Store([])
+    drive(engine, store, QUICK, threading.Event(), start=True)
+    assert store.said == []                                 # nothing to render: no engine started
 
 
 def test_an_engine_let_go_while_the_store_stops_puts_its_job_back_uncounted():

@@ -137,14 +137,15 @@ def drive(handle: EngineHandle, store: JobStore[Any], policy: RetryPolicy, stop:
             if store.idle(handle):
                 continue
             return
+        if not started:         # a job to render: the engine starts, the job back meanwhile for whichever is ready
+            store.put_back(job)
+            error = _start(handle.start)
+            store.engine(handle, error, False, None)
+            if error is not None:
+                return
+            started = True
+            continue
         try:
-            if not started:
-                error = _start(handle.start)
-                store.engine(handle, error, False, None)
-                if error is not None:
-                    store.put_back(job)
-                    return
-                started = True
             _one(handle, store, policy, stop, job)
         except Exception as e:  # noqa: BLE001 - the store's own trouble (its database locked, say): the store says
             store.lost(job, e)
