@@ -301,6 +301,64 @@ class InProcessEngine:
         return self.renderer.render(clip, progress=progress, commit=commit)
 
 
+class DyingEngine:
+    """An engine handle (handles/base.py) with no engine: its renders raise what `fates` says, in turn (None: the
+    render succeeds, its output named after the job's label); `restarts_fail`: how many tries to start it again fail
+    first. The job driver's tests (handles/driver.py, batch's executor, serve's dispatcher)."""
+
+    def __init__(self, fates=(), restarts_fail: int = 0, start_fails: bool = False, name: str = "engine-0"):
+        from ditto_fast.handles.base import EngineState
+
+        self.name, self.setup, self.info = name, "setup", {}
+        self.fates, self.restarts_fail, self.start_fails = list(fates), restarts_fail, start_fails
+        self.rendered: list[str] = []
+        self._state = EngineState(self.name, "fake", state="idle")
+
+    def start(self) -> None:
+        from ditto_fast.core.errors import InputError
+
+        if self.start_fails:
+            raise InputError("engine-0: no checkpoints")
+
+    def restart(self) -> None:
+        from ditto_fast.core.errors import InputError
+
+        self._state.restarts += 1
+        if self.restarts_fail:
+            self.restarts_fail -= 1
+            raise InputError("engine-0: cannot start the engine process")
+        self._state.state = "idle"
+
+    def state(self):
+        return self._state
+
+    def close(self) -> None:
+        self._state.state = "dead"
+
+    def render(self, job, progress=None, commit=None):
+        from ditto_fast.engine.renderer import RenderResult
+        from ditto_fast.handles.base import EngineDied
+
+        fate = self.fates.pop(0) if self.fates else None
+        if isinstance(fate, EngineDied):
+            self._state.state = "dead"
+        if fate is not None:
+            raise fate
+        if progress is not None:
+            progress("frames", 5, 5)
+        if commit is not None:
+            commit()
+        self.rendered.append(job.label)
+        return RenderResult(Path(f"/out/{job.label}.mp4"), {"frames": 5, "stages": {}})
+
+
+def died(n: int = 1) -> list:
+    """`n` deaths of an engine, for DyingEngine's fates."""
+    from ditto_fast.handles.base import EngineDied
+
+    return [EngineDied(f"engine-0 its process died (SIGKILL {k})") for k in range(n)]
+
+
 # ----------------------------------------------------------------------------- a real server
 class Server:
     """`ditto-fast serve` as a process on a free port, and a small HTTP client for it."""

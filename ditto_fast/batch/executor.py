@@ -1,23 +1,24 @@
 """Executing a batch's checked jobs on engine handles (ditto_fast/handles/): an engine process on this machine, or
 Ray actors. Each handle takes the next job from the book as it frees up (one handle: in the calling thread; several:
-a thread each). An engine is started only when a job needs it, so a rerun of finished jobs loads no network; a job
-whose engine died runs once more on a fresh one, then fails saying why (each death a warning line, and its cause in
-the job's report row, "crash_causes")."""
+a thread each), through the job driver (handles/driver.py), for which the executor is the book's job store. An engine
+is started only when a job needs it, so a rerun of finished jobs loads no network; a job whose engine died runs once
+more on a fresh one, then fails saying why (each death a warning line, and its cause in the job's report row,
+"crash_causes"); a dead engine is started again at once, then after 5 and 30 s, then its handle takes no more jobs."""
 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any, Callable
 
-from ditto_fast.batch.jobs import Job
-from ditto_fast.batch.runner import Book, run_job
+from ditto_fast.batch.jobs import Job, record_result
+from ditto_fast.batch.runner import Book
 from ditto_fast.core.errors import EXIT_INTERNAL, DittoError, InputError
+from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.render_setup import RenderSetup
+from ditto_fast.engine.renderer import RenderResult
 from ditto_fast.engine.stages import Progress
-from ditto_fast.handles.base import EngineDied, EngineHandle, EngineJob, JobCancelled
-
-MAX_ATTEMPTS = 2                # a job whose engine died under it runs once more
+from ditto_fast.handles.base import EngineHandle
+from ditto_fast.handles.driver import Rendering, RetryPolicy, drive
 
 
 class EngineExecutor:
@@ -36,6 +37,10 @@ class EngineExecutor:
         self.on_dispatch, self._close = on_dispatch, close
         self.extra: dict[str, Any] = {"ray_nodes": []} if nodes else {}     # in the report beside the jobs
         self.handles: list[EngineHandle] = []
+        self.policy = RetryPolicy()
+        self.book: Book | None = None
+        self._taken: dict[int, EngineHandle] = {}       # job index -> the handle that took it
+        self._runs: dict[int, int] = {}                 # job index -> how often it went to an engine
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._nodes: dict[str, dict[str, Any]] | None = {} if nodes else None
@@ -53,12 +58,12 @@ class EngineExecutor:
             self._close()
 
     def execute(self, book: Book) -> None:
-        self._to_render = len(book.queue)
+        self.book, self._to_render = book, len(book.queue)
         if len(self.handles) == 1:
-            self._drive(self.handles[0], book)
+            drive(self.handles[0], self, self.policy, self._stop, start=True)
         elif self.handles:
-            threads = [threading.Thread(target=self._drive, args=(h, book), name=f"ditto-fast-batch-{h.name}",
-                                        daemon=True) for h in self.handles]
+            threads = [threading.Thread(target=drive, args=(h, self, self.policy, self._stop), kwargs={"start": True},
+                                        name=f"ditto-fast-batch-{h.name}", daemon=True) for h in self.handles]
             for t in threads:
                 t.start()
             try:
@@ -77,39 +82,96 @@ class EngineExecutor:
             book.fail_queued(f"not run: no engine is left{why}",
                              self._unable.exit_code if self._unable else EXIT_INTERNAL)
 
-    # ------------------------------------------------------------------ one engine's jobs
-    def _drive(self, handle: EngineHandle, book: Book) -> None:
-        started = False
-        while not self._stop.is_set():
-            with self._lock:
-                if not started and self.render_setup is None and not book.queue:
-                    return
-            if not started:
-                if not self._start(handle, book):
-                    return
-                started = True
-            with self._lock:
-                job = book.take()
-            if job is None or not self._run(handle, book, job):
-                return
-
-    def _start(self, handle: EngineHandle, book: Book) -> bool:
-        """Start `handle`'s engine; with no known render setup, skip the jobs its setup finds finished first."""
-        try:
-            handle.start()
-        except Exception as e:  # noqa: BLE001 - a DittoError, or Ray's own: this engine takes no job
-            e = e if isinstance(e, DittoError) else InputError(f"{handle.name} could not start: {type(e).__name__}: "
-                                                               f"{e}")
-            with self._lock:
-                self._unable = e
-                self._note(handle, str(e))
-            return False
+    # ------------------------------------------------------------------ the book as the driver's job store
+    def take(self, handle: EngineHandle) -> Job | None:
         with self._lock:
-            self._note(handle, None)
-            if self.render_setup is None:
-                self._total -= sum(j.frames for j in book.skip_finished(handle.setup))
+            job = self.book.take()
+            if job is not None:
+                self._taken[job.index] = handle
+            return job
+
+    def idle(self, handle: EngineHandle) -> bool:
+        return False                                # the queue only shrinks: none now is none for good
+
+    def put_back(self, job: Job) -> None:
+        with self._lock:
+            self.book.again(job)
+
+    def check(self, job: Job) -> Clip:
+        return self.book.clips[job.index]           # checked with every other job before any engine started
+
+    def skip(self, job: Job, clip: Clip, setup: RenderSetup) -> bool:
+        with self._lock:
+            if not self.book.finished(job, setup):
+                return False
+            self._total -= clip.frames
+            self.book.write()
         return True
 
+    def watch(self, job: Job, handle: EngineHandle) -> Rendering:
+        if self.on_dispatch:
+            self.on_dispatch(job, handle)
+        with self._lock:
+            self._runs[job.index] = self._runs.get(job.index, 0) + 1
+            if self.progress and len(self.handles) > 1 and not self._done_frames:
+                self.progress("frames of finished jobs", 0, self._total)
+        return Rendering(f"job {job.index}", self._tick())
+
+    def preview(self, job: Job, result: RenderResult, clip: Clip) -> None:
+        if self.then:
+            self.then(job, result, clip)
+
+    def done(self, job: Job, result: RenderResult, seconds: float) -> None:
+        record_result(job, result.timings, result.warnings)
+        self._record(job, seconds)
+
+    def failed(self, job: Job, error: str | DittoError, exit_code: int, seconds: float) -> None:
+        job.fail(error, exit_code)
+        self._record(job, seconds)
+
+    def cancelled(self, job: Job, seconds: float) -> None:
+        self.put_back(job)                          # only a batch being stopped cancels: it says why
+
+    def died(self, job: Job, cause: str, policy: RetryPolicy) -> None:
+        with self._lock:
+            attempts = job.extra["attempts"] = self._runs.get(job.index, 1)
+            causes = job.extra["crash_causes"] = [*job.extra.get("crash_causes", []), cause]    # in its report row
+            again = policy.again(len(causes))
+            if self.warn:
+                self.warn(f"job {job.index}: {cause}; " + ("it runs once more on a fresh engine" if again else
+                                                           f"failed: its engine died on each of its {attempts} "
+                                                           "attempts"))
+            if again:                               # back in the queue first: another engine may take it
+                self.book.again(job)
+                return
+        job.fail(policy.gave_up(causes), EXIT_INTERNAL)
+        self._record(job, job.seconds)
+
+    def let_go(self, job: Job) -> None:
+        with self._lock:
+            self._taken.pop(job.index, None)
+
+    def lost(self, job: Job, error: Exception) -> None:
+        raise error                                 # the report could not be written, say: the batch stops on it
+
+    def engine(self, handle: EngineHandle, error: Exception | None, restarted: bool,
+               next_try_s: float | None) -> None:
+        """A first start: the node's record, and the jobs its setup finds finished skipped (Ray); a failed one: why
+        (the last such reason fails the jobs no engine is left for)."""
+        with self._lock:
+            if error is not None:
+                self._unable = error if isinstance(error, DittoError) else InputError(
+                    f"{handle.name} could not start{' again' if restarted else ''}: {type(error).__name__}: {error}")
+                if not restarted:
+                    self._note(handle, str(self._unable))
+                elif next_try_s is not None and self.warn:
+                    self.warn(f"{self._unable}; it is tried again in {next_try_s:g} s")
+            elif not restarted:
+                self._note(handle, None)
+                if self.render_setup is None:
+                    self._total -= sum(j.frames for j in self.book.skip_finished(handle.setup))
+
+    # ------------------------------------------------------------------ the report
     def _note(self, handle: EngineHandle, error: str | None) -> None:
         """A Ray node's record in the report: its actors, and why one could not render (said once a node)."""
         info = handle.info
@@ -126,63 +188,27 @@ class EngineExecutor:
                 self.warn(f"Ray {where}: no job runs there: {error}")
         self.extra["ray_nodes"] = list(self._nodes.values())
 
-    def _tick(self, book: Book) -> Progress | None:
+    def _tick(self) -> Progress | None:
         """One engine: the job's own stages as "job K/T stage" (T: the jobs this batch renders)."""
         if self.progress is None or len(self.handles) != 1:
             return None
-        k, total = self._to_render - len(book.queue), self._to_render
+        k, total = self._to_render - len(self.book.queue), self._to_render
         return lambda stage, done, n: self.progress(f"job {k}/{total} {stage}", done, n)
 
-    def _run(self, handle: EngineHandle, book: Book, job: Job) -> bool:
-        """Render one job on `handle` and record its outcome; False when the handle can take no more (its engine
-        died and no fresh one starts, or the batch stops)."""
-        clip = book.clips[job.index]
-        if self.on_dispatch:
-            self.on_dispatch(job, handle)
-        if self.progress and len(self.handles) > 1 and not self._done_frames:
-            self.progress("frames of finished jobs", 0, self._total)
-        attempts, alive = job.extra.get("attempts", 0) + 1, True
-        engine_job = EngineJob(clip.request, clip.audio, label=f"job {job.index}")
-        try:
-            run_job(job, lambda: handle.render(engine_job, progress=self._tick(book)),
-                    then=(lambda result: self.then(job, result, clip)) if self.then else None)
-        except JobCancelled:
-            return False
-        except EngineDied as e:
-            if self._stop.is_set():
-                return False
-            job.extra["attempts"] = attempts
-            job.extra["crash_causes"] = [*job.extra.get("crash_causes", []), str(e)]     # in its report row
-            again = attempts < MAX_ATTEMPTS
-            if self.warn:
-                self.warn(f"job {job.index}: {e}; " + ("it runs once more on a fresh engine" if again else
-                                                       f"failed: its engine died on each of its {attempts} attempts"))
-            if again:                               # back in the queue first: another engine may take it
-                with self._lock:
-                    book.again(job)
-                return self._restart(handle)
-            alive = self._restart(handle)
-            job.fail(f"{e}, on each of its {attempts} attempts; render it alone to see why", EXIT_INTERNAL)
-        info = handle.info if "node_id" in handle.info else None       # a Ray actor's node
-        if info or attempts > 1:
-            job.extra["attempts"] = attempts
-        if info:
-            job.extra["node"], job.extra["node_id"] = info["node"], info["node_id"]
-            job.extra["torch_threads"] = info.get("torch_threads")
+    def _record(self, job: Job, seconds: float) -> None:
+        """A job that came back: its time, how often it ran and where (a Ray actor's node), the frames of finished
+        jobs, the report rewritten."""
         with self._lock:
+            job.seconds = seconds
+            attempts = self._runs.get(job.index, 1)
+            handle = self._taken.get(job.index)
+            info = handle.info if handle is not None and "node_id" in handle.info else None     # a Ray actor's node
+            if info or attempts > 1:
+                job.extra["attempts"] = attempts
+            if info:
+                job.extra["node"], job.extra["node_id"] = info["node"], info["node_id"]
+                job.extra["torch_threads"] = info.get("torch_threads")
             if self.progress and len(self.handles) > 1:
-                self._done_frames += clip.frames
+                self._done_frames += self.book.clips[job.index].frames
                 self.progress("frames of finished jobs", self._done_frames, self._total)
-            book.write()
-        return alive
-
-    def _restart(self, handle: EngineHandle) -> bool:
-        """A fresh engine for one that died; False if none starts (this handle takes no more jobs)."""
-        try:
-            handle.restart()
-        except Exception as e:  # noqa: BLE001 - a DittoError, or Ray's own
-            with self._lock:
-                self._unable = e if isinstance(e, DittoError) else InputError(
-                    f"{handle.name} could not start again: {type(e).__name__}: {e}")
-            return False
-        return True
+            self.book.write()

@@ -2,24 +2,22 @@
 (their output carries the digest a render would write), the rest handed to an executor; fail-fast, the report
 rewritten after every job and when interrupted, and what an interrupted batch leaves in it.
 
-An executor (`local.LocalEngine`: one engine in this process; `ray_actors.RayActors`: one engine per Ray actor)
-only executes checked jobs: it takes them from the `Book` one by one, renders each (`run_job`) and hands it back.
+An executor (`executor.EngineExecutor`: one engine process here (local.py), or one engine per Ray actor
+(ray_actors.py)) only executes checked jobs: it takes them from the `Book` one by one and renders each through the
+job driver (handles/driver.py).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-from ditto_fast.batch.jobs import Job, check_jobs, record_result, write_report
+from ditto_fast.batch.jobs import Job, check_jobs, write_report
 from ditto_fast.engine.digest import clip_is_finished
 from ditto_fast.core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SOME_FAILED, EXIT_TERMINATED, DittoError,
                                     Terminated)
 from ditto_fast.engine.clip import Clip
 from ditto_fast.engine.render_setup import RenderSetup
-from ditto_fast.engine.renderer import RenderResult
-from ditto_fast.handles.base import EngineDied, JobCancelled
 
 INTERRUPTED = "interrupted before it finished; run the batch again to resume"
 
@@ -37,21 +35,28 @@ class Book:
 
     def skip_finished(self, setup: RenderSetup) -> list[Job]:
         """Take out of the queue (and mark skipped) the jobs whose output a render with `setup` would make again
-        (none with `force`); each output's tag is read once for each digest it is compared with. The jobs taken."""
-        skipped = []
-        for job in [] if self.force else list(self.queue):
-            clip = self.clips[job.index]
-            digest = setup.digest(clip)
-            if digest in self._tried.setdefault(job.index, set()):
-                continue
-            self._tried[job.index].add(digest)
-            if clip_is_finished(clip, setup):
-                job.status, job.frames = "skipped", clip.frames
-                if job.index in self.previews and self.previews[job.index].exists():
-                    job.extra["preview"] = str(self.previews[job.index])
-                self.queue.remove(job)
-                skipped.append(job)
+        (none with `force`). The jobs taken."""
+        skipped = [job for job in list(self.queue) if self.finished(job, setup)]
+        for job in skipped:
+            self.queue.remove(job)
         return skipped
+
+    def finished(self, job: Job, setup: RenderSetup) -> bool:
+        """Whether a render with `setup` would make the job's output again (never with `force`); if so it is marked
+        skipped. Each output's tag is read once for each digest it is compared with."""
+        if self.force:
+            return False
+        clip = self.clips[job.index]
+        digest = setup.digest(clip)
+        if digest in self._tried.setdefault(job.index, set()):
+            return False
+        self._tried[job.index].add(digest)
+        if not clip_is_finished(clip, setup):
+            return False
+        job.status, job.frames = "skipped", clip.frames
+        if job.index in self.previews and self.previews[job.index].exists():
+            job.extra["preview"] = str(self.previews[job.index])
+        return True
 
     def take(self) -> Job | None:
         """The next job to render (None when the queue is empty); with fail-fast, once a job failed, the ones
@@ -132,23 +137,3 @@ def run_jobs(jobs: list[Job], executor: Executor, *, force: bool = False, fail_f
         book.write()
     return jobs
 
-
-def run_job(job: Job, render: Callable[[], RenderResult], then: Callable[[RenderResult], None] | None = None
-            ) -> None:
-    """Render one job (`render`) and record on it what became of it: done with its timings (then `then`, such as
-    its preview), or failed with the error; a bug in one job is that job's internal error, not the batch's. An engine
-    that died under it (EngineDied) or a render stopped (JobCancelled) is passed on."""
-    t0 = time.perf_counter()
-    try:
-        result = render()
-        record_result(job, result.timings, result.warnings)
-        if then:
-            then(result)
-    except (EngineDied, JobCancelled):        # the executor's to decide: the job is not over
-        raise
-    except DittoError as e:
-        job.fail(e)
-    except Exception as e:  # noqa: BLE001 - a bug in one job must not lose the night's other jobs
-        job.fail(f"internal error: {type(e).__name__}: {e}; rerun that job alone with DITTO_FAST_DEBUG=1",
-                 EXIT_INTERNAL)
-    job.seconds = time.perf_counter() - t0

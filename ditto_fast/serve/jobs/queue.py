@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from ditto_fast.core.errors import EXIT_INTERNAL, one_line
 from ditto_fast.handles.base import JOB_STATES
+from ditto_fast.handles.driver import RetryPolicy
 from ditto_fast.serve.jobs.lease import Lease, lease_alive
 from ditto_fast.serve.options import MAX_CRASHES
 
@@ -307,11 +308,9 @@ class JobQueue:
         db.execute("UPDATE jobs SET crashes=?, crash_causes=? WHERE id=?", (crashes, json.dumps(causes), row["id"]))
         if row["cancel_requested"]:
             return self._end(db, row["id"], "cancelled", {"error": CANCELLED_RUNNING})
-        if crashes >= max_crashes:
-            return self._end(db, row["id"], "failed", {
-                "exit_code": EXIT_INTERNAL,
-                "error": one_line(f"killed its engine {crashes} times ({', '.join(causes)}); render it alone with "
-                                  "`ditto-fast render` to see why")})
+        policy = RetryPolicy(max_deaths=max_crashes)           # the job driver's rule, a server's death counted
+        if not policy.again(crashes):
+            return self._end(db, row["id"], "failed", {"exit_code": EXIT_INTERNAL, "error": policy.gave_up(causes)})
         db.execute("UPDATE jobs SET status='queued', started=NULL, progress=NULL, lease=NULL WHERE id=?", (row["id"],))
         return _job(db.execute("SELECT * FROM jobs WHERE id=?", (row["id"],)).fetchone())
 
