@@ -332,9 +332,8 @@ def serve_parts(engine, session_home, tmp_path):
     dispatch thread not started (jobs stay queued): queue, acceptor, dispatcher, metrics and the log's events."""
     from types import SimpleNamespace
 
-    from support import InProcessEngine
-
     from ditto_fast.engine.open_avatars import OpenAvatars
+    from ditto_fast.handles.local import LocalEngine
     from ditto_fast.serve.jobs.accept import Acceptor
     from ditto_fast.serve.jobs.dispatch import Dispatcher
     from ditto_fast.serve.metrics import Metrics
@@ -345,7 +344,7 @@ def serve_parts(engine, session_home, tmp_path):
     events: list[dict] = []
     avatars = OpenAvatars(engine.setup.checkpoints)
     acceptor = Acceptor(queue, engine.setup, [tmp_path], avatars=avatars.get)
-    dispatcher = Dispatcher([InProcessEngine(engine)], queue, metrics, events.append, avatars, engine.setup,
+    dispatcher = Dispatcher([LocalEngine(renderer=engine)], queue, metrics, events.append, avatars, engine.setup,
                             audio=acceptor.decoded, at_start=acceptor.at_start)
     return SimpleNamespace(queue=queue, acceptor=acceptor, dispatcher=dispatcher, metrics=metrics, events=events)
 

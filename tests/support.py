@@ -269,38 +269,6 @@ def at_most(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-class InProcessEngine:
-    """An engine handle (ditto_fast/handles/base.py) on an engine in this process: the dispatcher's tests without
-    engine processes (no crash isolation: the real server's engines are handles.process.ProcessEngine)."""
-
-    kind = "in-process"
-
-    def __init__(self, renderer, name: str = "engine-0"):
-        from ditto_fast.handles.base import EngineState
-
-        self.renderer, self.name, self.setup = renderer, name, renderer.setup
-        self._state = EngineState(name, self.kind, state="idle", where=f"pid {os.getpid()}")
-
-    def start(self) -> None:
-        pass
-
-    def restart(self) -> None:
-        self._state.restarts += 1
-        self._state.state = "idle"
-
-    def state(self):
-        return self._state
-
-    def close(self) -> None:
-        pass
-
-    def render(self, job, progress=None, commit=None):
-        from ditto_fast.engine.clip import check_clip
-
-        clip = check_clip(job.request, self.renderer.avatar(job.request.avatar), self.renderer.config, audio=job.audio)
-        return self.renderer.render(clip, progress=progress, commit=commit)
-
-
 class DyingEngine:
     """An engine handle (handles/base.py) with no engine: its renders raise what `fates` says, in turn (None: the
     render succeeds, its output named after the job's label); `restarts_fail`: how many tries to start it again fail

@@ -29,9 +29,10 @@ def live(stop_at_end, quiet, config_path, **values):
     if request.out is None:
         raise click.UsageError("Missing option '--out'.")
     engine = take_engine_options(values, config_path)
+    from ditto_fast.handles.local import load_renderer
     from ditto_fast.live.start import run_live
     from ditto_fast.live.stats import LiveStats
 
     say = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
-    stats = run_live(request, options, engine, stop_at_end, say)
+    stats = run_live(request, options, engine, stop_at_end, say, load=load_renderer)
     click.echo(LiveStats.line(stats), err=True)

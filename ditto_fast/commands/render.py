@@ -24,9 +24,10 @@ def render(timings, preview, quiet, config_path, **values):
     options = take_engine_options(values, config_path)
     from ditto_fast.engine.renderer import stage_table
     from ditto_fast.engine.single import render_one
+    from ditto_fast.handles.local import load_renderer
 
     with progress_bar("render", quiet) as bar:
-        result = render_one(request, options, timings=timings, preview=preview, reads=[config_path], progress=bar,
+        result = render_one(request, options, load=load_renderer, timings=timings, preview=preview, reads=[config_path], progress=bar,
                             note=lambda text: click.echo(f"ditto-fast: note: {text}", err=True))
     for warning in result.warnings:
         click.echo(f"ditto-fast: warning: {warning}", err=True)

@@ -22,13 +22,14 @@ from ditto_fast.media.outputs import check_writes, write_json
 from ditto_fast.preview.paths import check_png_path
 
 
-def render_one(request: RenderRequest, options: EngineOptions, *, timings: Path | None = None,
-               preview: Path | None = None, reads: Iterable[Path | None] = (),
+def render_one(request: RenderRequest, options: EngineOptions, *, load: Callable[[RenderSetup], Renderer],
+               timings: Path | None = None, preview: Path | None = None, reads: Iterable[Path | None] = (),
                note: Callable[[str], None] | None = None, progress: Progress | None = None) -> RenderResult:
-    """Render `request` with an engine loaded for it; also write the stage timings JSON at `timings` and the
-    preview PNG at `preview` when given. The audio is decoded, the avatar opened and every file to be written
-    checked against every input (`reads`: more of them, such as the config file) before the networks load; `note`
-    hears what the check noticed. Sets the process's memory policy for the render loop (reuse_freed_memory)."""
+    """Render `request` with the engine `load(setup)` gives (handles/local.py's load_renderer, the one place the
+    networks load); also write the stage timings JSON at `timings` and the preview PNG at `preview` when given. The
+    audio is decoded, the avatar opened and every file to be written checked against every input (`reads`: more of
+    them, such as the config file) before the networks load; `note` hears what the check noticed. Sets the process's
+    memory policy for the render loop (reuse_freed_memory)."""
     checkpoints = options.find_checkpoints()
     config = options.settings()
     clip = check_clip(request, load_avatar(request.avatar, checkpoints=checkpoints), config)
@@ -44,7 +45,7 @@ def render_one(request: RenderRequest, options: EngineOptions, *, timings: Path 
     with claimed(clip.output):      # taken before the networks load: a second writer of this output fails fast
         reuse_freed_memory()
         setup = RenderSetup.resolve(dataclasses.replace(options, checkpoints=checkpoints, config=config))
-        result = Renderer(setup=setup).render(clip, progress=progress)
+        result = load(setup).render(clip, progress=progress)
     if timings is not None:
         write_json(timings, result.timings)
     if preview is not None:

@@ -1,4 +1,5 @@
-"""The engine process (`python -m ditto_fast.handles.child FD PARENT_PID`): loads the networks once, then renders the
+"""The engine process (`python -m ditto_fast.handles.child FD PARENT_PID`): loads the networks once (an in-process
+LocalEngine, local.py, which it runs inside), then renders the
 jobs its parent sends over the socket FD, one at a time, and carries the live sessions it sends beside them (each on
 a thread of its own: engine_sessions.py), saying how far it is and that it is alive (a heartbeat each second). It
 dies with its parent, and its ffmpegs with it; out of memory, it says so and exits, so that its parent starts a
@@ -24,7 +25,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ditto_fast.handles import messages as m
-from ditto_fast.handles.outcome import out_of_memory, run_job      # imported before the memory cap applies
+from ditto_fast.handles.local import LocalEngine       # imported before the memory cap applies
+from ditto_fast.handles.outcome import out_of_memory
 
 BEAT_S = 1.0                # how often the engine says it is alive
 PROGRESS_EVERY_S = 0.2      # the most often a render's progress is sent
@@ -77,9 +79,10 @@ def _limit_memory(limit: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelled: set[str], sessions) -> None:
+def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelled: set[str],
+            engine: LocalEngine) -> None:
     """Read the parent's messages: cancels take effect at once, answers to a commit go to `answers`, a live
-    session's to `sessions`, jobs wait in `inbox`. The parent gone: exit."""
+    session's to the `engine`'s sessions, jobs wait in `inbox`. The parent gone: exit."""
     while True:
         try:
             message = conn.recv()
@@ -90,7 +93,7 @@ def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelle
         if isinstance(message, (m.Cancel, m.Go)):
             answers.put(message)
         elif isinstance(message, m.SessionMessage):
-            sessions.hear(message)
+            engine.hear(message)
         else:
             inbox.put(message)
 
@@ -104,7 +107,7 @@ def _beat(channel: _Channel) -> None:
         time.sleep(BEAT_S)
 
 
-def _render(renderer: Any, job: Any, channel: _Channel, answers: queue.Queue, cancelled: set[str]) -> None:
+def _render(engine: LocalEngine, job: Any, channel: _Channel, answers: queue.Queue, cancelled: set[str]) -> None:
     """Run the job (its rename only once the parent says go) and send its outcome; out of memory, exit after it."""
     from ditto_fast.handles.base import JobCancelled
 
@@ -128,7 +131,7 @@ def _render(renderer: Any, job: Any, channel: _Channel, answers: queue.Queue, ca
                 return
 
     try:
-        outcome = run_job(renderer, job, tick, commit)
+        outcome = engine.outcome(job, tick, commit)
     finally:
         cancelled.discard(token)
     channel.send(m.Outcome(token, outcome))
@@ -155,10 +158,9 @@ def main(argv: list[str]) -> int:
         _limit_memory(memory)
         from ditto_fast.core.errors import DittoError
         from ditto_fast.core.memory import reuse_freed_memory
-        from ditto_fast.engine.renderer import Renderer
 
         reuse_freed_memory()
-        renderer = Renderer(setup=setup)
+        engine = LocalEngine(setup, tell=channel.send).start()
     except DittoError as e:
         channel.send(m.Failed(str(e), e.exit_code))
         return 0
@@ -169,22 +171,19 @@ def main(argv: list[str]) -> int:
         else:
             channel.send(m.Failed(f"the engine could not start: {type(e).__name__}: {e}", 1))
         return 0
-    channel.send(m.Ready({"pid": os.getpid(), "load_seconds": renderer.told_load()}))    # not the first job's
+    channel.send(m.Ready({"pid": os.getpid(), "load_seconds": engine.renderer.told_load()}))   # not the first job's
     inbox: queue.Queue = queue.Queue()
     answers: queue.Queue = queue.Queue()
     cancelled: set[str] = set()
-    from ditto_fast.handles.engine_sessions import EngineSessions
-
-    sessions = EngineSessions(renderer, channel.send)
-    threading.Thread(target=_reader, args=(conn, inbox, answers, cancelled, sessions),
+    threading.Thread(target=_reader, args=(conn, inbox, answers, cancelled, engine),
                      name="ditto-fast-engine-reader", daemon=True).start()
     while True:
         message = inbox.get()
         if isinstance(message, m.Stop):
-            sessions.stop_all()             # each session's file complete
+            engine.close()                  # each session ended, its file complete
             return 0
         if isinstance(message, m.Render):
-            _render(renderer, message.job, channel, answers, cancelled)
+            _render(engine, message.job, channel, answers, cancelled)
 
 
 if __name__ == "__main__":

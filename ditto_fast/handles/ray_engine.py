@@ -18,7 +18,8 @@ from ditto_fast.engine.options import EngineOptions
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
                                      JobTimedOut)
 from ditto_fast.handles.live_link import SessionOrder
-from ditto_fast.handles.outcome import answer, run_job
+from ditto_fast.handles.local import LocalEngine
+from ditto_fast.handles.outcome import answer
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 
@@ -70,7 +71,7 @@ class EngineActor:
         os.environ["DITTO_FAST_HOME"] = store
         self.problem: DittoError | None = None
         self.setup = None
-        self.renderer = None
+        self.engine: LocalEngine | None = None         # the engine in this actor, loaded at ready(load=True) or a job
         self.state: tuple | None = None                 # ("progress", token, stage, done, total) or ("commit", token)
         self.cancelled: set[str] = set()
         self.answers: dict[str, str] = {}
@@ -86,6 +87,7 @@ class EngineActor:
                 torch.set_num_threads(_cpu_threads(share))
             reuse_freed_memory()
             self.setup = RenderSetup.resolve(options)
+            self.engine = LocalEngine(self.setup)
         except DittoError as e:     # said by ready(): raised here it reaches the driver as a bare ActorDiedError
             self.problem = e
 
@@ -102,12 +104,9 @@ class EngineActor:
                 "exit_code": self.problem.exit_code if self.problem else 0}
 
     def _load(self) -> None:
-        if self.problem is None and self.renderer is None:
-            from ditto_fast.engine.renderer import Renderer
-
+        if self.problem is None and not self.engine.loaded:
             try:
-                self.renderer = Renderer(setup=self.setup)
-                self.load_seconds = self.renderer.told_load()       # said when it is ready, not by its first job
+                self.load_seconds = self.engine.start().renderer.told_load()    # said when ready, not by a job
             except DittoError as e:
                 self.problem = e
 
@@ -135,7 +134,7 @@ class EngineActor:
             self._load()
             if self.problem is not None:
                 return ("error", str(self.problem), self.problem.exit_code)
-            return run_job(self.renderer, job, tick, commit if gated else None)
+            return self.engine.outcome(job, tick, commit if gated else None)
         except _Unanswered:
             return ("unanswered",)
         finally:

@@ -80,10 +80,12 @@ def check_files(request: LiveRequest, stats: Path | None = None, source: Path | 
 
 
 def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, stop_at_end: bool,
-             log: Callable[[str], None], stdin_fd: int | None = None) -> dict:
+             log: Callable[[str], None], stdin_fd: int | None = None, *,
+             load: Callable[[EngineOptions], Any]) -> dict:
     """Stream `request.avatar` speaking what `options.audio_in` brings to `request.out` until the source ends
     (`stop_at_end`), an interrupt or SIGTERM; returns the session's stats (also written to `options.stats`). Every
-    file and destination is checked before the networks load; a source that fails before any speech came ends the
+    file and destination is checked before the networks load (`load(engine)`: handles/local.py's load_renderer, the
+    one place they load); a source that fails before any speech came ends the
     stream and leaves nothing behind (no stream file, no stats), and a source that failed at all is InputError (its
     line) once the stream is closed."""
     source_path = source_file(options.audio_in)
@@ -94,10 +96,8 @@ def run_live(request: LiveRequest, options: LiveOptions, engine: EngineOptions, 
         check_reachable(request.out)        # an RTMP server that takes no connection, an SRT/UDP host not known
     check_source_url(options.audio_in)                                  # an http(s) source that answers 404
     source = open_source(options.audio_in, stdin_fd=stdin_fd, stop_at_end=stop_at_end)   # checked: missing file ...
-    from ditto_fast.engine.renderer import Renderer
-
     try:
-        renderer = Renderer(options=engine)
+        renderer = load(engine)
     except BaseException:
         source.close()
         raise

@@ -109,9 +109,9 @@ class LocalFace(Face):
         """Load the engine (unless one was given) and open the avatar, off the event loop."""
         try:
             if self._renderer is None:
-                from ditto_fast.engine.renderer import Renderer
+                from ditto_fast.handles.local import load_renderer
 
-                self._renderer = await _in_thread(lambda: Renderer(options=self._engine), "ditto-fast-load")
+                self._renderer = await _in_thread(lambda: load_renderer(self._engine), "ditto-fast-load")
             renderer, name = self._renderer, self._request.avatar
             avatar = await _in_thread(lambda: renderer.avatar(name), "ditto-fast-avatar")
         except Exception as e:
