@@ -75,8 +75,19 @@ _GROUP_GUARD: int | None = None
 def _limit_memory(limit: int | None) -> None:
     """Cap this process's address space at `limit` bytes (None: no cap): past it an allocation fails here, and the
     engine exits saying so, instead of the host's OOM killer choosing a process."""
-    if limit:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if limit:       # the soft limit: lifted (_lift_memory_cap) only to say why this process ends
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def _lift_memory_cap() -> None:
+    """Out of memory at the cap, and about to exit: the cap lifted, so that the last words can be written (pickling
+    them needs memory too: under the cap that failed, and the parent heard only that the process ended)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _reader(conn: Connection, inbox: queue.Queue, answers: queue.Queue, cancelled: set[str],
@@ -134,6 +145,8 @@ def _render(engine: LocalEngine, job: Any, channel: _Channel, answers: queue.Que
         outcome = engine.outcome(job, tick, commit)
     finally:
         cancelled.discard(token)
+    if outcome[0] == "fatal":
+        _lift_memory_cap()
     channel.send(m.Outcome(token, outcome))
     if outcome[0] == "fatal":
         os._exit(3)
@@ -166,10 +179,12 @@ def main(argv: list[str]) -> int:
         return 0
     except Exception as e:  # noqa: BLE001 - the parent says why no engine started
         if out_of_memory(e) and memory:
-            channel.send(m.Failed(f"the engine ran out of memory loading its networks within its cap of "
-                                  f"{memory / (1 << 30):.2f} GiB; give --engine-memory more", 2))
+            said = m.Failed(f"the engine ran out of memory loading its networks within its cap of "
+                            f"{memory / (1 << 30):.2f} GiB; give --engine-memory more", 2)
         else:
-            channel.send(m.Failed(f"the engine could not start: {type(e).__name__}: {e}", 1))
+            said = m.Failed(f"the engine could not start: {type(e).__name__}: {e}", 1)
+        _lift_memory_cap()
+        channel.send(said)
         return 0
     channel.send(m.Ready({"pid": os.getpid(), "load_seconds": engine.renderer.told_load()}))   # not the first job's
     inbox: queue.Queue = queue.Queue()
