@@ -77,6 +77,11 @@ class EngineLimits:
     memory_bytes: int | None = None
 
 
+def carrying(n: int) -> str:
+    """What an engine carrying `n` live sessions does, in words (its health, its death's cause)."""
+    return f"carrying {n} live session{'s' if n != 1 else ''}"
+
+
 @dataclass
 class EngineState:
     """What a handle says of its engine (for /healthz, the log and the report)."""

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
@@ -191,6 +191,11 @@ class LiveLink:
                 self._send(message)
             except Exception:  # noqa: BLE001 - the engine is gone: its handle says so through lost()
                 return
+
+
+def labels(links: Iterable[LiveLink]) -> list[str]:
+    """The names of the sessions these links carry (their orders' labels, or ids), as an engine's state lists them."""
+    return [link.order.label or link.id for link in links]
 
 
 def _s16(samples: np.ndarray) -> bytes:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ditto_fast.handles import messages as m
 from ditto_fast.handles.base import EngineDied, EngineJob, EngineState
 from ditto_fast.handles.engine_sessions import EngineSessions
-from ditto_fast.handles.live_link import LiveLink, SessionOrder
+from ditto_fast.handles.live_link import LiveLink, SessionOrder, labels
 from ditto_fast.handles.outcome import answer, run_job
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class LocalEngine:
         link = LiveLink(order, self.hear, self.name, heard)
         with self._lock:
             self._links[order.id] = link
-            self._state.sessions = [k.order.label or k.id for k in self._links.values()]
+            self._state.sessions = labels(self._links.values())
         self.hear(m.Open(order.id, order))
         return link
 
@@ -147,7 +147,7 @@ class LocalEngine:
         if not link.active:
             with self._lock:
                 self._links.pop(link.id, None)
-                self._state.sessions = [k.order.label or k.id for k in self._links.values()]
+                self._state.sessions = labels(self._links.values())
 
     def _end_sessions(self, why: str) -> None:
         with self._lock:

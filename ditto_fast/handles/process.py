@@ -26,9 +26,9 @@ from typing import Any, Callable
 import ditto_fast
 from ditto_fast.core.errors import InputError, one_line
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
-                                     JobTimedOut, at_memory_cap, signal_words)
+                                     JobTimedOut, at_memory_cap, carrying, signal_words)
 from ditto_fast.handles import messages as m
-from ditto_fast.handles.live_link import SessionOrder, LiveLink
+from ditto_fast.handles.live_link import LiveLink, SessionOrder, labels
 from ditto_fast.handles.outcome import answer
 from ditto_fast.media.claims import remove_dead_writers
 
@@ -246,14 +246,14 @@ class ProcessEngine:
             link.lost(why)
             self._forget(link, links)
         if proc is self._proc and self._state.state == "idle" and not self._closing:
-            doing = f"carrying {carried} live session{'s' if carried != 1 else ''}" if carried else "idle"
+            doing = carrying(carried) if carried else "idle"
             self._state.last_death = why if why.startswith("hung") else f"died while {doing} ({why[6:-1]})"
             self._dead(self._state.last_death)
 
     def _forget(self, link: LiveLink, links: dict[str, LiveLink]) -> None:
         links.pop(link.id, None)
         if links is self._links:
-            self._state.sessions = [f"{k.order.label or k.id}" for k in links.values()]
+            self._state.sessions = labels(links.values())
 
     def _watch(self, proc: subprocess.Popen, links: dict[str, LiveLink]) -> None:
         """While `proc` is this handle's engine: kill it when it stops beating and no render waits on it (a render's
@@ -425,7 +425,7 @@ class ProcessEngine:
         with self._lock:
             link = LiveLink(order, self._send, self.name, heard)
             self._links[order.id] = link
-            self._state.sessions = [f"{k.order.label or k.id}" for k in self._links.values()]
+            self._state.sessions = labels(self._links.values())
             try:
                 self._send(m.Open(order.id, order))
             except (OSError, ValueError):

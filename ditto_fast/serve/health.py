@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-
-def carrying(n: int) -> str:
-    return f"carrying {n} live session{'s' if n != 1 else ''}"
+from ditto_fast.handles.base import carrying
 
 
 def engine_view(engine: dict) -> dict:
