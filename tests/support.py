@@ -168,6 +168,35 @@ class Receiver:
         self.server.server_close()
 
 
+def processes_naming(text: str) -> list[int]:
+    """The processes whose command line holds `text` (a path they were given, say)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if text.encode() in command and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def until_gone(pids: list[int], timeout: float = 30) -> None:
+    """Wait until none of `pids` runs any more (a zombie counts as gone: its parent may be gone too)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                        break
+            except OSError:
+                break
+            assert time.monotonic() < deadline, f"process {pid} still runs"
+            time.sleep(0.05)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import time
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from support import speech_clip
+from support import processes_naming, speech_clip, until_gone
 
 websockets = pytest.importorskip("websockets")
 
@@ -568,7 +569,12 @@ def test_a_playlist_a_killed_server_left_open_is_closed_at_its_next_start(servin
     while not (playlist.exists() and playlist.read_text().count("#EXTINF") >= 2):
         assert time.monotonic() < deadline, server.log.read_text()[-3000:]
         time.sleep(0.2)
+    writers = processes_naming(str(playlist))            # the session's ffmpeg: killed with the rest, as systemd does
+    assert writers, "no process writes the playlist"
+    for pid in writers:
+        os.kill(pid, signal.SIGKILL)
     server.stop(signal.SIGKILL)                          # the server, its engine and their ffmpeg at once
+    until_gone(writers)                                  # (killed alone, the engine's ffmpeg may finish a segment)
     left = playlist.read_text()
     assert ENDLIST not in left                           # what a killed server leaves
 
