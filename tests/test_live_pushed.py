@@ -141,3 +141,42 @@ def test_the_speech_band_comes_out_whole_and_in_step_whatever_lumps_the_resample
     ref = soxr.resample(pcm.astype(np.float32) / 32768, 24000, 48000)
     lag = np.argmax(np.correlate(out[:4800], ref[:2400], mode="valid"))
     assert lag < 96                                                                  # in step: under 2 ms off
+
+
+def test_a_motion_thread_held_up_costs_the_stream_none_of_its_speech(engine, monkeypatch):
+    """A busy host: the motion thread (HuBERT and the window loop) is held up for 3.5 s just as a second of speech
+    comes, while the output keeps the clock. Every slot still leaves with its speech: the output decides the stream's
+    audio itself when motion is late, instead of sending the silence of audio nobody had decided yet."""
+    from ditto_fast.live.motion import LiveMotion
+    from ditto_fast.live.options import LiveRequest
+    from ditto_fast.live.start import plate_pix_fmt, stream_live
+
+    feed, held = LiveMotion.feed, []
+
+    def late_feed(self, x):
+        if np.any(x) and not held:
+            held.append(time.monotonic())
+            time.sleep(3.5)                     # longer than the stream's delay (at most 3 s)
+        return feed(self, x)
+
+    monkeypatch.setattr(LiveMotion, "feed", late_feed)
+    t = np.arange(16000) / 16000
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    source, sent = PushedSource(), []
+
+    def speak() -> None:
+        time.sleep(1.0)                             # the avatar idles first: the output's clock is running
+        source.push(tone)
+        source.end()
+
+    def output(avatar, settings):
+        return FrameOutput(avatar.size, plate_pix_fmt(avatar), lambda i, rgb, pcm: sent.append(pcm.copy()))
+
+    threading.Thread(target=speak, daemon=True).start()
+    stats = stream_live(engine, LiveRequest(avatar="anchor"), source, True, lambda line: None, output=output)
+    out = np.concatenate(sent).astype(np.float32) / 32768
+    assert held and stats["ended_by"] == "end of source", stats
+    loud = np.abs(out) > 0.05                        # the tone's samples (48 kHz): a second of them, in one run
+    first, last = int(np.argmax(loud)), len(loud) - int(np.argmax(loud[::-1]))
+    assert abs((last - first) - 48000) <= 96, (first, last)
+    assert abs(np.sqrt(np.mean(out[first:last] ** 2)) - 0.5 / np.sqrt(2)) < 0.01, "holes of silence in the speech"

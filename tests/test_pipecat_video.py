@@ -135,7 +135,7 @@ def test_speech_becomes_frames_of_the_avatar_in_step_with_its_audio(engine, tts_
     assert all(v == ((w, h), w * h * 3, "RGB") for k, v in media[0::2]), media[0]
     assert [k for k, _ in media[0::2]] == ["image"] * (len(media) // 2)           # image, its audio, image, ...
     assert all(k in ("speech", "silence") and v[:2] == (48000, 1) and len(v[2]) == SLOT for k, v in media[1::2])
-    assert abs(sink.speech_frames() - 2.0 * FPS) <= 2, sink.speech_frames()
+    assert abs(sink.speech_frames() - 2.0 * FPS) <= 2, (sink.speech_frames(), video.stats)
     first = kinds.index("speech")
     assert kinds[:first].count("image") >= 10                                    # the avatar idled first
     # the speech comes out as it went in (at the stream's 48 kHz, its band kept), and the TTS's end after its last frame
@@ -153,7 +153,9 @@ def test_speech_becomes_frames_of_the_avatar_in_step_with_its_audio(engine, tts_
     assert kinds.index("TTSStoppedFrame") > len(kinds) - 1 - kinds[::-1].index("speech")
     stats = video.stats
     assert stats["frames"]["sent"] == kinds.count("image"), stats
-    assert stats["first_frame_latency_s"] is not None and stats["speech_dropped_s"] == 0
+    assert stats["speech_dropped_s"] == 0
+    if stats["frames"]["skipped"] == 0:             # every frame rendered (a host not too busy): the speech's shown
+        assert stats["first_frame_latency_s"] is not None, stats
     assert video.state == "ended"                   # in live/states.py's words
 
 

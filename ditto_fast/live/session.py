@@ -130,10 +130,12 @@ class LiveSession:
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                new = audio.advance(now, end_with_source=self.s.stop_at_end)
+                audio.advance(now, end_with_source=self.s.stop_at_end)
+                closed = audio.closed_at                         # read first: nothing is decided after it
+                new = audio.samples(fed, audio.length)           # the output may have decided some (a busy host)
                 lag = len(new) / SPEECH_SAMPLE_RATE
                 allowed = (self._t0 - self.start if self._t0 is not None else self.s.max_latency) - audio.jitter
-                if lag > max(allowed, 2 * CHUNK_HOP / SPEECH_SAMPLE_RATE) and audio.closed_at is None:
+                if lag > max(allowed, 2 * CHUNK_HOP / SPEECH_SAMPLE_RATE) and closed is None:
                     end = fed + len(new)                             # on from the last whole chunk before the end
                     start = (end - CHUNK_HOP) // CHUNK_HOP * CHUNK_HOP
                     motion.skip_to(start)
@@ -146,7 +148,7 @@ class LiveSession:
                 fed += len(new)
                 if len(new):
                     self._publish(motion.feed(new))
-                if audio.closed_at is not None:
+                if closed is not None:
                     self._publish(motion.finish())
                     with self._motion_cv:
                         self._motion_end = frame_count(audio.closed_at)
@@ -308,7 +310,8 @@ class LiveSession:
                 for k in [k for k in ready if k < i]:
                     del ready[k]
                 samples = self._slot_samples(i)
-                t0 = time.perf_counter()
+                audio.advance(time.monotonic(), end_with_source=self.s.stop_at_end)   # its audio decided, however
+                t0 = time.perf_counter()                                               # late the motion thread is
                 self.output.write(last, audio.pcm(*samples))
                 self._sent = (i, samples[1])
                 sent = time.monotonic()

@@ -44,7 +44,8 @@ class StreamAudio:
         self.flowing = False                      # whether the last samples decided were speech
         self.ran_dry_at: float | None = None      # when the speech last ran out
         self.late = 0                             # times speech ran dry and came back late: holes of silence
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()             # the rings, read by the output while written
+        self._deciding = threading.Lock()         # one decision at a time
 
     def due(self, now: float) -> int:
         """Samples the stream must hold by wall time `now`."""
@@ -54,6 +55,10 @@ class StreamAudio:
         """Decide the stream up to due(now): the source's samples first, silence for the rest; returns the new samples
         [n] float32. With `end_with_source` (--stop-at-end) a source that has ended and given all it had closes the
         stream after its last sample (no silence after it)."""
+        with self._deciding:        # the motion thread decides as it goes, the output before each slot leaves
+            return self._advance(now, end_with_source)
+
+    def _advance(self, now: float, end_with_source: bool) -> np.ndarray:
         want = self.due(now) - self.length
         if self.closed_at is not None or want <= 0:
             return np.zeros(0, np.float32)
@@ -80,7 +85,7 @@ class StreamAudio:
         if band is not None:
             band = np.concatenate([band, np.zeros((len(new) - len(got)) * BAND_PER_SAMPLE, np.float32)])
         else:
-            band = self._upsampled(new)
+            band = self._upsampled(new, last=ending)
         with self._lock:
             _write_ring(self._ring, self.length, new)
             _write_ring(self._band, self._band_length, band)
@@ -99,13 +104,14 @@ class StreamAudio:
         arrived = self.source.arrivals.arrival_time(first) if available else None
         return arrived is not None and now < arrived + self.hold and available < self.hold * SPEECH_SAMPLE_RATE
 
-    def _upsampled(self, x: np.ndarray) -> np.ndarray:
-        """What the model hears at the stream's rate (a source without its band)."""
+    def _upsampled(self, x: np.ndarray, last: bool = False) -> np.ndarray:
+        """What the model hears at the stream's rate (a source without its band); `last`: the resampler's tail too
+        (the stream's last 15 ms)."""
         if self._upsample is None:
             import soxr
 
             self._upsample = soxr.ResampleStream(SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE, 1, dtype="float32")
-        return self._upsample.resample_chunk(x)
+        return self._upsample.resample_chunk(x, last=last)
 
     def pcm(self, a: int, b: int) -> np.ndarray:
         """The stream's audio of stream samples [a, b) (16 kHz positions) at 48 kHz, int16 [(b - a) * 3] (silence
@@ -118,6 +124,16 @@ class StreamAudio:
             if hi > lo:
                 part = self._band[np.arange(lo, hi) % size]
                 out[lo - a:hi - a] = np.clip(np.round(part * 32768.0), -32768, 32767).astype(np.int16)
+        return out
+
+    def samples(self, a: int, b: int) -> np.ndarray:
+        """The stream's 16 kHz audio of stream samples [a, b) decided so far, float32 (what the model hears)."""
+        out = np.zeros(max(0, b - a), np.float32)
+        with self._lock:
+            size = len(self._ring)
+            lo, hi = max(a, self.length - size, 0), min(b, self.length)
+            if hi > lo:
+                out[lo - a:hi - a] = self._ring[np.arange(lo, hi) % size]
         return out
 
     def source_index(self, pos: int) -> int:
