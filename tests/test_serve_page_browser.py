@@ -200,11 +200,18 @@ def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, b
     assert heard["audio_s_after_first_s"] >= 0.98 * pictures, heard         # a second heard a second seen
     if pictures >= 0.98 * heard["watched_s_after_first_s"]:     # the session kept time (on a CPU shared, it may not)
         assert heard["concealed_after_first_s"] < 0.02, heard
-    _until(page, "() => window.dittoViewerStats && window.dittoViewerStats.glass_to_glass_s !== null", timeout=30)
+    # the session's latency is known once a rendered frame carried speech; a host too busy to render one in time
+    # has none (the page then says no glass-to-glass figure rather than make one up)
+    measured = server.call("GET", f"/v1/live/{sid}")[1]["latency_s"] is not None
+    shown = "window.dittoViewerStats && window.dittoViewerStats.glass_to_glass_s !== null"
+    _until(page, f"() => {shown} && document.getElementById('viewer-stats').textContent.includes('glass to glass')"
+           if measured else "() => window.dittoViewerStats && window.dittoViewerStats.frames_decoded >= 100", timeout=30)
     stats = page.evaluate("window.dittoViewerStats")
     assert stats["frames_decoded"] >= 100 and (stats["width"], stats["height"]) == (1920, 1080), stats
-    assert 0 < stats["session_latency_s"] <= 3.0 + 0.5 and stats["glass_to_glass_s"] >= stats["session_latency_s"]
-    assert "glass to glass" in page.inner_text("#viewer-stats")
+    if measured:
+        assert 0 < stats["session_latency_s"] <= 3.0 + 0.5 and stats["glass_to_glass_s"] >= stats["session_latency_s"]
+    else:
+        assert stats["glass_to_glass_s"] is None and "glass to glass" not in page.inner_text("#viewer-stats")
     if os.environ.get("DITTO_FAST_VIEWER_STATS"):           # scripts/bench: docs/live.md's glass-to-glass figure
         Path(os.environ["DITTO_FAST_VIEWER_STATS"]).write_text(json_.dumps(stats))
     page.click("#viewer-close")
