@@ -25,10 +25,10 @@ def _job(engine, clip, output, avatar: str = "anchor") -> EngineJob:
     return EngineJob(RenderRequest(avatar=avatar, audio=clip, output=output), audio, label="j1")
 
 
-def _until(predicate, what: str, timeout: float = 120.0) -> None:
+def _until(predicate, what, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.05)
 
 
@@ -129,7 +129,9 @@ def test_a_live_session_runs_in_process_its_frames_counted(engine, speech_wav, t
     assert rate == 16000
     for i in range(0, len(speech), 3200):
         link.push(speech[i:i + 3200])
-    _until(lambda: link.stats and link.taken >= len(speech), "the speech was taken")
+    _until(lambda: link.stats and link.taken >= len(speech) or not link.active,
+           lambda: f"the speech was taken: {link.taken} of {len(speech)}, {link.state} {link.error}")
+    assert link.taken >= len(speech), (link.taken, link.state, link.error)
     link.stop()
     assert link.wait(120) and link.state == "ended", link.error
     assert heard.count("ready") == 1 and heard[-1] == "ended", heard
