@@ -50,7 +50,7 @@ SUITES = {
     "emotion": ["bench_emotion"],
     "batch": ["bench_batch"],
     "serve": ["bench_serve"],
-    "live": ["bench_live"],
+    "live": ["bench_live", "bench_live_cushion"],
     "voice": ["bench_voice"],
     "pipecat": ["bench_pipecat"],
     "sessions": ["bench_sessions"],

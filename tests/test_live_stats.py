@@ -6,6 +6,7 @@ from fractions import Fraction
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from ditto_fast.live.stats import LiveStats, Reservoir
 
@@ -93,15 +94,28 @@ def test_the_line_s_figures_add_up_over_a_long_stream():
 
 
 def test_the_streams_delay_is_said_in_its_parts():
-    """The latency budget: at Ditto's overlap 70 (10 new frames a window) the floor with no compute at all is 1.465 s
-    (0.1 jitter + 20 rows in lumps of 5 + 85 ms look-ahead + a window and two frames of cushion); at overlap 78 it is
-    0.545 s; what the clock's start shows beyond it is compute."""
+    """The latency budget: at Ditto's overlap 70 (10 new frames a window) the floor with no compute at all is 1.065 s
+    (0.1 jitter + 20 rows in lumps of 5 + 85 ms look-ahead + two frames of cushion); at overlap 78 it is 0.465 s;
+    what the clock's start shows beyond it is compute (the first frame's, and the cushion sized from it)."""
     st = LiveStats(Fraction(30))
-    st.budget(1.775, 10, 0.1)
+    st.budget(1.775, 10, 0.1, 0.48)
     b = st.summary()["latency_budget_ms"]
-    assert b == {"jitter": 100.0, "speech_rows": 800.0, "look_ahead": 85.0, "cushion": 480.0, "floor": 1465.0,
-                 "compute": 310.0, "delay": 1775.0}
-    st.budget(0.5, 2, 0.1)
+    assert b == {"jitter": 100.0, "speech_rows": 800.0, "look_ahead": 85.0, "cushion": 480.0, "floor": 1065.0,
+                 "compute": 710.0, "delay": 1775.0}
+    st.budget(0.4, 2, 0.1, 0.08)
     b = st.summary()["latency_budget_ms"]
-    assert b["floor"] == 545.0 and b["compute"] == 0.0 and b["speech_rows"] == 200.0
+    assert b["floor"] == 465.0 and b["compute"] == 0.0 and b["speech_rows"] == 200.0
     assert LiveStats(Fraction(25)).summary()["latency_budget_ms"] is None         # before the clock starts
+
+
+def test_the_clock_waits_two_frames_and_the_first_frames_compute_again_at_most_a_window():
+    """The clock's cushion after the first frame: each later window's frames come with their speech, a window after the
+    last, so it need only cover a window computing slower than the first: two frames and that compute again, never
+    more than the window and two frames the clock always waited."""
+    from ditto_fast.live.stats import clock_cushion, speech_floor
+
+    assert clock_cushion(10, 0.0) == pytest.approx(0.08)            # no compute: two frames at 25 fps
+    assert clock_cushion(10, 0.1) == pytest.approx(0.18)
+    assert clock_cushion(10, 2.0) == pytest.approx(0.48)            # at most a window (10 frames) and two
+    assert clock_cushion(5, 0.5) == pytest.approx(0.28) and clock_cushion(10, -0.1) == pytest.approx(0.08)
+    assert sum(speech_floor(10, 0.1).values()) == pytest.approx(0.985)

@@ -7,8 +7,9 @@ Three threads, each a stage of the offline render called as the stream goes:
   output   the frame clock: slot i leaves at T0 + i / rate with the stream's audio of that slot; a crop that came
            in time is pasted into its plate frame (putback) and sent, else the last frame is sent again (counted)
 
-The clock starts when the first frame is ready plus a cushion of one window's new frames (the window loop hands
-out frames in lumps of that size), and never later than --max-latency after the session began: so the delay
+The clock starts when the first frame is ready plus a cushion of two frames and that frame's compute again (the
+window loop hands out frames a window at a time, each lump a window of speech after the last: stats.clock_cushion),
+and never later than --max-latency after the session began: so the delay
 from speech in to picture out is fixed for the whole stream and at most --max-latency. Falling behind never
 delays the stream: a frame that would miss its slot is not rendered (the last one is shown again, its audio goes
 out), and motion that fell more than the delay behind skips ahead to the present.
@@ -32,7 +33,7 @@ from ditto_fast.core.errors import Terminated
 from ditto_fast.audio.stream_features import CHUNK_HOP
 from ditto_fast.core.threads import sessions_threads
 from ditto_fast.live.motion import LiveMotion
-from ditto_fast.live.stats import LiveStats
+from ditto_fast.live.stats import LiveStats, clock_cushion, speech_floor
 from ditto_fast.live.stream_audio import StreamAudio
 from ditto_fast.media.rates import MOTION_FPS
 from ditto_fast.audio.decode import SAMPLES_PER_FRAME, frame_count
@@ -266,8 +267,10 @@ class LiveSession:
         first = self._wait_first()
         if first is None:
             return
-        self._t0 = min(first + (self.window_frames + 2) / MOTION_FPS, self.start + self.s.max_latency)
-        self.stats.budget(self._t0 - self.start, self.window_frames, self.stats.audio.jitter)
+        floor = sum(speech_floor(self.window_frames, audio.jitter).values())
+        cushion = clock_cushion(self.window_frames, first - self.start - floor)
+        self._t0 = min(first + cushion, self.start + self.s.max_latency)
+        self.stats.budget(self._t0 - self.start, self.window_frames, audio.jitter, cushion)
         i, ended = 0, False
         try:
             while not self._stop.is_set():

@@ -68,6 +68,28 @@ class SkippedSlots:
             self._done += end - first
 
 
+CUSHION_FRAMES = 2          # the least the clock waits after the first frame is ready, in frames
+
+
+def speech_floor(window_frames: int, jitter: float) -> dict[str, float]:
+    """What the first frame waits for before any compute, in seconds: the jitter allowance, the speech rows of the
+    first two windows (HuBERT gives them in lumps of five, 0.2 s) and HuBERT's look-ahead."""
+    from ditto_fast.audio.stream_features import CHUNK_HOP, CHUNK_LOOKAHEAD
+
+    lump = CHUNK_HOP / SPEECH_SAMPLE_RATE
+    return {"jitter": jitter, "speech_rows": -(-2 * window_frames // 5) * lump,
+            "look_ahead": CHUNK_LOOKAHEAD / SPEECH_SAMPLE_RATE}
+
+
+def clock_cushion(window_frames: int, compute: float) -> float:
+    """Seconds the clock starts after the first frame is ready, `compute` the seconds that frame took past the speech
+    floor: two frames, and that compute again. The window loop hands out frames a window at a time, but each lump's
+    speech comes a window after the one before, so a lump is ready as its first slot comes if its window computes no
+    slower than the first did (which carries the warm-up); the compute again is room for one up to twice as slow.
+    Never more than a window and two frames (what the clock waited before: the lump taken for a delay)."""
+    return min((window_frames + CUSHION_FRAMES) / MOTION_FPS, CUSHION_FRAMES / MOTION_FPS + max(0.0, compute))
+
+
 class LiveStats:
     """Counters and latencies of one session; `summary()` is the --stats JSON."""
 
@@ -125,17 +147,14 @@ class LiveStats:
                 f"{self.skipped} skipped so far; the stream keeps its rate and its audio")
             self._behind_at, self._behind_from = now, self.repeated
 
-    def budget(self, delay: float, window_frames: int, jitter: float) -> None:
+    def budget(self, delay: float, window_frames: int, jitter: float, cushion: float) -> None:
         """The stream's delay (its clock's start after the session's: what speech sent at its pace waits to be seen)
-        in its parts: the jitter allowance, the speech rows of the first two windows (HuBERT gives them in lumps of
-        five, 0.2 s), HuBERT's look-ahead, the clock's cushion of a window and two frames, and the rest: the compute
-        of the first windows and frame."""
-        from ditto_fast.audio.stream_features import CHUNK_HOP, CHUNK_LOOKAHEAD
-
-        lump = CHUNK_HOP / SPEECH_SAMPLE_RATE
-        parts = {"jitter": jitter, "speech_rows": -(-2 * window_frames // 5) * lump,
-                 "look_ahead": CHUNK_LOOKAHEAD / SPEECH_SAMPLE_RATE, "cushion": (window_frames + 2) / MOTION_FPS}
-        parts["floor"] = sum(parts.values())
+        in its parts: the speech floor (speech_floor()), the clock's cushion after the first frame (clock_cushion()),
+        the floor (all of it with no compute: a cushion of two frames) and the rest: the compute of the first
+        windows and frame, and the part of the cushion sized from it."""
+        parts = speech_floor(window_frames, jitter)
+        parts["cushion"] = cushion
+        parts["floor"] = sum(parts.values()) - cushion + CUSHION_FRAMES / MOTION_FPS
         parts["compute"] = max(0.0, delay - parts["floor"])
         parts["delay"] = delay
         self.latency_budget = {k: round(1000 * v, 1) for k, v in parts.items()}
