@@ -168,3 +168,31 @@ def test_a_live_session_over_the_wire_and_a_cut_wire(wired, engine, speech_wav, 
     _until(lambda: wired.state().state == "dead", "the idle engine was marked dead")
     assert wired.state().last_death == "died while carrying 1 live session (its socket was shut)"
     assert wired.state().sessions == [] and set(wired.exits) == {0}
+
+
+def test_the_doorway_takes_only_callers_that_hold_its_key():
+    """Where Ray actors dial their driver: a caller with another key is refused by the HMAC challenge before it can
+    send anything; one that connects and says nothing does not keep the next caller out; a caller with the key and
+    a name is handed, by that name, to whoever waits for it, and the connection carries messages both ways."""
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    from ditto_fast.handles.wire import Doorway
+
+    door = Doorway("127.0.0.1")
+    try:
+        assert len(door.authkey) == 32
+        with pytest.raises(AuthenticationError):
+            Client(door.address, authkey=bytes(32))
+        silent = socket.create_connection(door.address)       # a stranger that never answers the challenge
+        caller = Client(door.address, authkey=door.authkey)
+        caller.send("actor-7")
+        taken = door.take("actor-7", 30)
+        assert taken is not None and door.take("actor-7", 0.1) is None and door.take("stranger", 0.1) is None
+        taken.send(m.Go("t"))
+        assert caller.recv() == m.Go("t")
+        caller.send(m.Beat(1.0))
+        assert taken.recv() == m.Beat(1.0)
+        silent.close()
+    finally:
+        door.close()

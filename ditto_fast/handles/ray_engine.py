@@ -356,7 +356,7 @@ class RayEngine(WiredEngine):
             cause = "it dropped its connection to the driver"
         except self.ray.exceptions.RayActorError as e:
             lines = [ln.strip() for ln in str(e).splitlines() if "because" in ln]
-            cause = f"{type(e).__name__}: {lines[-1]}" if lines else type(e).__name__
+            cause = f"{type(e).__name__}: {lines[-1].rstrip('.')}" if lines else type(e).__name__
         except Exception as e:  # noqa: BLE001 - a call that does not come back: the actor or its node is lost
             cause = f"it does not answer ({type(e).__name__})"
         return one_line(f"{cause}; on {self.info.get('node') or 'an unknown node'}", DEATH_CHARS - 50)
