@@ -138,7 +138,7 @@ class NodeBlindToTheStore:
     """Mixed into the Ray engine actor by the test below: the first actors to start (as many as the store's `blind-slots`
     file says) read a token other than the driver's, as on a node that mounts another store at that path."""
 
-    def __init__(self, options, store, probes, share=None):
+    def __init__(self, options, store, probes, share=None, wire=None):
         from pathlib import Path
 
         slots = Path(store) / "blind-slots"
@@ -149,7 +149,7 @@ class NodeBlindToTheStore:
                 continue
             probes = {path: "another store's token" for path in probes}
             break
-        super().__init__(options, store, probes, share)
+        super().__init__(options, store, probes, share, wire)
 
 
 def test_an_actor_whose_node_cannot_see_the_store_says_why(local_ray, video_avatar, clips, tmp_path,
@@ -204,12 +204,18 @@ class CrashOnce(ray_engine.EngineActor):
 
     marker = sys.argv.pop(1)            # travels with the class to the actors
 
-    def render(self, job, *args):
-        try:
-            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return super().render(job, *args)
-        os._exit(1)
+    def engine_for(self, start, tell):
+        engine = super().engine_for(start, tell)
+        outcome, marker = engine.outcome, self.marker
+
+        def crash_once(job, *args):
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return outcome(job, *args)
+            os._exit(1)
+        engine.outcome = crash_once
+        return engine
 
 
 ray_engine.EngineActor = CrashOnce

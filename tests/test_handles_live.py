@@ -15,7 +15,6 @@ import imageio_ffmpeg
 import pytest
 import soundfile as sf
 
-from ditto_fast.core.errors import UsageError
 from ditto_fast.engine.clip import check_clip
 from ditto_fast.engine.request import RenderRequest
 from ditto_fast.handles.base import EngineJob, EngineLimits
@@ -132,20 +131,3 @@ def test_a_session_the_engine_cannot_run_fails_with_its_line_and_the_engine_goes
     assert link.wait(30) and link.state == "failed" and "nobody" in link.error, link.error
     assert handle.state().state == "idle" and handle.state().sessions == []
 
-
-def test_a_ray_engine_refuses_a_session_in_one_line():
-    from ditto_fast.handles.ray_engine import RayEngine
-
-    with pytest.raises(UsageError, match="--ray"):
-        RayEngine.open_live(None, SessionOrder(LiveRequest(avatar="anchor", out="x.ts")))
-
-
-def test_closing_an_engine_ends_its_sessions_cleanly(engines, tmp_path):
-    handle = engines()
-    handle.start()
-    out = tmp_path / "closed.ts"
-    link = handle.open_live(SessionOrder(LiveRequest(avatar="anchor", out=str(out))))
-    _until(lambda: link.stats and link.stats["frames"]["sent"] > 10, "frames went out")
-    handle.close()
-    assert link.wait(5) and link.state == "ended", (link.state, link.error)
-    assert _frames(out) == link.stats["frames"]["sent"]

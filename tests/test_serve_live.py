@@ -596,3 +596,39 @@ def test_a_playlist_a_killed_server_left_open_is_closed_at_its_next_start(servin
         time.sleep(0.2)
     assert (tmp_path / "next.m3u8").read_text().rstrip().endswith(ENDLIST)
     assert again.stop() == 0
+
+
+def test_a_session_goes_to_the_engine_carrying_the_fewest_a_dead_one_started_afresh(tmp_path):
+    """serve's choice of engine for a session: the one carrying the fewest sessions, though it is dead (an actor
+    killed under its session: it is started afresh, not left dead while the other carries two), a live one first
+    where they carry as many; one whose start fails passes the session to the next, and says so in the log."""
+    from ditto_fast.core.errors import InputError
+    from ditto_fast.handles.base import EngineState
+    from ditto_fast.live.options import LiveRequest
+    from ditto_fast.serve.live.sessions import LiveSessions, ServedSession
+
+    class Engine:
+        def __init__(self, name: str, state: str, sessions: int, starts: bool = True):
+            self.name, self.starts, self.opened = name, starts, []
+            self._state = EngineState(name, "ray", state=state, sessions=[f"s{k}" for k in range(sessions)])
+
+        def state(self) -> EngineState:
+            return self._state
+
+        def open_live(self, order, heard=None):
+            if self._state.state == "dead" and not self.starts:
+                raise InputError(f"{self.name}: its Ray actor did not start")
+            self.opened.append(order.label)
+            return object()
+
+    log: list[dict] = []
+    carrying, dead, idle = Engine("a", "idle", 1), Engine("b", "dead", 0), Engine("c", "idle", 0)
+    live = LiveSessions([carrying, dead], None, [tmp_path], lambda name: None, log.append)
+    request = LiveRequest(avatar="anchor")
+    assert live._carry(ServedSession("one", request, log.append)) is dead and dead.opened == ["one"]
+    live.engines = [dead, idle]
+    assert live._carry(ServedSession("two", request, log.append)) is idle         # as many: the live one
+    lame = Engine("d", "dead", 0, starts=False)
+    live.engines = [carrying, lame]
+    assert live._carry(ServedSession("three", request, log.append)) is carrying and carrying.opened == ["three"]
+    assert log[-1]["event"] == "engine down" and "did not start" in log[-1]["error"], log

@@ -121,7 +121,7 @@ class EngineHandle(Protocol):
 
     def open_live(self, order: SessionOrder, heard: Callable[[str, Any], None] | None = None) -> LiveLink:
         """Start the live session `order` on this engine, beside any job it renders; its link (`heard(event, detail)`
-        hears ready, log, event, ended and failed). UsageError where this kind of engine carries no session."""
+        hears ready, log, event, ended and failed)."""
 
     def restart(self) -> None:
         """A fresh engine for one that died (counted in the state's restarts); DittoError if none can start."""

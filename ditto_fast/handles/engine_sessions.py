@@ -174,16 +174,23 @@ class EngineSessions:
                                 lambda line: self.send(m.SessionLog(sid, line)), started=started, output=outputs,
                                 **self._shared())
         except DittoError as e:
-            self.send(m.SessionFailed(sid, str(e), e.exit_code))
+            self._last_word(m.SessionFailed(sid, str(e), e.exit_code))
         except Exception as e:  # noqa: BLE001 - the parent says why the session failed
             why = "out of memory" if out_of_memory(e) else "the live session failed"
-            self.send(m.SessionFailed(sid, one_line(f"{why}: {type(e).__name__}: {e}", 500), 1))
+            self._last_word(m.SessionFailed(sid, one_line(f"{why}: {type(e).__name__}: {e}", 500), 1))
         else:
-            self.send(m.SessionEnded(sid, stats))
+            self._last_word(m.SessionEnded(sid, stats))
         finally:
             with self._lock:
                 self._carried.pop(sid, None)
             carried.stop_asked.set()                # its reporter stops
+
+    def _last_word(self, message: m.SessionMessage) -> None:
+        """A session's end said to the parent; a parent gone (its wire cut) hears nothing more."""
+        try:
+            self.send(message)
+        except OSError:
+            pass
 
     def _report(self, carried: _Carried) -> None:
         """The session's playback events as its stream goes out, and its figures each second."""

@@ -1,6 +1,8 @@
 """An engine in a Ray actor (`EngineActor`), seen through the handle `RayEngine`; and `RayFleet`, the actors of one
 batch or server: their plan (one per GPU, or per node without GPUs), the tokens by which each checks that it sees the
-store and the outputs, their names. An actor opens avatars from its own node's view of the store."""
+store and the outputs, their names, the doorway where they dial the driver back. An actor opens avatars from its own
+node's view of the store; it carries render jobs and live sessions over the same wire as an engine process (wire.py,
+engine_side.py), so a live session's speech, frames and events cross it as they cross an engine process's socket."""
 
 from __future__ import annotations
 
@@ -8,24 +10,21 @@ import dataclasses
 import math
 import os
 import threading
-import time
 import uuid
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ditto_fast.core.errors import DittoError, InputError, UsageError
+from ditto_fast.core.errors import DittoError, InputError, one_line
 from ditto_fast.engine.options import EngineOptions
-from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
-                                     JobTimedOut)
-from ditto_fast.handles.live_link import SessionOrder
+from ditto_fast.handles import messages as m
+from ditto_fast.handles.base import EngineError, EngineLimits
 from ditto_fast.handles.local import LocalEngine
-from ditto_fast.handles.outcome import answer
+from ditto_fast.handles.wire import DEATH_CHARS, Doorway, WiredEngine
 from ditto_fast.media.filemode import give_usual_mode
 from ditto_fast.media.partfiles import create_locked
 
 NAMESPACE = "ditto-fast"        # the Ray namespace of named actors (a server's)
-POLL_S = 0.5                    # how often a running job's progress is asked for (and a cancel passed on)
-COMMIT_WAIT_S = 120.0           # how long an actor waits for its driver's word on a finished file
 
 
 def _cpu_threads(share: int) -> int:
@@ -60,22 +59,21 @@ def _check_visible(probes: dict[str, str]) -> None:
 
 class EngineActor:
     """The body of a Ray actor: checks that it sees the shared paths and resolves its setup (which the driver uses to
-    skip finished jobs), loads the engine (at ready(load=True), or with its first job), then renders checked jobs
-    one at a time. Its methods run in two threads (max_concurrency=2): progress(), cancel() and answer() are
-    answered while render() runs.
+    skip finished jobs), loads the engine (at ready(load=True), or with its first job), then dials its driver (`wire`:
+    the address, key and name RayFleet gives it) and serves it there as an engine process serves its parent
+    (engine_side.serve_engine: render jobs, live sessions, the one handshake), on a thread of its own.
 
     `share`: on a CPU node, how many actors share its cores (torch gets an equal part of them; Ray starts every
     actor with OMP_NUM_THREADS=1, which left a CPU render on one core); None on a GPU node."""
 
-    def __init__(self, options: EngineOptions, store: str, probes: dict[str, str], share: int | None = None):
+    def __init__(self, options: EngineOptions, store: str, probes: dict[str, str], share: int | None = None,
+                 wire: tuple | None = None):
         os.environ["DITTO_FAST_HOME"] = store
         self.problem: DittoError | None = None
         self.setup = None
         self.engine: LocalEngine | None = None         # the engine in this actor, loaded at ready(load=True) or a job
-        self.state: tuple | None = None                 # ("progress", token, stage, done, total) or ("commit", token)
-        self.cancelled: set[str] = set()
-        self.answers: dict[str, str] = {}
-        self.answered = threading.Condition()
+        self.wire, self.dialled, self.stopped = wire, False, False
+        self._tell: Callable[[Any], None] = lambda message: None
         try:
             _check_visible(probes)
             import torch
@@ -87,21 +85,28 @@ class EngineActor:
                 torch.set_num_threads(_cpu_threads(share))
             reuse_freed_memory()
             self.setup = RenderSetup.resolve(options)
-            self.engine = LocalEngine(self.setup)
+            self.engine = LocalEngine(self.setup, tell=lambda message: self._tell(message))
         except DittoError as e:     # said by ready(): raised here it reaches the driver as a bare ActorDiedError
             self.problem = e
 
     def ready(self, load: bool = False) -> dict[str, Any]:
         """Where this actor runs (host name, Ray node id), its setup (what its outputs' digests are made with), and
-        why it cannot render jobs (error None if it can); `load`: the networks loaded first."""
+        why it cannot render jobs (error None if it can); `load`: the networks loaded first. Able to render, it
+        dials its driver."""
         if load:
             self._load()
+        if self.problem is None and self.wire is not None and not self.dialled:
+            self._dial()
         import torch
 
         return {"node": _node(), "node_id": _node_id(), "setup": self.setup, "pid": os.getpid(),
                 "torch_threads": torch.get_num_threads(), "load_seconds": getattr(self, "load_seconds", None),
                 "error": str(self.problem) if self.problem else None,
                 "exit_code": self.problem.exit_code if self.problem else 0}
+
+    def alive(self) -> bool:
+        """Answered while the actor lives (its driver asks when the wire drops: a dead actor's call says why)."""
+        return True
 
     def _load(self) -> None:
         if self.problem is None and not self.engine.loaded:
@@ -110,51 +115,47 @@ class EngineActor:
             except DittoError as e:
                 self.problem = e
 
-    def render(self, job: EngineJob, gated: bool = False) -> tuple:
-        """Render `job` (`gated`: the rename waits for the driver's answer()); its outcome (outcome.py), or
-        ("unanswered",) when the driver said nothing of a finished file."""
-        token = job.token
+    def _dial(self) -> None:
+        from multiprocessing.connection import Client
 
-        def tick(stage: str, done: int, total: int) -> None:
-            if token in self.cancelled:
-                raise JobCancelled()
-            self.state = ("progress", token, stage, done, total)
-
-        def commit() -> None:
-            with self.answered:
-                self.state = ("commit", token)
-                if not self.answered.wait_for(lambda: token in self.answers or token in self.cancelled,
-                                              COMMIT_WAIT_S):
-                    raise _Unanswered()
-                if self.answers.pop(token, None) != "go":
-                    raise JobCancelled()
-
-        self.state = None
+        address, authkey, name = self.wire
         try:
-            self._load()
-            if self.problem is not None:
-                return ("error", str(self.problem), self.problem.exit_code)
-            return self.engine.outcome(job, tick, commit if gated else None)
-        except _Unanswered:
-            return ("unanswered",)
-        finally:
-            self.cancelled.discard(token)
+            conn = Client(tuple(address), authkey=authkey)
+            conn.send(name)
+        except (OSError, EOFError) as e:
+            self.problem = InputError(f"cannot reach the driver at {address[0]}:{address[1]} from Ray node {_node()} "
+                                      f"({e}); the driver's address must be reachable from every node")
+            return
+        self.dialled = True
+        threading.Thread(target=self._serve, args=(conn,), name="ditto-fast-engine-wire", daemon=True).start()
 
-    def progress(self) -> tuple | None:
-        """The running render's last progress, or that its file is complete and waits for answer()."""
-        return self.state
+    def engine_for(self, start: Any, tell: Callable[[Any], None]) -> LocalEngine:
+        """The engine the driver's Start asks for: this actor's own (loaded, or loaded with its first job)."""
+        self._tell = tell
+        return self.engine
 
-    def cancel(self, token: str) -> None:
-        """Stop the render named `token` at its next frame batch (nothing is left at its output)."""
-        with self.answered:
-            self.cancelled.add(token)
-            self.answered.notify_all()
+    def _serve(self, conn: Any) -> None:
+        """The driver's engine until it says Stop (its sessions ended, the wire shut: the driver's ray.kill ends the
+        actor, as Ray expects, not a worker's exit it would report as a crash) or is gone (the actor exits)."""
+        from ditto_fast.handles.engine_side import serve_engine
 
-    def answer(self, token: str, verdict: str) -> None:
-        """The driver's word on a complete file: "go" (rename it into place) or "cancel"."""
-        with self.answered:
-            self.answers[token] = verdict
-            self.answered.notify_all()
+        try:
+            serve_engine(conn, self.engine_for, self._exit)
+        except BaseException:  # noqa: BLE001 - a bug: said in the actor's log; the driver sees the wire drop
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+        self.stopped = True
+        import socket
+
+        with socket.socket(fileno=os.dup(conn.fileno())) as end:
+            end.shutdown(socket.SHUT_RDWR)         # the driver reads the end of the wire
+
+    def _exit(self, code: int) -> None:
+        """The driver gone (or a render out of memory): the actor ends; after a Stop, the driver ends it."""
+        if not self.stopped:
+            os._exit(code)
 
 
 def probe_folders(folders: Iterable[Path]) -> tuple[dict[str, str], list[int]]:
@@ -213,10 +214,6 @@ def plan_actors(ray, device: str, workers: int | None, most: int | None = None
     return count, math.ceil(count / max(1, nodes)), {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
 
 
-class _Unanswered(BaseException):
-    """The driver did not say go or cancel for a finished file in time (it is gone, or its thread hangs)."""
-
-
 def actor_ready(ray, ref, timeout: float | None = None) -> dict[str, Any]:
     """An actor's answer to ready(): its node and why it cannot render (error None if it can); an actor that does
     not answer within `timeout` seconds (its resources never free: a GPU node lost, say) cannot render."""
@@ -247,8 +244,9 @@ def _actor_error(e: BaseException) -> DittoError | None:
 
 class RayFleet:
     """The Ray actors of one batch or server on a joined cluster: planned, checked against the tokens written into
-    the store and the output folders, and let go together. `name`: actors named NAME-PID-N in NAMESPACE (a server's,
-    so `ray list actors` shows whose they are); None for unnamed ones."""
+    the store and the output folders, dialling the driver back at its doorway (wire.Doorway: the driver's Ray node
+    address, a random key), and let go together. `name`: actors named NAME-PID-N in NAMESPACE (a server's, so `ray
+    list actors` shows whose they are); None for unnamed ones."""
 
     def __init__(self, ray, options: EngineOptions, workers: int | None = None, name: str | None = None,
                  prepared: tuple[EngineOptions, Any] | None = None, limits: EngineLimits = EngineLimits()):
@@ -258,6 +256,7 @@ class RayFleet:
         self.options, self.check_setup = prepared or ray_options(options)
         self.handles: list[RayEngine] = []
         self.probes: dict[str, str] = {}
+        self.doorway: Doorway | None = None
         self._locks: list[int] = []
         self._made = 0
         self._remote: Any = None
@@ -271,151 +270,97 @@ class RayFleet:
         count, self._share, resources = plan_actors(self.ray, self.options.device, self.workers, most)
         if count:
             self.probes, self._locks = probe_folders([*folders, *(f for f in writable if os.access(f, os.W_OK))])
+            self.doorway = self.doorway or Doorway(self.ray.util.get_node_ip_address())
         import ditto_fast.handles.ray_engine as module      # its classes as they are now (tests swap the actor)
 
-        self._remote = self.ray.remote(max_concurrency=2, **resources)(module.EngineActor)
+        self._remote = self.ray.remote(**resources)(module.EngineActor)
         self.handles = [RayEngine(self, f"actor-{i}", load) for i in range(count)]
         return self.handles
 
-    def new_actor(self) -> Any:
+    def new_actor(self) -> tuple[Any, str]:
+        """A new actor, and the name it says when it dials the doorway."""
         self._made += 1
         remote = self._remote if self.name is None else self._remote.options(
             name=f"{self.name}-{os.getpid()}-{self._made}", namespace=NAMESPACE)
         from ditto_fast.core.home import store_root
 
-        return remote.remote(self.options, str(store_root()), self.probes, self._share)
+        said = f"{self._made}-{uuid.uuid4().hex}"
+        wire = (self.doorway.address, self.doorway.authkey, said)
+        return remote.remote(self.options, str(store_root()), self.probes, self._share, wire), said
 
     def close(self) -> None:
         remove_probes(self.probes, self._locks)
         self.probes, self._locks = {}, []
         for handle in self.handles:
             handle.close()
+        if self.doorway is not None:
+            self.doorway.close()
+            self.doorway = None
 
 
-class RayEngine:
-    """A handle on one engine in a Ray actor (see base.EngineHandle); its node is known once started."""
+class RayEngine(WiredEngine):
+    """A handle on one engine in a Ray actor (see base.EngineHandle), over the wire the actor dials back: render jobs
+    and live sessions as an engine process carries them (wire.py); its node is known once started."""
 
     kind = "ray"
+    noun = "its Ray actor"
 
     def __init__(self, fleet: RayFleet, name: str, load: bool):
-        self.fleet, self.name, self.load = fleet, name, load
+        super().__init__(name, fleet.limits)
+        self.fleet, self.load = fleet, load
         self.setup = None
-        self.info: dict[str, Any] = {}
-        self.actor: Any = None
-        self._state = EngineState(name, self.kind)
 
     @property
     def ray(self):
         return self.fleet.ray
 
-    def start(self) -> None:
-        """Start the actor and wait for its answer (its engine loaded if `load`); EngineError with the actor's own
-        line (a node that does not see the store, say) if it cannot render."""
-        self.actor = self.fleet.new_actor()
-        self.info = actor_ready(self.ray, self.actor.ready.remote(self.load), self.fleet.limits.start_s)
+    @property
+    def actor(self) -> Any:
+        """The Ray actor now carrying the engine (None while there is none)."""
+        return self._life
+
+    def _launch(self) -> Connection:
+        """Start an actor and wait for its answer (its engine loaded if `load`) and its call at the doorway;
+        EngineError with the actor's own line (a node that does not see the store, say) if it cannot render."""
+        actor, said = self.fleet.new_actor()
+        self._life = actor
+        self.info = actor_ready(self.ray, actor.ready.remote(self.load), self.limits.start_s)
         self._state.where = f"{self.info['node'] or 'unknown node'} (node id {self.info['node_id'][:12]})"
-        if self.info["error"] is not None:
-            self.ray.kill(self.actor)
-            self.actor = None
+        conn = None
+        if self.info["error"] is None:
+            conn = self.fleet.doorway.take(said, DIAL_WAIT_S)
+            if conn is None:
+                self.info = {**self.info, "exit_code": 3, "error": f"its Ray actor on {self.info['node']} did not "
+                             f"reach the driver within {DIAL_WAIT_S:g} s"}
+        if conn is None:
+            self._end(actor, False)
+            self._life = None
             self._state.state, self._state.error = "dead", self.info["error"]
             raise EngineError(self.info["error"], self.info["exit_code"])
         self.setup = self.info["setup"]
-        self._state.state, self._state.error = "idle", None
+        return conn
 
-    def restart(self) -> None:
-        self._state.restarts += 1
-        self._state.state = "restarting"
-        self.close()
-        self.start()
+    def _start_message(self) -> m.Start:
+        return m.Start(None, None)          # the actor loads its own setup; Ray's memory monitor, not a cap
 
-    def state(self) -> EngineState:
-        return self._state
-
-    def close(self) -> None:
-        if self.actor is not None:
-            self.ray.kill(self.actor)
-            self.actor = None
-        self._state.state = "dead"
-
-    def render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None = None,
-               commit: Callable[[], None] | None = None) -> Any:
-        """Render `job` on the actor (see base.EngineHandle.render), polled for progress every POLL_S; an actor that
-        makes no progress for the fleet's stall limit or does not answer a poll for its heartbeat limit is killed
-        (EngineDied); one whose job runs past the job limit is killed too (JobTimedOut)."""
-        if self._state.state == "dead" or self.actor is None:
-            self.restart()
-        self._state.state, self._state.job = "busy", job.label or str(job.request.output)
+    def _end(self, actor: Any, stacks: bool) -> None:
         try:
-            outcome = self._render(job, progress, commit)
+            self.ray.kill(actor)
+        except Exception:  # noqa: BLE001 - gone already, or its cluster is
+            pass
+
+    def _death(self, actor: Any) -> str:
+        """Why the actor is gone, as Ray says it, and its node."""
+        try:
+            self.ray.get(actor.alive.remote(), timeout=ASK_S)
+            cause = "it dropped its connection to the driver"
         except self.ray.exceptions.RayActorError as e:
-            why = f"its Ray actor on {self.info.get('node')} died ({type(e).__name__})"
-            self._state.last_death = why
-            self.close()
-            raise EngineDied(f"{self.name} {why}") from None
-        except (EngineDied, JobCancelled, JobTimedOut):
-            raise
-        except BaseException:           # an interrupt, or this process's own trouble: the actor is let go at once
-            self.close()
-            raise
-        self._state.state, self._state.job = "idle", None
-        if outcome[0] == "unanswered":
-            outcome = ("fatal", "it had no word from its driver on a finished file")
-        return answer(outcome, self._gone)
+            lines = [ln.strip() for ln in str(e).splitlines() if "because" in ln]
+            cause = f"{type(e).__name__}: {lines[-1].rstrip('.')}" if lines else type(e).__name__
+        except Exception as e:  # noqa: BLE001 - a call that does not come back: the actor or its node is lost
+            cause = f"it does not answer ({type(e).__name__})"
+        return one_line(f"{cause}; on {self.info.get('node') or 'an unknown node'}", DEATH_CHARS - 50)
 
-    def _gone(self, why: str) -> EngineDied:
-        """The actor let go (`why`: out of memory, no word on a finished file); the EngineDied to raise."""
-        self._state.last_death = why
-        self.close()
-        return EngineDied(f"{self.name} {why}")
 
-    def open_live(self, order: SessionOrder, heard: Any = None) -> Any:
-        """Refused: a Ray actor carries render jobs only."""
-        raise UsageError("live sessions run on an engine process of the server's own host, with its GPU; this "
-                         "server renders on Ray actors (--ray), which take render jobs only: start a second "
-                         "`ditto-fast serve` without --ray (another DITTO_FAST_HOME and --port) for live sessions")
-
-    def _render(self, job: EngineJob, progress: Callable[[str, int, int], None] | None,
-                commit: Callable[[], None] | None) -> tuple:
-        ray, actor, token, limits = self.ray, self.actor, job.token, self.fleet.limits
-        cancelled = answered = False
-        started = changed = time.monotonic()
-        last: tuple | None = None
-        ref = actor.render.remote(job, commit is not None)
-        while not ray.wait([ref], timeout=POLL_S)[0]:
-            try:
-                state = ray.get(actor.progress.remote(), timeout=limits.beat_s)
-            except ray.exceptions.GetTimeoutError:
-                self._hung(f"its actor did not answer for {limits.beat_s:g} s")
-            now = time.monotonic()
-            self._state.last_beat = time.time()
-            if state != last:
-                last, changed = state, now
-            elif now - changed > limits.stall_s:
-                self._hung(f"it made no progress for {limits.stall_s:g} s")
-            if limits.job_s and now - started > limits.job_s:      # the job's length, not a hang
-                self._state.last_death = f"stopped: its job ran past the job limit of {limits.job_s:g} s"
-                self.close()
-                raise JobTimedOut(limits.job_s)
-            if state is None or state[1] != token:
-                continue
-            if state[0] == "commit" and not answered:
-                answered = True
-                verdict = "cancel" if cancelled else "go"
-                try:
-                    if commit is not None and not cancelled:
-                        commit()
-                except JobCancelled:
-                    verdict = "cancel"
-                actor.answer.remote(token, verdict)
-            elif state[0] == "progress" and progress is not None and not cancelled:
-                try:
-                    progress(*state[2:])
-                except JobCancelled:                # passed on; the actor stops at its next frame batch
-                    actor.cancel.remote(token)
-                    cancelled = True
-        return ray.get(ref)
-
-    def _hung(self, why: str) -> None:
-        self._state.last_death = f"hung: {why}; it was killed"
-        self.close()
-        raise EngineDied(f"{self.name} {self._state.last_death}")
+DIAL_WAIT_S = 30.0              # how long a ready actor may take to reach the driver's doorway
+ASK_S = 10.0                    # how long an actor whose wire dropped has to answer whether it lives

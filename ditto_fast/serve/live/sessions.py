@@ -193,7 +193,7 @@ class LiveSessions:
 
     def open(self, body: Any) -> ServedSession:
         """A session for `body`, checked (see check), then opened on an engine; DittoError with its line if no
-        engine takes it (a Ray actor takes none)."""
+        engine takes it."""
         request = self.check(body)
         check_launch(self.setup.launch)
         with self._lock:
@@ -210,10 +210,8 @@ class LiveSessions:
             ended = [k for k, s in self._sessions.items() if not s.active]
             for k in ended[:max(0, len(ended) - KEPT_ENDED)]:
                 del self._sessions[k]
-        engine = min(self.engines, key=lambda h: (h.state().state == "dead", len(h.state().sessions),
-                                                  h.state().state == "busy"))
         try:
-            session.link = engine.open_live(SessionOrder(request, label=session.id), heard=session.heard)
+            engine = self._carry(session)
         except DittoError as e:
             session.error, session.finished = str(e), time.time()
             self._close_playlists()
@@ -222,6 +220,23 @@ class LiveSessions:
         self.log({"live": session.id, "state": "starting", "avatar": request.avatar, "out": request.out,
                   "engine": engine.name, "pid": session.pid})
         return session
+
+    def _carry(self, session: ServedSession) -> EngineHandle:
+        """Open `session` on the engine carrying the fewest sessions (a dead one, carrying none, is started afresh;
+        a live one first where they carry as many, an idle one before a busy one); one that cannot start passes it
+        to the next. The engine that took it."""
+        order = SessionOrder(session.request, label=session.id)
+        engines = sorted(self.engines, key=lambda h: (len(h.state().sessions), h.state().state == "dead",
+                                                      h.state().state == "busy"))
+        for i, engine in enumerate(engines):
+            try:
+                session.link = engine.open_live(order, heard=session.heard)
+                return engine
+            except DittoError as e:
+                if i == len(engines) - 1:
+                    raise
+                self.log({"live": session.id, "event": "engine down", "engine": engine.name, "error": str(e)})
+        raise UsageError("no engine carries live sessions")
 
     def get(self, sid: str) -> ServedSession | None:
         return self._sessions.get(sid)
