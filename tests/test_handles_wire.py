@@ -167,7 +167,8 @@ def test_a_live_session_over_the_wire_and_a_cut_wire(wired, engine, speech_wav, 
     assert cut.error == "its engine wired-0 died (its socket was shut)", cut.error
     _until(lambda: wired.state().state == "dead", "the idle engine was marked dead")
     assert wired.state().last_death == "died while carrying 1 live session (its socket was shut)"
-    assert wired.state().sessions == [] and set(wired.exits) == {0}
+    assert wired.state().sessions == []
+    _until(lambda: set(wired.exits) == {0}, f"the engine's side heard its parent gone: {wired.exits}")
 
 
 def test_the_doorway_takes_only_callers_that_hold_its_key():
