@@ -34,7 +34,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 
-from ditto_fast.audio.resample import Resampler
+from ditto_fast.audio.resample import BandResampler
 from ditto_fast.engine.options import EngineOptions
 from ditto_fast.live.frame_output import FrameOutput
 from ditto_fast.live.held import Held, Mute
@@ -79,7 +79,7 @@ class LocalFace(Face):
         self._stopping = False
         self._summary: dict | None = None
         self._error: BaseException | None = None               # what ended the session, where it failed
-        self._resampler: tuple[Resampler, Resampler] | None = None      # to 16 kHz, and to the stream's 48 kHz
+        self._resampler: BandResampler | None = None      # to 16 kHz, and in step to the stream's 48 kHz
         self._held = Held()                                    # marked by the source samples given before each
         self._shown = 0                                        # stream samples sent so far (the last slot's end)
         self._mute = Mute()                                    # by stream samples (16 kHz)
@@ -224,23 +224,21 @@ class LocalFace(Face):
     def _feed(self, frame: TTSAudioRawFrame) -> None:
         """The TTS's audio to what the model hears (16 kHz) and to the stream's 48 kHz (its band kept)."""
         r = self._resampler
-        if r is None or (r[0].rate, r[0].channels) != (frame.sample_rate, frame.num_channels):
+        if r is None or (r.rate, r.channels) != (frame.sample_rate, frame.num_channels):
             self._flush_resampler()
-            r = self._resampler = (Resampler(frame.sample_rate, frame.num_channels),
-                                   Resampler(frame.sample_rate, frame.num_channels, to=STREAM_SAMPLE_RATE))
-        self._source.push(r[0](frame.audio), r[1](frame.audio))
+            r = self._resampler = BandResampler(frame.sample_rate, frame.num_channels)
+        self._source.push(*r(frame.audio))
 
     def _flush_resampler(self) -> None:
         if self._resampler is not None and self._source is not None:
-            self._source.push(self._resampler[0].flush(), self._resampler[1].flush())
+            self._source.push(*self._resampler.flush())
 
     def _interrupt(self) -> None:
         """Drop the speech not yet taken, silence what was taken, let go of the interruptible frames held."""
         if self._source is None:
             return
         if self._resampler is not None:
-            for r in self._resampler:
-                r.flush()                           # its tail belongs to the speech dropped
+            self._resampler.flush()                 # its tail belongs to the speech dropped
         self._source.clear()
         session = self._session
         if session is not None and getattr(session, "start", None) is not None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from ditto_fast.audio.resample import Resampler
+from ditto_fast.audio.resample import BandResampler
 from ditto_fast.core.errors import UsageError
 from ditto_fast.core.files import shown
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE, STREAM_SAMPLE_RATE
@@ -82,8 +82,7 @@ async def serve_socket(ws: WebSocket, session: Any) -> None:
     unlisten = session.listen(out)
     sender = asyncio.create_task(_send(ws, outbox, session))
     leave_media = None
-    resample: Resampler | None = None           # to what the model hears (16 kHz)
-    band: Resampler | None = None               # to the stream's 48 kHz: the speech keeps its band
+    resample: BandResampler | None = None       # to what the model hears (16 kHz) and the stream's 48 kHz (its band)
     try:
         while True:
             try:
@@ -97,24 +96,22 @@ async def serve_socket(ws: WebSocket, session: Any) -> None:
             if message.get("text") is not None:
                 said = read_message(message["text"], resample is None)
                 if "rate" in said:
-                    resample = Resampler(said["rate"])
-                    band = Resampler(said["rate"], to=STREAM_SAMPLE_RATE)
+                    resample = BandResampler(said["rate"])
                     if said["media"]:
                         leave_media = session.link.watch(lambda media: out(("media", media)))
                 elif "end" in said:        # the answer whole: what its resamplers still hold goes with it
                     if resample is not None:
-                        session.feed(resample.flush(), band.flush())
+                        session.feed(*resample.flush())
                     session.link.end_segment()
                 else:                       # what they hold was never spoken: dropped with the rest
                     if resample is not None:
-                        resample.flush(), band.flush()
+                        resample.flush()
                     session.link.clear()
                 continue
             if resample is None:
-                resample = Resampler(SPEECH_SAMPLE_RATE)
-                band = Resampler(SPEECH_SAMPLE_RATE, to=STREAM_SAMPLE_RATE)
+                resample = BandResampler(SPEECH_SAMPLE_RATE)
             pcm = message.get("bytes") or b""
-            session.feed(resample(pcm), band(pcm))
+            session.feed(*resample(pcm))
             if not session.active:
                 return await refuse(ws, CLOSE_ENDED, f"live session {session.id} has {session.state}")
     except UsageError as e:
