@@ -204,6 +204,7 @@ class EngineSessions:
                 beat += 1
                 if beat * PLAYBACK_EVERY_S >= STATS_EVERY_S:
                     beat = 0
-                    self.send(m.SessionStats(sid, carried.session.stats.summary(), carried.source.taken))
+                    self.send(m.SessionStats(sid, carried.session.stats.summary(), carried.source.taken,
+                                             carried.session.unsent))
             except OSError:
                 return

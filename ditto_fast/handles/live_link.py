@@ -50,6 +50,7 @@ class LiveLink:
         self.stats: dict | None = None          # the session's figures, each second, and at its end
         self.pushed = 0                         # samples pushed (16 kHz), less those a clear dropped before sending
         self.taken = 0                          # samples the session has taken, as it last said
+        self.unsent = 0                         # of them, those its stream had not sent yet, as it last said
         self.last_frames, self.last_change = -1, time.monotonic()      # for the stall limit
         self._send = send
         self._watchers: list[Callable[[tuple | None], None]] = []
@@ -127,6 +128,11 @@ class LiveLink:
         """Seconds of speech pushed and not yet taken by the session (as it said within the last second)."""
         return max(0, self.pushed - self.taken) / SPEECH_SAMPLE_RATE
 
+    @property
+    def speaking(self) -> bool:
+        """Whether the session has speech left to say: pushed and not taken, or taken and not yet sent (its delay)."""
+        return self.pushed > self.taken or self.unsent > 0
+
     # ------------------------------------------------------------------ from the engine
     def hear(self, message: m.SessionMessage) -> None:
         """A message about this session from its engine (`heard` hears ready, log, event, ended, failed)."""
@@ -134,7 +140,7 @@ class LiveLink:
             for take in list(self._watchers):
                 _quietly(take, message.media)
         elif isinstance(message, m.SessionStats):
-            self.stats, self.taken = message.summary, message.taken
+            self.stats, self.taken, self.unsent = message.summary, message.taken, message.unsent
             frames = (self.stats.get("frames") or {}).get("sent", 0)
             if frames != self.last_frames:
                 self.last_frames, self.last_change = frames, time.monotonic()

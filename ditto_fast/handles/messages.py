@@ -132,9 +132,11 @@ class SessionReady(SessionMessage):
 
 @dataclass(frozen=True)
 class SessionStats(SessionMessage):
-    """The session's figures (each second) and the samples it has taken of its speech."""
+    """The session's figures (each second), the samples it has taken of its speech and those of them its stream
+    has not sent yet (what it still has to say)."""
     summary: dict
     taken: int
+    unsent: int = 0
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,12 @@ class LiveSession:
         audio = self.stats.audio
         return (audio.source_index(samples) if audio is not None else 0), frame
 
+    @property
+    def unsent(self) -> int:
+        """Stream samples (16 kHz) of speech the stream has taken and not yet sent: what it still has to say."""
+        audio = self.stats.audio
+        return max(0, audio.speech_end - self._sent[1]) if audio is not None else 0
+
     def interrupt(self) -> int:
         """A listener interrupts: the speech not yet taken is dropped (the source's clear()), what was taken and not
         yet sent goes out silent; the face idles again within the stream's delay. Returns the samples dropped."""

@@ -38,6 +38,7 @@ class StreamAudio:
         self.length = 0                           # samples decided so far
         self.arrivals: collections.deque = collections.deque(maxlen=4096)    # (stream pos, arrived at), in order
         self.first_speech: tuple[int, float] | None = None                   # (stream pos, arrived at)
+        self.speech_end = 0                       # stream position after the last sample the source gave
         self.closed_at: int | None = None         # stream length when the source ran dry for good
         self.takes: collections.deque = collections.deque(maxlen=4096)   # (stream pos, source index, samples)
         self.hold = jitter                        # seconds a run of speech after silence waits for its cushion
@@ -76,6 +77,7 @@ class StreamAudio:
         self.flowing = len(got) == want
         if len(got):
             self.takes.append((self.length, first, len(got)))
+            self.speech_end = self.length + len(got)
             arrived = self.source.arrivals.arrival_time(first) or now
             self.arrivals.append((self.length, arrived))
             if self.first_speech is None:

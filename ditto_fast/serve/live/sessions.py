@@ -74,7 +74,7 @@ class ServedSession:
         if self.link is None:
             return "failed" if self.error else "starting"
         state = self.link.state
-        return IDLE if state == "streaming" and not self.clients and self.link.queued_seconds <= 0 else state
+        return IDLE if state == "streaming" and not self.clients and not self.link.speaking else state
 
     @property
     def active(self) -> bool:
