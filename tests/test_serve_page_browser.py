@@ -197,7 +197,9 @@ def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, b
     heard = page.evaluate("window.dittoViewerStats.audio")
     assert heard and heard["packets_discarded"] == 0 and heard["packets_received"] >= 50 * 4, heard
     pictures = heard["frames_decoded_after_first_s"] / 25
-    assert heard["audio_s_after_first_s"] >= 0.98 * pictures, heard         # a second heard a second seen
+    # a second heard for each second seen: seen is what was decoded, at most what the clock let pass (the frames
+    # held back in the first second are decoded in a burst after it, 7.44 s of pictures in 7.0 s watched)
+    assert heard["audio_s_after_first_s"] >= 0.98 * min(pictures, heard["watched_s_after_first_s"]), heard
     if pictures >= 0.98 * heard["watched_s_after_first_s"]:     # the session kept time (on a CPU shared, it may not)
         assert heard["concealed_after_first_s"] < 0.02, heard
     # the session's latency is known once a rendered frame carried speech; a host too busy to render one in time
