@@ -159,3 +159,19 @@ def test_the_messages_cross_a_socket_as_themselves():
     assert pickle.loads(pickle.dumps(m.End("s"))).why == "stop"
     ours.close()
     theirs.close()
+
+
+def test_a_session_speaks_until_its_stream_has_sent_what_it_took():
+    """Speech taken by the session is still to be said until its stream sends it, a whole delay later: a session
+    counts as idle (and its idle timeout runs) only once it has neither speech waiting nor speech unsent (an answer
+    sent whole lost its last 0.1 s to a timeout that ran from the moment the speech was taken)."""
+    engine = _Engine()
+    engine.go.set()
+    link = _link(engine)
+    assert not link.speaking
+    link.push(np.zeros(16000, np.float32))
+    assert link.speaking and link.queued_seconds == 1.0
+    link.hear(m.SessionStats(link.id, {}, 16000, 4000))         # all taken, a quarter second not yet sent
+    assert link.queued_seconds == 0 and link.speaking
+    link.hear(m.SessionStats(link.id, {}, 16000, 0))
+    assert not link.speaking
