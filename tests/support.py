@@ -421,6 +421,16 @@ class Server:
         return self.proc.wait(60)
 
 
+def silent_holes(audio: np.ndarray, loud: float, quiet: float = 0.02, least: int = 16) -> tuple[np.ndarray, list[int]]:
+    """The audio from its first sample above `loud` to its last, and the lengths of the runs of at least `least`
+    samples under `quiet` inside it (holes of silence in a tone), shortest first."""
+    above = np.flatnonzero(np.abs(audio) > loud)
+    span = audio[above[0]:above[-1] + 1]
+    still = (np.abs(span) < quiet).astype(np.int8)
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], still, [0]]))))[::2]
+    return span, sorted(int(r) for r in runs if r >= least)
+
+
 def speech_clip(tmp_path: Path, name: str, seconds: float, start: float = 1.0) -> Path:
     import soundfile as sf
 

@@ -15,6 +15,7 @@ from ditto_fast.audio.resample import BandResampler, Resampler
 from ditto_fast.live.frame_output import FrameOutput
 from ditto_fast.live.pushed import PushedSource
 from ditto_fast.media.yuv import Layout, planes_to_rgb
+from support import silent_holes
 
 
 def _random_planes(layout: Layout, w: int, h: int, seed: int = 0) -> np.ndarray:
@@ -161,11 +162,9 @@ def test_speech_taken_the_moment_it_comes_has_no_holes_in_its_band():
     source.push(*speech.flush())
     audio.advance(source.received / 16000 + 1e-9)
     out = audio.pcm(0, audio.length).astype(np.float32) / 32768
-    loud = np.flatnonzero(np.abs(out) > 0.1)
-    quiet = np.abs(out[loud[0]:loud[-1] + 1]) < 0.02                                # a 440 Hz cycle: 109 samples
-    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]]))))[::2]
-    assert not [r for r in runs if r >= 16], sorted(runs)[-5:]
-    assert abs(np.sqrt(np.mean(out[loud[0]:loud[-1]] ** 2)) - 0.5 / np.sqrt(2)) < 0.01
+    span, holes = silent_holes(out, loud=0.1)                                       # a 440 Hz cycle: 109 samples
+    assert not holes, holes[-5:]
+    assert abs(np.sqrt(np.mean(span[:-1] ** 2)) - 0.5 / np.sqrt(2)) < 0.01
 
 
 def test_a_motion_thread_held_up_costs_the_stream_none_of_its_speech(engine, monkeypatch):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from support import speech_clip
+from support import silent_holes, speech_clip
 from test_serve_live import decoded_audio, wait_state, ws_url
 
 websockets = pytest.importorskip("websockets")
@@ -117,11 +117,7 @@ def test_speech_at_its_pace_has_no_holes_and_each_answer_is_heard_whole(serving,
     assert ended["state"] == "ended", ended
     late = ended["stats"]["speech_late"]        # pieces later than the cushion (0.1 s, then raised): a busy machine
     got = decoded_audio(out)
-    loud = np.flatnonzero(np.abs(got) > 0.05)
-    span = got[loud[0]:loud[-1] + 1]
-    quiet = np.abs(span) < 0.02
-    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]]))))[::2]
-    holes = sorted(int(r) for r in runs if r >= 16)
+    span, holes = silent_holes(got, loud=0.05)
     assert len(holes) <= late <= 2, f"holes of silence in the speech: {holes} samples; {late} said late"
     assert len(span) / 16000 == pytest.approx(seconds + sum(holes) / 16000, abs=0.03)      # all of it, once
 

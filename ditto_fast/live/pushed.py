@@ -56,7 +56,7 @@ class PushedSource:
         with self._lock:
             if self._ended or self._closed:
                 return
-            if band is not None:            # (its resampler gives its samples in other lumps than the 16 kHz one's)
+            if band is not None:            # in step with the samples (audio/resample.BandResampler gives them so)
                 self.has_band = True
                 if len(band):
                     self._band.append(band.copy())
@@ -99,8 +99,8 @@ class PushedSource:
         return out
 
     def take_band(self, n: int) -> np.ndarray | None:
-        """The band of the `n` samples take() gave last: [n * 3] float32 at 48 kHz (zeros where the resamplers' counts
-        differ); None when the caller pushes no band."""
+        """The band of the `n` samples take() gave last: [n * 3] float32 at 48 kHz (zeros where a caller's band ran
+        short of its samples); None when the caller pushes no band."""
         if not self.has_band:
             return None
         with self._lock:
