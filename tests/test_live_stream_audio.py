@@ -86,3 +86,50 @@ def test_a_whole_answer_at_once_starts_at_once():
     x, audio = _stream([1.0] * 50, 3.0)
     first = np.flatnonzero(x > 0)[0] / RATE
     assert first < 1.0 + 0.02 and _holes(x) == []
+
+
+class _Endless:
+    """Speech that is always there, one sample at a time (the motion thread deciding as it goes)."""
+
+    def __init__(self):
+        self.arrivals, self.taken, self.ended = _Arrivals(_Paced([])), 0, False
+
+    def available(self) -> int:
+        return 1
+
+    def take(self, n: int) -> np.ndarray:
+        self.taken += min(n, 1)
+        return np.full(min(n, 1), 0.5, np.float32)
+
+    def take_band(self, n: int):
+        return None
+
+
+def test_where_the_stream_is_in_its_source_can_be_asked_while_it_is_decided():
+    """The session's report thread asks `source_index` while the motion thread and the output decide (a serve
+    session's events stopped: `deque mutated during iteration` killed the thread)."""
+    import threading
+
+    audio = StreamAudio(_Endless(), 0.0, jitter=0.0)
+    for k in range(4096):                       # a full record of takes: a long walk for each question
+        audio.advance(k / RATE)
+    stop, errors = threading.Event(), []
+
+    def ask():
+        try:
+            while not stop.is_set():
+                audio.source_index(1)           # the oldest take: the whole record is walked
+        except RuntimeError as e:
+            errors.append(e)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        for k in range(4096, 4096 + 20000):
+            audio.advance(k / RATE)
+            if errors:
+                break
+    finally:
+        stop.set()
+        asker.join()
+    assert not errors, errors

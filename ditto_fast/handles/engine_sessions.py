@@ -194,7 +194,7 @@ class EngineSessions:
 
     def _report(self, carried: _Carried) -> None:
         """The session's playback events as its stream goes out, and its figures each second."""
-        sid, beat = carried.order.id, 0
+        sid, beat, said = carried.order.id, 0, False
         while not carried.stop_asked.wait(PLAYBACK_EVERY_S):
             try:
                 with carried.lock:
@@ -208,3 +208,9 @@ class EngineSessions:
                                              carried.session.unsent))
             except OSError:
                 return
+            except Exception as e:  # noqa: BLE001 - said once; the session's events go on at the next look
+                if not said:
+                    from ditto_fast.core.errors import one_line
+
+                    self.send(m.SessionLog(sid, one_line(f"live: its events missed a beat: {type(e).__name__}: {e}")))
+                said = True

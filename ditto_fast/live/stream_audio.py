@@ -76,7 +76,7 @@ class StreamAudio:
             self.ran_dry_at = now
         self.flowing = len(got) == want
         if len(got):
-            self.takes.append((self.length, first, len(got)))
+            take = (self.length, first, len(got))
             self.speech_end = self.length + len(got)
             arrived = self.source.arrivals.arrival_time(first) or now
             self.arrivals.append((self.length, arrived))
@@ -88,7 +88,9 @@ class StreamAudio:
             band = np.concatenate([band, np.zeros((len(new) - len(got)) * BAND_PER_SAMPLE, np.float32)])
         else:
             band = self._upsampled(new, last=ending)
-        with self._lock:
+        with self._lock:             # source_index walks the takes from another thread
+            if len(got):
+                self.takes.append(take)
             _write_ring(self._ring, self.length, new)
             _write_ring(self._band, self._band_length, band)
             self.length += len(new)
