@@ -175,3 +175,34 @@ def test_a_session_speaks_until_its_stream_has_sent_what_it_took():
     assert link.queued_seconds == 0 and link.speaking
     link.hear(m.SessionStats(link.id, {}, 16000, 0))
     assert not link.speaking
+
+
+def test_a_viewer_that_comes_as_its_session_ends_hears_the_end():
+    """A WHEP viewer's offer is answered after the session it asked for ended: its watcher hears the end at once
+    (it was added after the end had been told, and its tracks waited for ever)."""
+    link = _link(_Engine())
+    link.hear(m.SessionEnded(link.id, {}))
+    heard: list = []
+    leave = link.watch(heard.append)
+    assert heard == [None]
+    leave()
+
+
+def test_an_engine_s_sessions_are_named_while_others_open_and_end():
+    """The engine's list of its sessions is made while other threads add and drop links (the reader drops one as
+    it ends, an HTTP thread adds one): made from a copy, it cannot fail with a changed dict."""
+    from ditto_fast.handles.live_link import labels
+
+    engine = _Engine()
+    links = {str(i): _link(engine) for i in range(3)}
+
+    class Racing:                       # a link whose label is read just as another link of the engine ends
+        id = "racing"
+
+        @property
+        def order(self):
+            links.pop("0", None)        # the reader forgets a link meanwhile
+            return SessionOrder(LiveRequest(avatar="anchor"), label="racing")
+
+    links["racing"] = Racing()
+    assert "racing" in labels(links.values())

@@ -109,6 +109,7 @@ def test_where_the_stream_is_in_its_source_can_be_asked_while_it_is_decided():
     """The session's report thread asks `source_index` while the motion thread and the output decide (a serve
     session's events stopped: `deque mutated during iteration` killed the thread)."""
     import threading
+    import time
 
     audio = StreamAudio(_Endless(), 0.0, jitter=0.0)
     for k in range(4096):                       # a full record of takes: a long walk for each question
@@ -124,12 +125,45 @@ def test_where_the_stream_is_in_its_source_can_be_asked_while_it_is_decided():
 
     asker = threading.Thread(target=ask)
     asker.start()
+    k, end = 4096, time.monotonic() + 2.0      # (the asker may hold the lock most of the time: two seconds of it)
     try:
-        for k in range(4096, 4096 + 20000):
+        while not errors and time.monotonic() < end:
             audio.advance(k / RATE)
-            if errors:
-                break
+            k += 1
     finally:
         stop.set()
         asker.join()
     assert not errors, errors
+
+
+def test_an_interruption_silences_the_speech_a_decision_in_flight_took():
+    """The engine's reader interrupts (the source cleared, the stream silenced from what was sent) while the motion
+    thread is between taking speech from the source and writing it into the stream: that speech is silenced too (it
+    went out after the `cleared` frame that promised none)."""
+    import threading
+
+    class Interrupted(_Endless):
+        interrupt = None
+
+        def available(self) -> int:
+            return 16000
+
+        def take(self, n: int) -> np.ndarray:
+            self.taken += n
+            return np.full(n, 0.5, np.float32)
+
+        def take_band(self, n: int):
+            if self.interrupt is not None:          # taken, not yet written: the reader's interruption comes now
+                interrupt, self.interrupt = self.interrupt, None
+                reader = threading.Thread(target=interrupt)
+                reader.start()
+                reader.join(0.3)                    # (it waits for this decision to be written, or silences first)
+                self.reader = reader
+            return None
+
+    source = Interrupted()
+    audio = StreamAudio(source, 0.0, jitter=0.0)
+    source.interrupt = lambda: audio.silence(0)
+    audio.advance(0.5)
+    source.reader.join(5)
+    assert audio.length == 8000 and not np.any(audio.samples(0, 8000)) and not np.any(audio.pcm(0, 8000))

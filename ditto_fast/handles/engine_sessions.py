@@ -105,9 +105,10 @@ class EngineSessions:
         elif isinstance(message, m.Clear):
             self._clear(carried)
         elif isinstance(message, m.Watch):
-            carried.watchers = message.watchers
-            if carried.relay is not None:
-                carried.relay.watch(message.watchers)
+            with carried.lock:
+                carried.watchers = message.watchers
+                if carried.relay is not None:
+                    carried.relay.watch(message.watchers)
         elif isinstance(message, m.End):
             carried.why = message.why
             carried.stop_asked.set()
@@ -128,8 +129,8 @@ class EngineSessions:
             else:
                 carried.source.clear()
                 through = -1
-        for event in [*events, {"event": "cleared", "frame": through}]:
-            self.send(m.SessionEvent(carried.order.id, event))
+            for event in [*events, {"event": "cleared", "frame": through}]:    # before the reporter's next ones
+                self.send(m.SessionEvent(carried.order.id, event))
 
     def stop_all(self, timeout: float = 30.0) -> None:
         """End every session cleanly (the engine stops), waiting up to `timeout` s for their files to close."""
@@ -157,10 +158,11 @@ class EngineSessions:
             from ditto_fast.live.relay import Outputs, RelayOutput
             from ditto_fast.live.start import plate_pix_fmt, stream_output
 
-            carried.relay = RelayOutput(avatar.size, settings.rate, plate_pix_fmt(avatar),
-                                        lambda *media: self.send(m.SessionMedia(sid, *media)),
-                                        preset=self.renderer.setup.preset)
-            carried.relay.watch(carried.watchers)
+            relay = RelayOutput(avatar.size, settings.rate, plate_pix_fmt(avatar),
+                                lambda *media: self.send(m.SessionMedia(sid, *media)), preset=self.renderer.setup.preset)
+            with carried.lock:                      # a Watch heard meanwhile is not lost
+                carried.relay = relay
+                relay.watch(carried.watchers)
             if carried.order.request.out is None:
                 return carried.relay
             try:
@@ -197,10 +199,9 @@ class EngineSessions:
         sid, beat, said = carried.order.id, 0, False
         while not carried.stop_asked.wait(PLAYBACK_EVERY_S):
             try:
-                with carried.lock:
-                    events = carried.playback.advance(*carried.session.played)
-                for event in events:
-                    self.send(m.SessionEvent(sid, event))
+                with carried.lock:                  # sent as decided: an interruption's events cannot pass them
+                    for event in carried.playback.advance(*carried.session.played):
+                        self.send(m.SessionEvent(sid, event))
                 beat += 1
                 if beat * PLAYBACK_EVERY_S >= STATS_EVERY_S:
                     beat = 0

@@ -100,10 +100,16 @@ class LiveLink:
     def watch(self, take: Callable[[tuple | None], None]) -> Callable[[], None]:
         """`take((index, access_unit, key, pcm))` hears each frame the session sends from now on (its picture as one
         H.264 access unit, a key frame first; its slot's int16 speech), then `take(None)` when the session ends; the
-        engine encodes only while anyone watches. Returns what stops the watching."""
+        engine encodes only while anyone watches. Returns what stops the watching (a session that has ended tells a
+        watcher so at once)."""
         with self._lock:
-            self._watchers.append(take)
-            count = len(self._watchers)
+            ended = not self.active
+            if not ended:
+                self._watchers.append(take)
+                count = len(self._watchers)
+        if ended:
+            _quietly(take, None)
+            return lambda: None
         self._say(m.Watch(self.id, count))
 
         def leave() -> None:
@@ -201,7 +207,7 @@ class LiveLink:
 
 def labels(links: Iterable[LiveLink]) -> list[str]:
     """The names of the sessions these links carry (their orders' labels, or ids), as an engine's state lists them."""
-    return [link.order.label or link.id for link in links]
+    return [link.order.label or link.id for link in list(links)]     # a copy: other threads add and drop links
 
 
 def _s16(samples: np.ndarray) -> bytes:

@@ -189,7 +189,10 @@ class WiredEngine:
             elif isinstance(message, m.SessionMessage):
                 link = links.get(message.id)
                 if link is not None:
-                    link.hear(message)
+                    try:
+                        link.hear(message)
+                    except Exception:  # noqa: BLE001 - a listener's own failure: the engine's other sessions go on
+                        pass
                     if not link.active:
                         self._forget(link, links)
             else:
@@ -224,7 +227,7 @@ class WiredEngine:
             beat = self._state.last_beat
             if beat is not None and time.time() - beat > self.limits.beat_s:
                 why = f"stopped answering (no heartbeat for {self.limits.beat_s:g} s)"
-            stalled = [k for k in links.values() if k.state == "streaming" and
+            stalled = [k for k in list(links.values()) if k.state == "streaming" and
                        time.monotonic() - k.last_change > self.limits.stall_s]
             if why is None and stalled:
                 why = f"live session {stalled[0].order.label or stalled[0].id} made no progress for " \

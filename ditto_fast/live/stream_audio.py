@@ -151,8 +151,9 @@ class StreamAudio:
 
     def silence(self, start: int) -> None:
         """Silence what the stream holds from stream position `start` on (speech taken, not yet sent: an
-        interruption)."""
-        with self._lock:
+        interruption). A decision in flight finishes first: speech it took from the source before the source was
+        cleared is in the rings by then, and silenced with the rest."""
+        with self._deciding, self._lock:
             for ring, length, at in ((self._ring, self.length, start),
                                      (self._band, self._band_length, start * BAND_PER_SAMPLE)):
                 lo = max(at, length - len(ring), 0)
