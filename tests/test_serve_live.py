@@ -134,7 +134,9 @@ def test_websocket_pcm_at_24k_goes_out_in_the_ts(serving, tmp_path):
     assert during["speech_in_seconds"] == pytest.approx(3.0, abs=0.05)
     code, ended = server.call("DELETE", f"/v1/live/{sid}")
     assert code == 200 and ended["state"] == "ended", ended
-    assert ended["first_frame_latency_s"] is not None and ended["frames"]["sent"] > 0
+    assert ended["frames"]["sent"] > 0
+    if ended["frames"]["skipped"] == 0:     # every frame rendered (a host not too busy): the speech's was shown
+        assert ended["first_frame_latency_s"] is not None, ended
     assert server.call("DELETE", f"/v1/live/{sid}")[0] == 409
 
     size, frames = video_frames(out)

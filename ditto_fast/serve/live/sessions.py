@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ditto_fast.core.errors import DittoError, UsageError
+from ditto_fast.core.errors import DittoError, UsageError, one_line
 from ditto_fast.core.files import shown
 from ditto_fast.handles.base import EngineHandle
 from ditto_fast.handles.live_link import SessionOrder, LiveLink
@@ -285,17 +285,24 @@ class LiveSessions:
         """End a session idle (no client, and what its last client sent said) for `idle_timeout` s; close what
         ended sessions left open."""
         while not self._stop.wait(1.0):
-            self._close_playlists()
-            for s in list(self._sessions.values()):
-                if s.state != IDLE:
-                    s.idle_since = None
-                    continue
-                s.idle_since = s.idle_since or time.monotonic()
-                if time.monotonic() - s.idle_since > self.idle_timeout:
-                    s.idle_since = None
-                    self.log({"live": s.id, "event": "no client", "why": f"no client for {self.idle_timeout:g} s "
-                              "(--live-idle-timeout): ending the session"})
-                    threading.Thread(target=s.end, args=("no client",), name=f"live-{s.id}-end", daemon=True).start()
+            try:
+                self._look_for_idle()
+            except Exception as e:  # noqa: BLE001 - said; the next look goes on (this thread is the server's only one)
+                self.log({"event": "live idle watch failed", "why": one_line(f"{type(e).__name__}: {e}")})
+
+    def _look_for_idle(self) -> None:
+        """One look: playlists left open closed, each idle session's time counted, and ended past the limit."""
+        self._close_playlists()
+        for s in list(self._sessions.values()):
+            if s.state != IDLE:
+                s.idle_since = None
+                continue
+            s.idle_since = s.idle_since or time.monotonic()
+            if time.monotonic() - s.idle_since > self.idle_timeout:
+                s.idle_since = None
+                self.log({"live": s.id, "event": "no client", "why": f"no client for {self.idle_timeout:g} s "
+                          "(--live-idle-timeout): ending the session"})
+                threading.Thread(target=s.end, args=("no client",), name=f"live-{s.id}-end", daemon=True).start()
 
     def close(self) -> None:
         """End every session cleanly (the server stops), each file complete."""
