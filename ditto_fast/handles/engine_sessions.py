@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ditto_fast.core.errors import one_line
 from ditto_fast.handles import messages as m
 from ditto_fast.handles.live_link import SessionOrder
 
@@ -140,7 +141,7 @@ class EngineSessions:
             thread.join(timeout)
 
     def _run(self, carried: _Carried) -> None:
-        from ditto_fast.core.errors import DittoError, one_line
+        from ditto_fast.core.errors import DittoError
         from ditto_fast.handles.outcome import out_of_memory
         from ditto_fast.live.start import stream_live
 
@@ -211,7 +212,5 @@ class EngineSessions:
                 return
             except Exception as e:  # noqa: BLE001 - said once; the session's events go on at the next look
                 if not said:
-                    from ditto_fast.core.errors import one_line
-
                     self.send(m.SessionLog(sid, one_line(f"live: its events missed a beat: {type(e).__name__}: {e}")))
                 said = True

@@ -151,15 +151,15 @@ class LiveLink:
             if frames != self.last_frames:
                 self.last_frames, self.last_change = frames, time.monotonic()
         elif isinstance(message, m.SessionEvent):
-            self.heard("event", message.event)
+            _quietly(self.heard, "event", message.event)
         elif isinstance(message, m.SessionReady):
             self.info = message.info
             with self._lock:
                 if self.state == "starting":
                     self.state = "streaming"
-            self.heard("ready", self.info)
+            _quietly(self.heard, "ready", self.info)
         elif isinstance(message, m.SessionLog):
-            self.heard("log", message.line)
+            _quietly(self.heard, "log", message.line)
         elif isinstance(message, m.SessionEnded):
             self.stats = message.summary
             self._finish("ended", None)
@@ -182,7 +182,7 @@ class LiveLink:
         self._ended.set()
         for take in list(self._watchers):
             _quietly(take, None)
-        self.heard(state, error if state == "failed" else self.stats)
+        _quietly(self.heard, state, error if state == "failed" else self.stats)
 
     def _say(self, message: m.SessionMessage) -> None:
         with self._wake:
@@ -214,9 +214,9 @@ def _s16(samples: np.ndarray) -> bytes:
     return np.clip(np.round(np.asarray(samples, np.float32) * 32768.0), -32768, 32767).astype("<i2").tobytes()
 
 
-def _quietly(take: Callable[[tuple | None], None], media: tuple | None) -> None:
-    """Hand `media` to one watcher; a watcher's failure is its own (the others and the engine's reader go on)."""
+def _quietly(listener: Callable[..., None], *said: Any) -> None:
+    """Tell one listener (a watcher, `heard`); its failure is its own (the others and the engine's reader go on)."""
     try:
-        take(media)
+        listener(*said)
     except Exception:  # noqa: BLE001 - a viewer gone mid-frame, say
         pass

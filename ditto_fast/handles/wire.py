@@ -189,10 +189,7 @@ class WiredEngine:
             elif isinstance(message, m.SessionMessage):
                 link = links.get(message.id)
                 if link is not None:
-                    try:
-                        link.hear(message)
-                    except Exception:  # noqa: BLE001 - a listener's own failure: the engine's other sessions go on
-                        pass
+                    link.hear(message)
                     if not link.active:
                         self._forget(link, links)
             else:
