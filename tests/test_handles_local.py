@@ -108,11 +108,14 @@ def test_load_renderer_goes_through_the_one_engine(engine, monkeypatch):
 def test_a_live_session_runs_in_process_its_frames_counted(engine, speech_wav, tmp_path):
     """open_live() carries the session on this engine with no socket: its link's messages go straight to the
     session and back. Every frame the session says it sent reaches the watcher, one after another from 0, and the
-    speech pushed is all taken; ready once, ended last; close() leaves nothing carried."""
+    speech pushed is all taken; ready once, ended last, and off the engine's state as it is told; close() leaves
+    nothing carried."""
     local = LocalEngine(renderer=engine, name="local-1")
     heard: list[str] = []
+    carried: dict[str, list[str]] = {}
     order = SessionOrder(LiveRequest(avatar="anchor", max_latency=3.0), label="s1")
-    link = local.open_live(order, heard=lambda event, detail: heard.append(event))
+    link = local.open_live(order, heard=lambda event, detail: (heard.append(event),
+                                                                carried.setdefault(event, local.state().sessions)))
     frames: list[int] = []
     ended = threading.Event()
 
@@ -124,7 +127,8 @@ def test_a_live_session_runs_in_process_its_frames_counted(engine, speech_wav, t
 
     link.watch(take)
     _until(lambda: link.state == "streaming", f"the session started: {link.state} {link.error}")
-    assert local.state().sessions == ["s1"] and link.engine == "local-1"
+    streaming = local.state()
+    assert streaming.sessions == ["s1"] and link.engine == "local-1"
     speech, rate = sf.read(speech_wav, dtype="float32", frames=16000)
     assert rate == 16000
     for i in range(0, len(speech), 3200):
@@ -137,6 +141,7 @@ def test_a_live_session_runs_in_process_its_frames_counted(engine, speech_wav, t
     link.stop()
     assert link.wait(120) and link.state == "ended", link.error
     assert heard.count("ready") == 1 and heard[-1] == "ended", heard
+    assert carried["ready"] == ["s1"] and carried["ended"] == [] and streaming.sessions == ["s1"], carried
     sent = link.stats["frames"]["sent"]
     assert sent > 0 and ended.wait(10)
     assert frames == list(range(sent)), (len(frames), sent)

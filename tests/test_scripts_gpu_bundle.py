@@ -82,7 +82,10 @@ def test_cpu_tiny_dry_run_of_the_gpu_check(bundle, tmp_path):
         assert "error" not in r and len(r["jobs"]) == 2 and r["same_bytes_as_in_process"], r
     assert [(r["overlap"], r["steps"], r["launch"]) for r in data["live"]] == \
         [(70, 25, "eager"), (70, 25, "graphs"), (75, 25, "graphs"), (78, 25, "graphs"), (70, 10, "eager")]
-    assert all(r["first_frame_latency_s"] and 0 <= r["on_time_share"] <= 1 for r in data["live"])
+    # a first frame in each arm that sent a frame made for its slot (a busy CPU may make none in time: all repeated)
+    assert all(r["frames"]["sent"] > 0 and 0 <= r["on_time_share"] <= 1 for r in data["live"])
+    assert all((r["first_frame_latency_s"] or 0) > 0 or r["frames"]["on_time"] == 0 for r in data["live"]), \
+        [(r["first_frame_latency_s"], r["frames"]) for r in data["live"]]
     sessions = data["sessions"]                  # the sessions arm: a batch size each, captured before they stream
     assert [r["sessions"] for r in sessions] == [1, 2] and all(len(r["per_session"]) == r["sessions"] for r in sessions)
     assert all(r["captures_while_streaming"] == 0 and 0 <= r["on_time_fraction"] <= 1 for r in sessions), sessions

@@ -197,11 +197,15 @@ def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, b
     heard = page.evaluate("window.dittoViewerStats.audio")
     assert heard and heard["packets_discarded"] == 0 and heard["packets_received"] >= 50 * 4, heard
     pictures = heard["frames_decoded_after_first_s"] / 25
-    # a second heard for each second seen: seen is what was decoded, at most what the clock let pass (the frames
-    # held back in the first second are decoded in a burst after it, 7.44 s of pictures in 7.0 s watched)
-    assert heard["audio_s_after_first_s"] >= 0.98 * min(pictures, heard["watched_s_after_first_s"]), heard
-    if pictures >= 0.98 * heard["watched_s_after_first_s"]:     # the session kept time (on a CPU shared, it may not)
-        assert heard["concealed_after_first_s"] < 0.02, heard
+    seen = min(pictures, heard["watched_s_after_first_s"])
+    # a second of audio come for each second seen (whep.py's Opus packets carry 20 ms each): seen is what was
+    # decoded, at most what the clock let pass (the frames held back in the first second are decoded in a burst
+    # after it, 7.44 s of pictures in 7.0 s watched)
+    assert heard["packets_after_first_s"] * 0.02 >= 0.98 * seen, heard
+    # and played: when the session kept time, hardly a sample concealed. (On a CPU shared it may not: its packets
+    # then come late, and the receiver conceals the gap and speeds up to catch up, 7 % of a second on a busy CI host.)
+    if pictures >= 0.98 * heard["watched_s_after_first_s"]:
+        assert heard["audio_s_after_first_s"] >= 0.98 * seen and heard["concealed_after_first_s"] < 0.02, heard
     # the session's latency is known once a rendered frame carried speech; a host too busy to render one in time
     # has none (the page then says no glass-to-glass figure rather than make one up)
     measured = server.call("GET", f"/v1/live/{sid}")[1]["latency_s"] is not None

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -23,6 +23,7 @@ from ditto_fast.live.states import ACTIVE
 from ditto_fast.media.rates import SPEECH_SAMPLE_RATE
 
 if TYPE_CHECKING:
+    from ditto_fast.handles.base import EngineState
     from ditto_fast.live.options import LiveRequest
 
 @dataclass(frozen=True)
@@ -208,6 +209,12 @@ class LiveLink:
 def labels(links: Iterable[LiveLink]) -> list[str]:
     """The names of the sessions these links carry (their orders' labels, or ids), as an engine's state lists them."""
     return [link.order.label or link.id for link in list(links)]     # a copy: other threads add and drop links
+
+
+def state_with(state: EngineState, links: dict[str, LiveLink]) -> EngineState:
+    """A copy of an engine's `state` naming the sessions of `links` still active: a link told its end is off the list
+    at once, and what other threads change later leaves the copy be."""
+    return replace(state, sessions=labels(link for link in list(links.values()) if link.active))
 
 
 def _s16(samples: np.ndarray) -> bytes:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ditto_fast.handles import messages as m
 from ditto_fast.handles.base import EngineDied, EngineJob, EngineState
 from ditto_fast.handles.engine_sessions import EngineSessions
-from ditto_fast.handles.live_link import LiveLink, SessionOrder, labels
+from ditto_fast.handles.live_link import LiveLink, SessionOrder, state_with
 from ditto_fast.handles.outcome import answer, run_job
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class LocalEngine:
         self.start()
 
     def state(self) -> EngineState:
-        return self._state
+        return state_with(self._state, self._links)
 
     def close(self) -> None:
         """End the sessions it carries cleanly (their files complete); the engine stays loaded for whoever holds it."""
@@ -126,7 +126,6 @@ class LocalEngine:
         link = LiveLink(order, self.hear, self.name, heard)
         with self._lock:
             self._links[order.id] = link
-            self._state.sessions = labels(self._links.values())
         self.hear(m.Open(order.id, order))
         return link
 
@@ -147,7 +146,6 @@ class LocalEngine:
         if not link.active:
             with self._lock:
                 self._links.pop(link.id, None)
-                self._state.sessions = labels(self._links.values())
 
     def _end_sessions(self, why: str) -> None:
         with self._lock:
@@ -156,7 +154,6 @@ class LocalEngine:
             sessions.stop_all()
         with self._lock:
             links, self._links = list(self._links.values()), {}
-            self._state.sessions = []
         for link in links:                  # one whose session did not end in time
             link.lost(why)
 

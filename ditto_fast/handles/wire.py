@@ -23,7 +23,7 @@ from ditto_fast.core.errors import InputError
 from ditto_fast.handles import messages as m
 from ditto_fast.handles.base import (EngineDied, EngineError, EngineJob, EngineLimits, EngineState, JobCancelled,
                                      JobTimedOut, carrying)
-from ditto_fast.handles.live_link import LiveLink, SessionOrder, labels
+from ditto_fast.handles.live_link import LiveLink, SessionOrder, state_with
 from ditto_fast.handles.outcome import answer
 from ditto_fast.media.claims import remove_dead_writers
 
@@ -115,13 +115,13 @@ class WiredEngine:
             self._lock.release()
 
     def state(self) -> EngineState:
-        return self._state
+        return state_with(self._state, self._links)
 
     def _begin(self) -> None:
         """Start an engine and the threads that read and watch it; say Start."""
         self._inbox, self._links, self._over, self.info = queue.Queue(), {}, threading.Event(), {}
         self._conn = conn = self._launch()
-        self._state.state, self._state.error, self._state.sessions = "starting", None, []
+        self._state.state, self._state.error = "starting", None
         life, inbox, links, over = self._life, self._inbox, self._links, self._over
         threading.Thread(target=self._read, args=(life, conn, inbox, links, over),
                          name=f"ditto-fast-{self.name}-reader", daemon=True).start()
@@ -191,7 +191,7 @@ class WiredEngine:
                 if link is not None:
                     link.hear(message)
                     if not link.active:
-                        self._forget(link, links)
+                        links.pop(link.id, None)
             else:
                 inbox.put(message)
         over.set()
@@ -202,16 +202,11 @@ class WiredEngine:
         carried = len(links)
         for link in list(links.values()):
             link.lost(why)
-            self._forget(link, links)
+            links.pop(link.id, None)
         if life is self._life and self._state.state == "idle" and not self._closing:
             doing = carrying(carried) if carried else "idle"
             self._state.last_death = why if why.startswith("hung") else f"died while {doing} ({why[6:-1]})"
             self._dead(self._state.last_death)
-
-    def _forget(self, link: LiveLink, links: dict[str, LiveLink]) -> None:
-        links.pop(link.id, None)
-        if links is self._links:
-            self._state.sessions = labels(links.values())
 
     def _watch(self, life: Any, links: dict[str, LiveLink], over: threading.Event) -> None:
         """While `life` is this handle's engine: kill it when it stops beating and no render waits on it (a render's
@@ -366,7 +361,6 @@ class WiredEngine:
         with self._lock:
             link = LiveLink(order, self._send, self.name, heard)
             self._links[order.id] = link
-            self._state.sessions = labels(self._links.values())
             try:
                 self._send(m.Open(order.id, order))
             except (OSError, ValueError):

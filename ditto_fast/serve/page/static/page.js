@@ -379,10 +379,10 @@ async function showViewerStats() {
 }
 
 // what the viewer hears (getStats' audio): packets discarded; since its first second, the share of samples concealed
-// (played with no audio come in time), and the seconds of audio heard and the frames decoded meanwhile
+// (played with no audio come in time), the seconds of audio heard, and the packets come and frames decoded meanwhile
 function heard(a, video) {
   const now = { samples: a.totalSamplesReceived || 0, concealed: a.concealedSamples || 0, t: a.timestamp,
-                frames: video.framesDecoded };
+                frames: video.framesDecoded, packets: a.packetsReceived || 0 };
   const rate = now.samples && a.totalSamplesDuration ? now.samples / a.totalSamplesDuration : 48000;
   if (!viewer.heardFrom && now.samples >= rate) viewer.heardFrom = now;
   const from = viewer.heardFrom || now, samples = now.samples - from.samples, concealed = now.concealed - from.concealed;
@@ -390,7 +390,7 @@ function heard(a, video) {
            packets_lost: a.packetsLost || 0, samples_received: now.samples, concealed_samples: now.concealed,
            concealed_after_first_s: samples > 0 ? concealed / samples : null,
            audio_s_after_first_s: (samples - concealed) / rate, watched_s_after_first_s: (now.t - from.t) / 1000,
-           frames_decoded_after_first_s: now.frames - from.frames };
+           frames_decoded_after_first_s: now.frames - from.frames, packets_after_first_s: now.packets - from.packets };
 }
 
 // ------------------------------------------------------------------ the form
