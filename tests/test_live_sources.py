@@ -400,3 +400,21 @@ def test_a_url_that_answers_404_is_refused_before_anything_loads():
             check_source_url(f"{base}/missing.wav")
     with pytest.raises(InputError, match="cannot be read .*refused"):
         check_source_url(f"http://127.0.0.1:{free_port()}/x.wav")
+
+
+def test_a_handover_that_comes_as_the_source_closes_starts_no_ffmpeg():
+    """A URL's reader hands its bytes to a direct ffmpeg (a container read better from the URL itself) just as
+    close() stops the source: nothing is started after close(), so no ffmpeg is left that the reader, or close(),
+    would wait on for ever (a live URL never ends)."""
+    with http_server({"/tts.wav": paced_speech(16000, 0.5, then_hold=30.0)}) as base, at_most(10):
+        source = open_source(f"{base}/tts.wav").start()
+        source.close()
+        fetching = source._proc
+        source._bytes.handover = b"RIFF"                # the reader's next look finds a handover due
+        handed = source._taken_over()
+        try:
+            assert not handed and source._proc is fetching and fetching.poll() is not None
+        finally:
+            if source._proc is not fetching:
+                source._proc.kill()
+                source._proc.wait()

@@ -123,6 +123,7 @@ class AudioSource:
         self._available = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._procs = threading.Lock()  # close() and a handover: no ffmpeg starts after close() stopped the last
         self._ended = threading.Event()
         self._error: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -228,11 +229,14 @@ class AudioSource:
         bytes read so far are read again)."""
         if self._bytes is None or self._bytes.handover is None:
             return False
-        self._bytes = None
-        self._proc.kill()
-        self._proc.wait()
-        self._proc.stdout.close()
-        self._spawn(self._direct)
+        with self._procs:
+            if self._stop.is_set():         # closed meanwhile: the reader ends
+                return False
+            self._bytes = None
+            self._proc.kill()
+            self._proc.wait()
+            self._proc.stdout.close()
+            self._spawn(self._direct)
         return True
 
     def _deliver_pcm(self, data: bytes) -> None:
@@ -304,12 +308,13 @@ class AudioSource:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        speech_bytes = self._bytes
+        with self._procs:
+            self._stop.set()
+            speech_bytes = self._bytes
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
         if speech_bytes is not None:
             speech_bytes.close()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
         if self._thread is not None:
             self._thread.join()
         if self._proc is not None:
