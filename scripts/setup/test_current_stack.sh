@@ -6,20 +6,8 @@
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"          # the first stack: .venv, which registers the fixtures' avatar
 cd "$REPO"
+"$REPO/scripts/setup/setup_current.sh"
 CUR="$REPO/.venv-current"
-if [ ! -x "$CUR/bin/python" ]; then
-    base=$("$REPO/.venv/bin/python" -c 'import sys; print(sys._base_executable)')
-    echo "[stack] creating .venv-current with $("$base" --version 2>&1)" >&2
-    "$base" -m venv "$CUR"
-fi
-stamp="$CUR/.ditto-fast-current-$(cat pyproject.toml scripts/setup/stack-current.txt | sha256sum | cut -c1-16)"
-if [ ! -f "$stamp" ]; then
-    echo "[stack] installing the current stack (scripts/setup/stack-current.txt)" >&2
-    "$CUR/bin/python" -m pip install -q -r scripts/setup/stack-current.txt >&2
-    "$CUR/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2   # the OpenCV build above stays
-    rm -f "$CUR"/.ditto-fast-current-*
-    touch "$stamp"
-fi
 if "$CUR/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('mediapipe') is None)"; then
     echo "[stack] .venv-current has mediapipe; the second stack must not: remove .venv-current" >&2
     exit 2
