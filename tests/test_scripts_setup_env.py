@@ -32,7 +32,8 @@ def fake_host(tmp_path: Path, pythons: dict[str, str]) -> tuple[Path, Path]:
     """(repo copy, bin dir) with `pythons` {name: version or "shim"} as the only interpreters on PATH."""
     repo = tmp_path / "repo"
     (repo / "scripts" / "setup").mkdir(parents=True)
-    for name in ("scripts/setup/setup_env.sh", "scripts/setup/stack-pinned.txt", "pyproject.toml", "setup.py"):
+    for name in ("scripts/setup/setup_env.sh", "scripts/setup/python_pick.sh", "scripts/setup/stack-pinned.txt",
+                 "pyproject.toml", "setup.py"):
         shutil.copy(REPO / name, repo / name)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
