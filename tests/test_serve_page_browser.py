@@ -202,9 +202,11 @@ def test_the_page_plays_a_live_session_by_webrtc_and_says_its_latency(serving, b
     # decoded, at most what the clock let pass (the frames held back in the first second are decoded in a burst
     # after it, 7.44 s of pictures in 7.0 s watched)
     assert heard["packets_after_first_s"] * 0.02 >= 0.98 * seen, heard
-    # and played: when the session kept time, hardly a sample concealed. (On a CPU shared it may not: its packets
-    # then come late, and the receiver conceals the gap and speeds up to catch up, 7 % of a second on a busy CI host.)
-    if pictures >= 0.98 * heard["watched_s_after_first_s"]:
+    # and played: where the media came evenly, hardly a sample concealed. (On a CPU shared it may come in bursts: the
+    # receiver then conceals the gaps and speeds up to catch up, its jitter buffer grown; 5 % concealed with 240 ms in
+    # the picture's buffer on a loaded host, 7 % on a busy CI host; 0 with 87 ms on an idle one.)
+    stats = page.evaluate("window.dittoViewerStats")
+    if pictures >= 0.98 * heard["watched_s_after_first_s"] and stats["jitter_buffer_s"] < 0.15:
         assert heard["audio_s_after_first_s"] >= 0.98 * seen and heard["concealed_after_first_s"] < 0.02, heard
     # the session's latency is known once a rendered frame carried speech; a host too busy to render one in time
     # has none (the page then says no glass-to-glass figure rather than make one up)
