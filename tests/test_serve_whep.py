@@ -91,7 +91,7 @@ async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = N
     pc = RTCPeerConnection()
     pc.addTransceiver("video", direction="recvonly")
     pc.addTransceiver("audio", direction="recvonly")
-    got = {"frames": 0, "size": None, "audio": [], "first_frame_at": None}
+    got = {"frames": 0, "size": None, "audio": [], "first_frame_at": None, "longest_wait": 0.0}
     tasks = []
 
     @pc.on("track")
@@ -109,10 +109,11 @@ async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = N
                 else:
                     assert frame.sample_rate == 48000
                     got["audio"].append(frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].copy())
-                    got["audio_from"] = got.get("audio_from") or time.monotonic()
-                    got["longest_wait"] = max(got.get("longest_wait", 0.0), time.monotonic() - got["audio_to"]) \
-                        if "audio_to" in got else 0.0
-                    got["audio_to"] = time.monotonic()
+                    now = time.monotonic()
+                    if "audio_to" in got:
+                        got["longest_wait"] = max(got["longest_wait"], now - got["audio_to"])
+                    got["audio_from"] = got.get("audio_from") or now
+                    got["audio_to"] = now
         tasks.append(asyncio.ensure_future(pull()))
 
     await pc.setLocalDescription(await pc.createOffer())

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -206,15 +206,11 @@ class LiveLink:
                 return
 
 
-def labels(links: Iterable[LiveLink]) -> list[str]:
-    """The names of the sessions these links carry (their orders' labels, or ids), as an engine's state lists them."""
-    return [link.order.label or link.id for link in list(links)]     # a copy: other threads add and drop links
-
-
 def state_with(state: EngineState, links: dict[str, LiveLink]) -> EngineState:
-    """A copy of an engine's `state` naming the sessions of `links` still active: a link told its end is off the list
-    at once, and what other threads change later leaves the copy be."""
-    return replace(state, sessions=labels(link for link in list(links.values()) if link.active))
+    """A copy of an engine's `state` naming the sessions of `links` still active (their orders' labels, or ids): a
+    link told its end is off the list at once, and what other threads change later leaves the copy be."""
+    carried = list(links.values())          # a copy: other threads add and drop links
+    return replace(state, sessions=[link.order.label or link.id for link in carried if link.active])
 
 
 def _s16(samples: np.ndarray) -> bytes:
