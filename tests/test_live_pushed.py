@@ -168,7 +168,7 @@ def test_speech_taken_the_moment_it_comes_has_no_holes_in_its_band():
 
 
 def test_a_motion_thread_held_up_costs_the_stream_none_of_its_speech(engine, monkeypatch):
-    """A busy host: the motion thread (HuBERT and the window loop) is held up for 3.5 s just as a second of speech
+    """A busy host: the motion thread (HuBERT and the window loop) is held up for 1.5 s just as a second of speech
     comes, while the output keeps the clock. Every slot still leaves with its speech: the output decides the stream's
     audio itself when motion is late, instead of sending the silence of audio nobody had decided yet."""
     from ditto_fast.live.motion import LiveMotion
@@ -180,7 +180,7 @@ def test_a_motion_thread_held_up_costs_the_stream_none_of_its_speech(engine, mon
     def late_feed(self, x):
         if np.any(x) and not held:
             held.append(time.monotonic())
-            time.sleep(3.5)                     # longer than the stream's delay (at most 3 s)
+            time.sleep(1.5)                     # longer than the stream's delay (at most --max-latency, 1 s)
         return feed(self, x)
 
     monkeypatch.setattr(LiveMotion, "feed", late_feed)
@@ -189,7 +189,7 @@ def test_a_motion_thread_held_up_costs_the_stream_none_of_its_speech(engine, mon
     source, sent = PushedSource(), []
 
     def speak() -> None:
-        time.sleep(1.0)                             # the avatar idles first: the output's clock is running
+        time.sleep(1.2)                             # the avatar idles first: the output's clock is running
         source.push(tone)
         source.end()
 
@@ -197,7 +197,8 @@ def test_a_motion_thread_held_up_costs_the_stream_none_of_its_speech(engine, mon
         return FrameOutput(avatar.size, plate_pix_fmt(avatar), lambda i, rgb, pcm: sent.append(pcm.copy()))
 
     threading.Thread(target=speak, daemon=True).start()
-    stats = stream_live(engine, LiveRequest(avatar="anchor"), source, True, lambda line: None, output=output)
+    stats = stream_live(engine, LiveRequest(avatar="anchor", max_latency=1.0), source, True, lambda line: None,
+                        output=output)
     out = np.concatenate(sent).astype(np.float32) / 32768
     assert held and stats["ended_by"] == "end of source", stats
     loud = np.abs(out) > 0.05                        # the tone's samples (48 kHz): a second of them, in one run
