@@ -76,3 +76,9 @@ def save(out_json: str | None, result: dict) -> dict:
         Path(out_json).parent.mkdir(parents=True, exist_ok=True)
         Path(out_json).write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
+
+
+def ms(seconds: float | None, width: int = 0) -> str:
+    """A latency in ms (right-aligned in `width`), or 'none' where it was not measured (no frame made for its slot
+    went out): never 0 ms."""
+    return f"{'none' if seconds is None else f'{1000 * seconds:.0f} ms':>{width}}"

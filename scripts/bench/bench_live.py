@@ -19,7 +19,7 @@ import time
 import wave
 from pathlib import Path
 
-from bench_common import anchor, checkpoints, save, speech
+from bench_common import anchor, checkpoints, ms, save, speech
 
 DITTO_ONLINE = {"first_frame_latency_s": "< 0.4", "rtf": "0.155-0.31 (TensorRT, GPU)"}
 
@@ -72,7 +72,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
         s = session(env, label, seconds if kind == "tiny" else 6.0, work)
         rows[f"{kind} {label}"] = s
         f, lat = s["frames"], s["latency_s"] or {}
-        print(f"{kind:>5} {label:>6}: first frame {1000 * (s['first_frame_latency_s'] or 0):6.0f} ms, latency median "
+        print(f"{kind:>5} {label:>6}: first frame {ms(s['first_frame_latency_s'], 9)}, latency median "
               f"{1000 * lat.get('median', 0):6.0f} ms p95 {1000 * lat.get('p95', 0):6.0f} ms; frames {f['sent']} sent, "
               f"{f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped")
         print("        RTF per stage: " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None))

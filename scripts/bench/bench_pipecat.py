@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import REPO, anchor, checkpoints, save, speech
+from bench_common import REPO, anchor, checkpoints, ms, save, speech
 from bench_live import DITTO_ONLINE
 
 RATE_IN = 24000
@@ -116,8 +116,8 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     row = session(renderer, "720p", _tts_wav(seconds, work))
     s, first = row["session"], row["first_frame_latency_s"]
     f, lat = s["frames"], s["latency_s"] or {}
-    print(f"Pipecat in process, tiny 720p: first frame {1000 * (first or 0):.0f} ms at the pipeline's end "
-          f"({1000 * (s['first_frame_latency_s'] or 0):.0f} ms at the session's output), latency median "
+    print(f"Pipecat in process, tiny 720p: first frame {ms(first)} at the pipeline's end "
+          f"({ms(s['first_frame_latency_s'])} at the session's output), latency median "
           f"{1000 * lat.get('median', 0):.0f} ms p95 {1000 * lat.get('p95', 0):.0f} ms; frames {f['sent']} sent, "
           f"{f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped")
     print("        RTF per stage: " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None))

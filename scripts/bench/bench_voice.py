@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_common import anchor, checkpoints, save, speech
+from bench_common import anchor, checkpoints, ms, save, speech
 from bench_live import DITTO_ONLINE, _register
 from bench_serve import _call, _free_port
 
@@ -79,7 +79,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     view = session(env, work, seconds)
     s = view["stats"]
     f, lat = s["frames"], s["latency_s"] or {}
-    print(f"WebSocket -> serve -> .ts, tiny 720p: first frame {1000 * (s['first_frame_latency_s'] or 0):.0f} ms, "
+    print(f"WebSocket -> serve -> .ts, tiny 720p: first frame {ms(s['first_frame_latency_s'])}, "
           f"latency median {1000 * lat.get('median', 0):.0f} ms p95 {1000 * lat.get('p95', 0):.0f} ms; frames "
           f"{f['sent']} sent, {f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped")
     print("        RTF per stage: " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None))
