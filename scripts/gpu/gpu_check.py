@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "bundle"
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts" / "bench")]      # ditto_fast; bench_common (its speech)
+from bench_common import ms  # noqa: E402  (the standard library only: importable before the bundle's packages)
 SIZES = (1, 4, 8, 16)
 
 
@@ -372,7 +373,7 @@ def launch_timings(engine, arms: Arms, cuda: bool) -> list[dict]:
         row["ddim_ms_per_step"] = round(1000 * (time.perf_counter() - t0) / 25, 3)
         rows.append(row)
         print(f"launch {launch}: warp + decode ms/frame " + ", ".join(
-            f"batch {b} {ms:.2f}" for b, ms in row["warp_decode_ms_per_frame"].items())
+            f"batch {b} {t:.2f}" for b, t in row["warp_decode_ms_per_frame"].items())
               + f"; DDIM step {row['ddim_ms_per_step']:.2f} ms", flush=True)
     return rows
 
@@ -473,11 +474,6 @@ def engine_process(setup, arm: tuple[str, str], audio: Path, tmp: Path, renders:
     return row
 
 
-def _ms(seconds: float | None) -> str:
-    """A latency in ms, or 'none' where no frame made for its slot went out."""
-    return "none" if seconds is None else f"{1000 * seconds:.0f} ms"
-
-
 def live_loop(engine, arms: Arms, audio: Path, tmp: Path, overlap: int, steps: int, launch: str,
               budget: Budget) -> dict | None:
     """`ditto-fast live` in this process: the speech file at its own pace into the online loop, the 1080p avatar, a
@@ -516,7 +512,7 @@ def live_loop(engine, arms: Arms, audio: Path, tmp: Path, overlap: int, steps: i
     f, lat = s["frames"], s["latency_s"] or {}
     s["on_time_share"] = round(f["on_time"] / max(1, f["sent"]), 3)
     print(f"live 1080p25, overlap {overlap}, {steps} steps, {launch}: first frame "
-          f"{_ms(s['first_frame_latency_s'])}, latency median {_ms(lat.get('median'))}; "
+          f"{ms(s['first_frame_latency_s'])}, latency median {ms(lat.get('median'))}; "
           f"{f['sent']} frames, {f['on_time']} on time ({100 * s['on_time_share']:.0f} %), {f['repeated']} repeated; "
           "RTF " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None)
           + "; of 40 ms a frame left: " + ", ".join(f"{k} {v} ms" for k, v in s["budget_left_ms"].items()), flush=True)
@@ -594,7 +590,7 @@ def sessions_arm(engine, audio: Path, tmp: Path, budget: Budget, cuda: bool) -> 
                                for f, s in zip(on_time, stats)]}
         rows.append(row)
         print(f"{n} live session(s) at once, 1080p25, 25 steps, graphs: worst {100 * row['on_time_fraction']:.0f} % "
-              f"of frames on time, slowest first frame {_ms(row['first_frame_latency_s'])}, "
+              f"of frames on time, slowest first frame {ms(row['first_frame_latency_s'])}, "
               f"{row['captures_while_streaming']} captures while streaming", flush=True)
         if row["on_time_fraction"] < 0.95 and cuda:
             break
