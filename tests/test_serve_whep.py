@@ -84,8 +84,8 @@ async def _watch(server, sid: str, seconds: float, speech: np.ndarray | None = N
                  rate: int = 16000, until=None) -> dict:
     """One viewer for `seconds` (and then until `until(got)`, within 180 s): what it decoded (frames, their size,
     audio samples at 48 kHz and their level, the monotonic time of its first and last audio frame and the longest
-    wait between two); with `speech`
-    (float at `rate`), sent over the session's WebSocket meanwhile, once the first picture came."""
+    wait between two); with `speech` (float at `rate`), sent over the session's WebSocket meanwhile, once the first
+    picture came."""
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
     pc = RTCPeerConnection()
