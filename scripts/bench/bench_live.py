@@ -73,7 +73,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
         rows[f"{kind} {label}"] = s
         f, lat = s["frames"], s["latency_s"] or {}
         print(f"{kind:>5} {label:>6}: first frame {ms(s['first_frame_latency_s'], 9)}, latency median "
-              f"{1000 * lat.get('median', 0):6.0f} ms p95 {1000 * lat.get('p95', 0):6.0f} ms; frames {f['sent']} sent, "
+              f"{ms(lat.get('median'), 9)} p95 {ms(lat.get('p95'), 9)}; frames {f['sent']} sent, "
               f"{f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped")
         print("        RTF per stage: " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None))
         print("        ms per frame: " + ", ".join(f"{k} {v:.1f}" for k, v in s["ms_per_frame"].items()))

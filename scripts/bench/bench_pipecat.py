@@ -118,7 +118,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     f, lat = s["frames"], s["latency_s"] or {}
     print(f"Pipecat in process, tiny 720p: first frame {ms(first)} at the pipeline's end "
           f"({ms(s['first_frame_latency_s'])} at the session's output), latency median "
-          f"{1000 * lat.get('median', 0):.0f} ms p95 {1000 * lat.get('p95', 0):.0f} ms; frames {f['sent']} sent, "
+          f"{ms(lat.get('median'))} p95 {ms(lat.get('p95'))}; frames {f['sent']} sent, "
           f"{f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped")
     print("        RTF per stage: " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None))
     print(f"Ditto online (its authors): first frame {DITTO_ONLINE['first_frame_latency_s']} s, RTF "

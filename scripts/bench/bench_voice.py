@@ -80,7 +80,7 @@ def run(out_json: str | None = None, quick: bool = False) -> dict:
     s = view["stats"]
     f, lat = s["frames"], s["latency_s"] or {}
     print(f"WebSocket -> serve -> .ts, tiny 720p: first frame {ms(s['first_frame_latency_s'])}, "
-          f"latency median {1000 * lat.get('median', 0):.0f} ms p95 {1000 * lat.get('p95', 0):.0f} ms; frames "
+          f"latency median {ms(lat.get('median'))} p95 {ms(lat.get('p95'))}; frames "
           f"{f['sent']} sent, {f['on_time']} on time, {f['repeated']} repeated, {f['skipped']} skipped")
     print("        RTF per stage: " + ", ".join(f"{k} {v:.3f}" for k, v in s["rtf"].items() if v is not None))
     print(f"Ditto online (its authors): first frame {DITTO_ONLINE['first_frame_latency_s']} s, RTF "
